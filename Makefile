@@ -1,0 +1,48 @@
+# Two commands set up everything on a fresh machine:
+#   make demo   - the whole pipeline end to end on the embedded synthetic dataset
+#   make test   - lint, type-check and the default test suite
+# Heavier tiers: make test-slow, make test-xla (own environment: torch 2.9.0 + torch-xla 2.9.0).
+PYTHON ?= python3
+VENV ?= .venv
+XLA_VENV ?= .venv-xla
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+XLA_STAMP := $(XLA_VENV)/.installed
+DEMO_DIR ?= demo-output
+
+.PHONY: demo test test-slow test-xla lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[cloud,train,torch,dev]"
+	touch $@
+
+$(XLA_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(XLA_VENV)/bin/python -m pip install --quiet -e ".[train,xla]" pytest pytest-timeout
+	touch $@
+
+demo: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh $(DEMO_DIR)
+
+lint: $(STAMP)
+	$(BIN)/ruff check octstage octtrain tests bench scripts
+	$(BIN)/ruff format --check octstage octtrain tests bench scripts
+	$(BIN)/mypy
+
+test: lint
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -m "not slow and not xla"
+
+test-slow: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -m "slow"
+
+test-xla: $(XLA_STAMP)
+	PJRT_DEVICE=CPU PATH="$(abspath $(XLA_VENV)/bin):$$PATH" $(XLA_VENV)/bin/pytest -m "xla" -p no:cacheprovider
+
+bench: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/bench.sh
+
+clean:
+	rm -rf $(VENV) $(XLA_VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,50 @@
+"""Typed build settings, validated when constructed (a bad value fails before any work starts)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from octstage.errors import ConfigError
+from octstage.manifest import CACHE_VERSION
+from octstage.provenance import config_hash
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Every parameter that changes what a cached volume contains (all go into the cache key)."""
+
+    shape: tuple[int, int, int] = (64, 384, 384)
+    chunks: tuple[int, int, int] = (16, 128, 128)
+    clevel: int = 3
+    p_low: float = 1.0
+    p_high: float = 99.0
+    subsample: tuple[int, int, int] = (2, 4, 4)
+    resize: str = "area"  # per-B-scan area averaging, linear across frames
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != 3 or any(int(s) < 1 for s in self.shape):
+            raise ConfigError(f"shape must be three positive sizes (D H W), got {self.shape}")
+        if len(self.chunks) != 3 or any(int(c) < 1 for c in self.chunks):
+            raise ConfigError(f"chunks must be three positive sizes, got {self.chunks}")
+        if len(self.subsample) != 3 or any(int(s) < 1 for s in self.subsample):
+            raise ConfigError(f"subsample must be three positive strides, got {self.subsample}")
+        if not 0.0 <= self.p_low < self.p_high <= 100.0:
+            raise ConfigError(
+                f"percentiles must satisfy 0 <= p_low < p_high <= 100, got {self.p_low}, "
+                f"{self.p_high}"
+            )
+        if not 1 <= self.clevel <= 22:
+            raise ConfigError(f"clevel must be in 1..22 (zstd), got {self.clevel}")
+        if self.resize not in ("area", "linear"):
+            raise ConfigError(f"resize must be 'area' or 'linear', got {self.resize!r}")
+        # Lists from YAML/argparse become tuples so the config stays hashable and comparable.
+        for name in ("shape", "chunks", "subsample"):
+            object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cache_version": CACHE_VERSION}
+
+    def params_hash(self) -> str:
+        """Hash of every preprocessing parameter and the cache version."""
+        return config_hash(self.as_dict())

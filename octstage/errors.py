@@ -1,0 +1,41 @@
+"""The octstage exception hierarchy: every error the package raises on purpose is one of these."""
+
+
+class OctstageError(Exception):
+    """Base class for every deliberate octstage failure."""
+
+
+class ConfigError(OctstageError, ValueError):
+    """A setting is invalid (raised when a config dataclass is built)."""
+
+
+class DicomError(OctstageError):
+    """A DICOM file cannot be read or decoded; the message names the file and the reason."""
+
+
+class IdError(OctstageError):
+    """A participant ID cannot be verified for a file."""
+
+
+class LabelsError(OctstageError):
+    """participants.tsv is missing, malformed or inconsistent."""
+
+
+class ManifestError(OctstageError):
+    """A manifest is missing, malformed, of another schema or cache version."""
+
+
+class StorageError(OctstageError):
+    """A storage backend failed (missing object, refused name, remote error)."""
+
+
+class UnsafePathError(StorageError):
+    """An object name would escape its destination folder (``..``, absolute path)."""
+
+
+class MirrorError(OctstageError):
+    """A mirror or stage run was refused or failed (empty source, too many deletions...)."""
+
+
+class VerificationError(OctstageError):
+    """Stored bytes do not match their recorded checksum."""

@@ -1,0 +1,197 @@
+"""The manifest: the one contract between octstage and octtrain.
+
+A manifest is one JSON file (schema in ``manifests/manifest.schema.json``) listing every cached
+volume with its labels, provenance and a checksum of the stored array, plus every rejected source
+file with its reason. It is written last and atomically; readers check the schema and cache
+versions before trusting anything. This module imports neither torch nor any cloud SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from octstage.errors import ManifestError
+
+SCHEMA_VERSION = 1
+# Bump when anything changes what a cached volume contains for the same source and parameters.
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """How raw intensities became uint8: clip to [low, high] (the p_low/p_high percentiles)."""
+
+    p_low: float
+    p_high: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Volume:
+    """One cached OCT volume and everything the trainer may know about it."""
+
+    participant_id: str
+    device: str
+    laterality: str  # "L" or "R"
+    protocol: str
+    split: str  # train / val / test (participants.tsv recommended_split)
+    study_group: str
+    label: int  # index of study_group in Manifest.classes
+    source_path: str  # relative to the source root
+    source_sha1: str
+    source_size: int
+    transfer_syntax: str
+    source_shape: tuple[int, int, int]  # frames, rows, columns as decoded by pydicom
+    spacing_mm: tuple[float, float, float]  # between frames, rows, columns
+    zarr_path: str  # relative to the cache root; the OME-Zarr group, array "0" holds the data
+    shape: tuple[int, int, int]
+    dtype: str
+    normalization: Normalization
+    checksum: str  # "sha256:<hex>" of the stored array's values (C order)
+    cache_key: str
+
+    @property
+    def array_path(self) -> str:
+        """Path of the Zarr array (relative to the cache root)."""
+        return f"{self.zarr_path}/0"
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A source file left out of the cache, and why."""
+
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Header:
+    """Provenance of a manifest."""
+
+    dataset: str
+    created: str  # ISO 8601, UTC
+    code_version: str
+    cache_version: int
+    config_hash: str
+    config: dict[str, Any]
+    counts: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A whole manifest; ``classes[label]`` names a volume's study group."""
+
+    header: Header
+    classes: tuple[str, ...]
+    volumes: tuple[Volume, ...]
+    rejected: tuple[Rejected, ...] = field(default=())
+    schema_version: int = SCHEMA_VERSION
+
+    def split(self, name: str) -> tuple[Volume, ...]:
+        """The volumes of one split, in manifest order."""
+        return tuple(v for v in self.volumes if v.split == name)
+
+
+def count_summary(volumes: tuple[Volume, ...] | list[Volume], rejected: int) -> dict[str, Any]:
+    """Counts for the manifest header: volumes, participants, by split, class and device."""
+    by: dict[str, dict[str, int]] = {"split": {}, "study_group": {}, "device": {}}
+    for v in volumes:
+        for key, value in (("split", v.split), ("study_group", v.study_group), ("device", v.device)):
+            by[key][value] = by[key].get(value, 0) + 1
+    return {
+        "volumes": len(volumes),
+        "participants": len({v.participant_id for v in volumes}),
+        "rejected": rejected,
+        "by_split": by["split"],
+        "by_study_group": by["study_group"],
+        "by_device": by["device"],
+    }
+
+
+def to_dict(manifest: Manifest) -> dict[str, Any]:
+    """The JSON form of a manifest (see manifests/manifest.schema.json)."""
+    return {
+        "schema_version": manifest.schema_version,
+        "header": asdict(manifest.header),
+        "classes": list(manifest.classes),
+        "volumes": [_volume_to_dict(v) for v in manifest.volumes],
+        "rejected": [asdict(r) for r in manifest.rejected],
+    }
+
+
+def _volume_to_dict(v: Volume) -> dict[str, Any]:
+    d = asdict(v)
+    for key in ("source_shape", "spacing_mm", "shape"):
+        d[key] = list(d[key])
+    return d
+
+
+def from_dict(data: dict[str, Any], source: str = "<manifest>") -> Manifest:
+    """Build a Manifest from its JSON form; any mismatch raises ManifestError naming ``source``."""
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ManifestError(
+            f"{source}: manifest schema version {version!r}, this code reads {SCHEMA_VERSION}; "
+            "rebuild the cache with this version of octstage"
+        )
+    try:
+        header = Header(**data["header"])
+        if header.cache_version != CACHE_VERSION:
+            raise ManifestError(
+                f"{source}: cache version {header.cache_version}, this code expects "
+                f"{CACHE_VERSION}; rebuild the cache (octstage build-cache)"
+            )
+        volumes = tuple(_volume_from_dict(v) for v in data["volumes"])
+        rejected = tuple(Rejected(**r) for r in data["rejected"])
+        classes = tuple(str(c) for c in data["classes"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ManifestError(f"{source}: malformed manifest: {exc!r}") from exc
+    return Manifest(header, classes, volumes, rejected)
+
+
+def _volume_from_dict(d: dict[str, Any]) -> Volume:
+    d = dict(d)
+    d["normalization"] = Normalization(**d["normalization"])
+    for key in ("source_shape", "spacing_mm", "shape"):
+        d[key] = tuple(d[key])
+    return Volume(**d)
+
+
+def load(path: str | os.PathLike[str]) -> Manifest:
+    """Read and check a manifest file from local disk (no remote calls, no listing)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ManifestError(f"{p}: cannot read manifest: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{p}: not valid JSON: {exc}") from exc
+    return from_dict(data, source=str(p))
+
+
+def write(manifest: Manifest, path: str | os.PathLike[str]) -> None:
+    """Write atomically: a reader sees the old file or the complete new one, never a part."""
+    atomic_write_text(Path(path), json.dumps(to_dict(manifest), indent=1, sort_keys=False) + "\n")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, fsync it, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,38 @@
+"""Code version and config hashing, recorded beside every output so a result can be traced."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from octstage import __version__
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def code_version() -> str:
+    """Package version plus the git commit (and ``-dirty``) when running from a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(_REPO), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return f"{__version__}+g{out}" if out else __version__
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal values always give equal strings."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(value: Any) -> str:
+    """A short, stable hash of a JSON-able configuration."""
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]

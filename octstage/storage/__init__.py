@@ -1,0 +1,29 @@
+"""One small storage interface with local, GCS and B2 backends.
+
+``open_storage(url)`` picks a backend from the URL: a plain path or ``file://`` (local),
+``gs://bucket/prefix`` (google-cloud-storage), ``b2://bucket/prefix`` (b2sdk). Object names are
+always '/'-separated and relative to the URL's prefix. Cloud SDKs are imported only by their
+backend module, and only when such a URL is opened.
+"""
+
+from __future__ import annotations
+
+from octstage.storage.base import ObjectInfo, Storage, check_name, join_name
+from octstage.storage.local import LocalStorage
+
+__all__ = ["LocalStorage", "ObjectInfo", "Storage", "check_name", "join_name", "open_storage"]
+
+
+def open_storage(url: str) -> Storage:
+    """The backend for ``url`` (local path, ``file://``, ``gs://`` or ``b2://``)."""
+    if url.startswith("gs://"):
+        from octstage.storage.gcs import GcsStorage
+
+        return GcsStorage.from_url(url)
+    if url.startswith("b2://"):
+        from octstage.storage.b2 import B2Storage
+
+        return B2Storage.from_url(url)
+    if url.startswith("file://"):
+        url = url[len("file://") :]
+    return LocalStorage(url)

@@ -1,0 +1,76 @@
+"""Local-folder backend: atomic writes by rename, names checked against escaping the root."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+from octstage.errors import StorageError
+from octstage.storage.base import ObjectInfo, check_name
+
+
+class LocalStorage:
+    """Objects are files under ``root``; metadata is not kept (local files need no source SHA1)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def _path(self, name: str) -> Path:
+        return self.root / check_name(name)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        if not self.root.is_dir():
+            return
+        found = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            # Hidden temporaries (".tmp-*", ".name.*.tmp") are half-written by definition.
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for fname in filenames:
+                if fname.startswith("."):
+                    continue
+                path = Path(dirpath) / fname
+                name = path.relative_to(self.root).as_posix()
+                if name.startswith(prefix):
+                    found.append(ObjectInfo(name=name, size=path.stat().st_size))
+        yield from sorted(found, key=lambda o: o.name)
+
+    def stat(self, name: str) -> ObjectInfo:
+        path = self._path(name)
+        try:
+            return ObjectInfo(name=name, size=path.stat().st_size)
+        except FileNotFoundError as exc:
+            raise StorageError(f"{path}: no such object") from exc
+
+    def open(self, name: str) -> BinaryIO:
+        path = self._path(name)
+        try:
+            return open(path, "rb")
+        except FileNotFoundError as exc:
+            raise StorageError(f"{path}: no such object") from exc
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.open(name) as fh:
+            return fh.read()
+
+    def write_bytes(
+        self, name: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def delete(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)

@@ -1,0 +1,135 @@
+"""One cached volume on disk: an OME-Zarr (0.5) group whose array ``0`` is uint8, sharded whole.
+
+Layout under the cache root: ``volumes/<participant_id>/<cache_key>.ome.zarr/`` with the group's
+``zarr.json`` (OME multiscales metadata with the DICOM spacing) and array ``0`` (blosc-zstd,
+chunks (16,128,128), one shard per volume, so one data object per volume). A volume is written
+into a hidden temporary folder and renamed into place, so a half-written volume is never found
+under its final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import zarr
+from zarr.codecs import BloscCodec, BloscShuffle
+
+from octstage.errors import VerificationError
+
+CHUNKS: tuple[int, int, int] = (16, 128, 128)
+
+
+def volume_relpath(participant_id: str, cache_key: str) -> str:
+    """Where a volume lives, relative to the cache root."""
+    return f"volumes/{participant_id}/{cache_key}.ome.zarr"
+
+
+def array_checksum(array: npt.NDArray[Any]) -> str:
+    """``sha256:<hex>`` of the array's values in C order (independent of codec and chunking)."""
+    return "sha256:" + hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def ome_attributes(name: str, spacing_mm: tuple[float, float, float]) -> dict[str, Any]:
+    """OME-Zarr 0.5 multiscales metadata for a single-resolution z/y/x image."""
+    return {
+        "ome": {
+            "version": "0.5",
+            "multiscales": [
+                {
+                    "name": name,
+                    "axes": [
+                        {"name": axis, "type": "space", "unit": "millimeter"}
+                        for axis in ("z", "y", "x")
+                    ],
+                    "datasets": [
+                        {
+                            "path": "0",
+                            "coordinateTransformations": [
+                                {"type": "scale", "scale": [float(s) for s in spacing_mm]}
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+    }
+
+
+def write_volume(
+    cache_root: Path,
+    relpath: str,
+    array: npt.NDArray[np.uint8],
+    spacing_mm: tuple[float, float, float],
+    attributes: Mapping[str, Any],
+    chunks: tuple[int, int, int] = CHUNKS,
+    clevel: int = 3,
+) -> str:
+    """Write ``array`` atomically at ``cache_root/relpath``; returns its checksum.
+
+    If a complete volume already sits there (same cache key, so same content) it is kept.
+    """
+    final = cache_root / relpath
+    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        group = zarr.create_group(
+            store=str(tmp), zarr_format=3, attributes=ome_attributes(final.name, spacing_mm)
+        )
+        group.create_array(
+            name="0",
+            shape=array.shape,
+            dtype=np.uint8,
+            chunks=chunks,
+            shards=array.shape,
+            compressors=BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.shuffle),
+            dimension_names=("z", "y", "x"),
+            attributes=dict(attributes),
+        )[...] = array
+        _fsync_tree(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "zarr.json").exists():
+                raise
+            # Another worker (or an earlier run) finished the same key first: identical content.
+            shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return array_checksum(array)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def read_volume(cache_root: Path, relpath: str) -> npt.NDArray[np.uint8]:
+    """The stored array of a volume, fully read."""
+    arr = zarr.open_array(store=str(cache_root / relpath / "0"), mode="r")
+    return np.asarray(arr[...], dtype=np.uint8)
+
+
+def read_attributes(cache_root: Path, relpath: str) -> dict[str, Any]:
+    """The array attributes (spacing, device, normalization...) of a stored volume."""
+    arr = zarr.open_array(store=str(cache_root / relpath / "0"), mode="r")
+    return dict(arr.attrs)
+
+
+def check_volume(cache_root: Path, relpath: str, checksum: str) -> None:
+    """Raise VerificationError unless the stored volume exists and matches ``checksum``."""
+    if not (cache_root / relpath / "0" / "zarr.json").is_file():
+        raise VerificationError(f"{relpath}: missing from the cache")
+    actual = array_checksum(read_volume(cache_root, relpath))
+    if actual != checksum:
+        raise VerificationError(f"{relpath}: checksum {actual} does not match {checksum}")

@@ -1,0 +1,1 @@
+"""Shared fixtures. Heavy fixtures (cloud doubles, datasets) live beside the tests that use them."""
