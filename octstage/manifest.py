@@ -102,7 +102,11 @@ def count_summary(volumes: tuple[Volume, ...] | list[Volume], rejected: int) -> 
     """Counts for the manifest header: volumes, participants, by split, class and device."""
     by: dict[str, dict[str, int]] = {"split": {}, "study_group": {}, "device": {}}
     for v in volumes:
-        for key, value in (("split", v.split), ("study_group", v.study_group), ("device", v.device)):
+        for key, value in (
+            ("split", v.split),
+            ("study_group", v.study_group),
+            ("device", v.device),
+        ):
             by[key][value] = by[key].get(value, 0) + 1
     return {
         "volumes": len(volumes),

@@ -63,6 +63,18 @@ def ome_attributes(name: str, spacing_mm: tuple[float, float, float]) -> dict[st
     }
 
 
+def chunk_and_shard(
+    shape: tuple[int, ...], chunks: tuple[int, int, int]
+) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Chunks clipped to the volume, and one shard covering it in whole chunks.
+
+    Zarr needs the shard to be a multiple of the chunk; the array itself need not fill it.
+    """
+    clipped = tuple(min(c, s) for c, s in zip(chunks, shape, strict=True))
+    shard = tuple(-(-s // c) * c for c, s in zip(clipped, shape, strict=True))
+    return (clipped[0], clipped[1], clipped[2]), (shard[0], shard[1], shard[2])
+
+
 def write_volume(
     cache_root: Path,
     relpath: str,
@@ -77,6 +89,7 @@ def write_volume(
     If a complete volume already sits there (same cache key, so same content) it is kept.
     """
     final = cache_root / relpath
+    chunks, shard = chunk_and_shard(array.shape, chunks)
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -88,7 +101,7 @@ def write_volume(
             shape=array.shape,
             dtype=np.uint8,
             chunks=chunks,
-            shards=array.shape,
+            shards=shard,
             compressors=BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.shuffle),
             dimension_names=("z", "y", "x"),
             attributes=dict(attributes),
