@@ -23,14 +23,20 @@ console = Console(stderr=True)
 def _synth(a: argparse.Namespace) -> int:
     from octstage.synth import run_synth
 
-    return run_synth(Path(a.out), participants=a.participants, seed=a.seed, full_size=a.full_size)
+    return run_synth(
+        Path(a.out),
+        participants=a.participants,
+        seed=a.seed,
+        full_size=a.full_size,
+        traps=not a.no_traps,
+    )
 
 
 def _audit(a: argparse.Namespace) -> int:
     from octstage.audit import run_audit
 
     return run_audit(
-        labels=Path(a.labels),
+        labels=a.labels,  # a path or a URL: not a Path, which would mangle gs://
         oct_root=a.oct,
         json_out=Path(a.json) if a.json else None,
         min_overlap=a.min_overlap,
@@ -44,7 +50,7 @@ def _build(a: argparse.Namespace) -> int:
 
     return run_build(
         source=a.source,
-        labels=Path(a.labels),
+        labels=a.labels,  # a path or a URL: not a Path, which would mangle gs://
         out=Path(a.out),
         manifest=Path(a.manifest),
         config=BuildConfig(shape=tuple(a.shape)),
@@ -58,9 +64,7 @@ def _build(a: argparse.Namespace) -> int:
 def _verify(a: argparse.Namespace) -> int:
     from octstage.verify import run_verify
 
-    return run_verify(
-        Path(a.manifest), cache=Path(a.cache) if a.cache else None, json_out=a.json
-    )
+    return run_verify(Path(a.manifest), cache=Path(a.cache) if a.cache else None, json_out=a.json)
 
 
 def _mirror(a: argparse.Namespace) -> int:
@@ -81,7 +85,9 @@ def _mirror(a: argparse.Namespace) -> int:
 def _stage(a: argparse.Namespace) -> int:
     from octstage.stage import run_stage
 
-    return run_stage(a.src, Path(a.dst), transfers=a.transfers, json_out=Path(a.json) if a.json else None)
+    return run_stage(
+        a.src, Path(a.dst), transfers=a.transfers, json_out=Path(a.json) if a.json else None
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,17 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    def add(
+        name: str, fn: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
         sp.set_defaults(func=fn)
         return sp
 
     s = add("synth", _synth, "Write the deterministic AI-READI-like demo dataset (DICOM + TSVs).")
     s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/...)")
-    s.add_argument("--participants", type=int, default=24, help="number of participants")
+    s.add_argument("--participants", type=int, default=60, help="number of participants")
     s.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     s.add_argument(
-        "--full-size", action="store_true", help="real device sizes (e.g. 61x496x768) not small"
+        "--full-size",
+        action="store_true",
+        help="real device sizes (e.g. 61x496x768, 20-130 MB a file) instead of ~1/8",
+    )
+    s.add_argument(
+        "--no-traps",
+        action="store_true",
+        help="only clean files (the planted ID conflicts and damage need >= 16 participants)",
     )
 
     s = add(
@@ -111,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         _audit,
         "Report label/OCT overlap and every reason a participant or file is excluded.",
     )
-    s.add_argument("--labels", required=True, help="participants.tsv")
+    s.add_argument("--labels", required=True, help="participants.tsv (path or gs://... URL)")
     s.add_argument("--oct", required=True, help="dataset root (local folder or gs://bucket/prefix)")
     s.add_argument("--json", metavar="OUT", help="write the full report as JSON here")
     s.add_argument(
@@ -128,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Decode every verified volume once, normalize, resize and write the Zarr cache + manifest.",
     )
     s.add_argument("--source", required=True, help="dataset root (local folder or gs://...)")
-    s.add_argument("--labels", required=True, help="participants.tsv")
+    s.add_argument("--labels", required=True, help="participants.tsv (path or URL)")
     s.add_argument("--out", required=True, help="cache folder (local)")
     s.add_argument("--manifest", required=True, help="manifest JSON to write (last, atomically)")
     s.add_argument("--shape", type=int, nargs=3, default=[64, 384, 384], metavar=("D", "H", "W"))
