@@ -1,0 +1,308 @@
+"""``octstage build-cache``: every verified OCT volume decoded once into a uint8 Zarr cache.
+
+The driver lists the source (local folder or bucket, through ``octstage.storage``), decides
+what it can without reading (``buildplan.precheck``), reuses what the cache already holds, and
+hands the rest to dask workers by name (``buildtask.run_task`` via ``builddask.execute``), a
+bounded window at a time so neither the workers nor the driver hold more than a few volumes.
+It then writes the QC sheet, the resolved build config and, last and atomically, the manifest.
+
+Re-runs: a source's SHA1 is remembered in ``CACHE/source-index.json`` under a fingerprint of
+the object (local: size + mtime; bucket: size + the listed hashes). When the fingerprint is
+unchanged the SHA1 gives the cache key directly, so an unchanged source is neither re-read nor
+decoded; anything else is streamed and hashed again (hashing is cheap, decoding is not).
+
+Exit codes: 0 nothing rejected, 1 something rejected (manifest still written), 2 refused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from octstage import manifest as mf
+from octstage.builddask import execute
+from octstage.buildplan import (
+    DEFAULT_INVENTORY,
+    OCT_PREFIXES,
+    Candidate,
+    InventoryEntry,
+    Record,
+    Tally,
+    cache_key,
+    parse_inventory,
+    precheck,
+    sha1_mismatch,
+    summary,
+    volume_entry,
+)
+from octstage.buildtask import Task, load_record, load_reject
+from octstage.config import BuildConfig
+from octstage.errors import OctstageError, StorageError
+from octstage.labels import STUDY_GROUPS, Participant, read_participants
+from octstage.provenance import code_version
+from octstage.qc import write_qc_sheet
+from octstage.storage import LocalStorage, ObjectInfo, Storage, open_storage
+
+console = Console(stderr=True)
+INDEX_NAME = "source-index.json"
+INDEX_SAVE_SECONDS = 20.0
+
+
+@dataclass
+class SourceIndex:
+    """name -> (fingerprint, sha1) of sources already hashed; saved atomically, often."""
+
+    path: Path
+    entries: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> SourceIndex:
+        try:
+            data = json.loads(path.read_text())
+            entries = {str(k): dict(v) for k, v in data["entries"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            entries = {}  # no index (or a damaged one): sources are simply hashed again
+        return cls(path, entries)
+
+    def sha1(self, name: str, fingerprint: str | None) -> str | None:
+        entry = self.entries.get(name)
+        if fingerprint is None or entry is None or entry.get("fingerprint") != fingerprint:
+            return None
+        return entry.get("sha1")
+
+    def remember(self, name: str, fingerprint: str | None, sha1: str) -> None:
+        if fingerprint is not None:
+            self.entries[name] = {"fingerprint": fingerprint, "sha1": sha1}
+
+    def save(self) -> None:
+        doc = {"format": "octstage-source-index/1", "entries": self.entries}
+        mf.atomic_write_text(self.path, json.dumps(doc, sort_keys=True) + "\n")
+
+
+def fingerprint(storage: Storage, obj: ObjectInfo) -> str | None:
+    """What must be unchanged for a remembered SHA1 to still hold; None when nothing is known."""
+    if isinstance(storage, LocalStorage):
+        try:
+            st = (storage.root / obj.name).stat()
+        except OSError:
+            return None  # gone since the listing: its task will say so
+        return f"local:{st.st_size}:{st.st_mtime_ns}"
+    if obj.sha1 or obj.md5:
+        return f"listed:{obj.size}:{obj.sha1 or ''}:{obj.md5 or ''}"
+    return None
+
+
+def run_build(
+    source: str,
+    labels: str | os.PathLike[str],
+    out: Path,
+    manifest: Path,
+    config: BuildConfig,
+    workers: int = 2,
+    scheduler: str | None = None,
+    inventory: str | None = None,
+    json_out: Path | None = None,
+) -> int:
+    """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc."""
+    if workers < 1 and scheduler is None:
+        raise OctstageError(f"--workers must be at least 1, got {workers}")
+    started = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        _remove_temporaries(out)
+        participants, label_problems = read_participants(str(labels))
+        storage = open_storage(source)
+        objects = _list_oct(storage)
+        inventory_entries = _load_inventory(storage, inventory)
+        index = SourceIndex.load(out / INDEX_NAME)
+        fingerprints = {o.name: fingerprint(storage, o) for o in objects}
+
+        state = _BuildState()
+        tasks: list[Task] = []
+        for obj in objects:
+            verdict = precheck(obj.name, obj.size, participants, inventory_entries)
+            if isinstance(verdict, str):
+                state.rejected[obj.name] = verdict
+                continue
+            if inventory_entries is not None and verdict.expected_sha1 is None:
+                state.tally.unverified += 1
+            known = _reuse(out, config, verdict, index.sha1(obj.name, fingerprints[obj.name]))
+            if known is None:
+                tasks.append(Task(storage.url, obj.name, str(out), config, verdict.expected_sha1))
+            else:
+                state.add(obj.name, known, reused=True)
+
+        saved = time.monotonic()
+        for outcome in execute(tasks, workers, scheduler, console):
+            state.tally.read += outcome.read
+            state.tally.decoded += outcome.decoded
+            if outcome.sha1 is not None:
+                index.remember(outcome.name, fingerprints[outcome.name], outcome.sha1)
+            found = outcome.record or outcome.reason or "error: no reason given"
+            state.add(outcome.name, found, reused=not outcome.decoded)
+            if time.monotonic() - saved > INDEX_SAVE_SECONDS:
+                index.save()  # a killed run keeps most of its hashing work
+                saved = time.monotonic()
+        index.save()
+
+        volumes = _volumes(state.records, participants, state.rejected)
+        rejects = tuple(mf.Rejected(n, r) for n, r in sorted(state.rejected.items()))
+        seconds = time.monotonic() - started
+        stats = summary(state.tally, volumes, state.rejected.items(), seconds, len(label_problems))
+        _write_outputs(source, out, manifest, config, volumes, rejects, stats, json_out)
+    _print_summary(stats)
+    return 1 if rejects else 0
+
+
+@dataclass
+class _BuildState:
+    """What the driver has learned so far: a record or a rejection reason per source."""
+
+    tally: Tally = field(default_factory=Tally)
+    records: dict[str, Record] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    def add(self, name: str, found: Record | str, reused: bool) -> None:
+        if isinstance(found, str):
+            self.rejected[name] = found
+        else:
+            self.records[name] = found
+            if reused:
+                self.tally.reused += 1
+            else:
+                self.tally.built += 1
+
+
+def _reuse(
+    out: Path, config: BuildConfig, cand: Candidate, sha1: str | None
+) -> Record | str | None:
+    """A complete record or stored rejection for a source whose SHA1 is already known."""
+    if sha1 is None:
+        return None
+    if cand.expected_sha1 is not None and cand.expected_sha1 != sha1:
+        return sha1_mismatch(cand.name, cand.expected_sha1, sha1)
+    return load_record(out, cache_key(sha1, config)) or load_reject(out, sha1, cand.name)
+
+
+def _volumes(
+    records: dict[str, Record], participants: dict[str, Participant], rejected: dict[str, str]
+) -> tuple[mf.Volume, ...]:
+    volumes = []
+    for name, record in records.items():
+        entry = volume_entry(name, record, participants[record.patient_id])
+        if isinstance(entry, str):
+            rejected[name] = entry
+        else:
+            volumes.append(entry)
+    return tuple(sorted(volumes, key=lambda v: (v.participant_id, v.device, v.source_path)))
+
+
+def _write_outputs(
+    source: str,
+    out: Path,
+    manifest: Path,
+    config: BuildConfig,
+    volumes: tuple[mf.Volume, ...],
+    rejects: tuple[mf.Rejected, ...],
+    stats: dict[str, Any],
+    json_out: Path | None,
+) -> None:
+    version = code_version()
+    write_qc_sheet(out, volumes, out / "qc.png")
+    resolved = {
+        "code_version": version,
+        "config_hash": config.params_hash(),
+        "config": config.as_dict(),
+    }
+    mf.atomic_write_text(out / "build-config.json", json.dumps(resolved, indent=1) + "\n")
+    if json_out is not None:
+        mf.atomic_write_text(json_out, json.dumps(stats, indent=1) + "\n")
+    header = mf.Header(
+        dataset=source,
+        created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        code_version=version,
+        cache_version=mf.CACHE_VERSION,
+        config_hash=config.params_hash(),
+        config=config.as_dict(),
+        counts=mf.count_summary(volumes, len(rejects)),
+    )
+    mf.write(mf.Manifest(header, STUDY_GROUPS, volumes, rejects), manifest)
+
+
+def _list_oct(storage: Storage) -> list[ObjectInfo]:
+    for prefix in OCT_PREFIXES:
+        found = list(storage.list(prefix))
+        if found:
+            return found
+    raise StorageError(f"{storage.url}: no files under {' or '.join(OCT_PREFIXES)}")
+
+
+def _load_inventory(storage: Storage, inventory: str | None) -> dict[str, InventoryEntry] | None:
+    """The inventory named by ``--inventory`` (path or URL), else the one beside the source."""
+    if inventory is None:
+        try:
+            data = storage.read_bytes(DEFAULT_INVENTORY)
+        except StorageError:
+            return None
+        where = f"{storage.url}/{DEFAULT_INVENTORY}"
+    else:
+        parent, _, name = inventory.rstrip("/").rpartition("/")
+        data = open_storage(parent or ".").read_bytes(name)
+        where = inventory
+    try:
+        return parse_inventory(json.loads(data), where)
+    except ValueError as exc:
+        raise OctstageError(f"{where}: not JSON: {exc}") from exc
+
+
+@contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """One build per cache folder at a time (a second one would race on the same keys)."""
+    with open(out / ".build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise OctstageError(f"{out}: another build-cache is running on this cache") from exc
+        yield
+
+
+def _remove_temporaries(out: Path) -> None:
+    """Half-written files of a killed run (hidden, never read): safe to drop under the lock."""
+    for tmp in (out / "volumes").glob("*/.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    for tmp in [*(out / "records").glob(".*.tmp"), *(out / "rejects").glob(".*.tmp")]:
+        tmp.unlink(missing_ok=True)
+
+
+def _print_summary(stats: dict[str, Any]) -> None:
+    table = Table(title="build-cache", show_header=False)
+    rate = stats["built_per_second"]
+    rows = [
+        ("volumes in manifest", stats["volumes"]),
+        ("participants", stats["participants"]),
+        ("built (decoded)", stats["built"]),
+        ("reused (no decode)", stats["reused"]),
+        ("sources read + hashed", stats["read"]),
+        ("no SHA1 in inventory", stats["unverified"]),
+        ("rejected", stats["rejected"]),
+        *((f"  {reason}", n) for reason, n in stats["rejected_by_reason"].items()),
+        *((f"  device {device}", n) for device, n in stats["by_device"].items()),
+        ("label-table problems", stats["label_problems"]),
+        ("seconds", stats["seconds"]),
+        ("built volumes/s", "-" if rate is None else rate),
+    ]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    console.print(table)

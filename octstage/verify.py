@@ -1,0 +1,159 @@
+"""``octstage verify``: does the cache still hold exactly what the manifest says?
+
+Recomputes every listed volume's checksum (and checks its shape and dtype), reports volumes that
+are missing or changed, volume folders under ``CACHE/volumes`` the manifest does not list
+(extra: a local walk of the cache, never a bucket listing), and validates the manifest against
+``manifests/manifest.schema.json`` when that file is available. Exit 0 clean, 1 problems.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from octstage import manifest as mf
+from octstage import volumestore
+
+console = Console(stderr=True)
+SCHEMA = Path(__file__).resolve().parent.parent / "manifests" / "manifest.schema.json"
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found; ``ok`` only when every list of problems is empty."""
+
+    manifest: str
+    cache: str
+    volumes: int = 0
+    verified: int = 0
+    missing: list[str] = field(default_factory=list)
+    changed: list[dict[str, str]] = field(default_factory=list)  # zarr_path, why
+    extra: list[str] = field(default_factory=list)
+    schema_errors: list[str] = field(default_factory=list)
+    schema: str = "skipped"  # "valid", "invalid" or "skipped: <why>"
+    temporaries: list[str] = field(default_factory=list)  # leftovers of a killed build (harmless)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.changed or self.extra or self.schema_errors)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def check_entry(cache: Path, volume: mf.Volume) -> tuple[str, str] | None:
+    """``("missing"|"changed", why)`` for one volume, None when it matches the manifest."""
+    if not (cache / volume.array_path / "zarr.json").is_file():
+        return "missing", "not in the cache"
+    try:
+        array = volumestore.read_volume(cache, volume.zarr_path)
+    except Exception as exc:  # noqa: BLE001 - any read failure of this volume is its finding
+        return "changed", f"unreadable: {type(exc).__name__}: {exc}"
+    if tuple(array.shape) != tuple(volume.shape) or str(array.dtype) != volume.dtype:
+        return (
+            "changed",
+            f"stored {array.dtype}{array.shape}, manifest {volume.dtype}{volume.shape}",
+        )
+    actual = volumestore.array_checksum(array)
+    if actual != volume.checksum:
+        return "changed", f"checksum {actual} != manifest {volume.checksum}"
+    return None
+
+
+def volume_folders(cache: Path) -> Iterator[tuple[str, bool]]:
+    """``(relpath, hidden)`` of every ``volumes/<pid>/<name>.ome.zarr`` folder in a local cache."""
+    root = cache / "volumes"
+    if not root.is_dir():
+        return
+    for pid in sorted(p for p in root.iterdir() if p.is_dir()):
+        for entry in sorted(pid.iterdir()):
+            if entry.is_dir() and (entry.name.endswith(".ome.zarr") or entry.name.startswith(".")):
+                yield entry.relative_to(cache).as_posix(), entry.name.startswith(".")
+
+
+def validate_schema(data: Any, schema_path: Path = SCHEMA) -> tuple[str, list[str]]:
+    """``(status, errors)``: the manifest JSON against the published schema, if it is there."""
+    if not schema_path.is_file():
+        return f"skipped: {schema_path} not found", []
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
+    errors = [
+        f"{'/'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+        for e in validator.iter_errors(data)
+    ]
+    return ("invalid" if errors else "valid"), errors[:50]
+
+
+def verify(
+    manifest_path: Path, cache: Path | None = None, threads: int | None = None
+) -> VerifyReport:
+    """Check every volume of the manifest against the cache (local folder)."""
+    loaded = mf.load(manifest_path)
+    root = cache if cache is not None else manifest_path.parent
+    report = VerifyReport(str(manifest_path), str(root), volumes=len(loaded.volumes))
+    report.schema, report.schema_errors = validate_schema(json.loads(manifest_path.read_text()))
+    # zarr's blosc and hashlib release the GIL on large buffers: threads give real parallelism.
+    workers = threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool, Progress(console=console, transient=True) as bar:
+        job = bar.add_task("verify", total=len(loaded.volumes))
+        for volume, finding in zip(
+            loaded.volumes, pool.map(lambda v: check_entry(root, v), loaded.volumes), strict=True
+        ):
+            bar.advance(job)
+            if finding is None:
+                report.verified += 1
+            elif finding[0] == "missing":
+                report.missing.append(volume.zarr_path)
+            else:
+                report.changed.append({"zarr_path": volume.zarr_path, "why": finding[1]})
+    listed = {v.zarr_path for v in loaded.volumes}
+    for relpath, hidden in volume_folders(root):
+        if hidden:
+            report.temporaries.append(relpath)
+        elif relpath not in listed:
+            report.extra.append(relpath)
+    return report
+
+
+def run_verify(manifest: Path, cache: Path | None = None, json_out: bool = False) -> int:
+    """CLI: print the report (a table, or JSON on stdout); exit 0 clean, 1 problems."""
+    report = verify(manifest, cache)
+    if json_out:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=1) + "\n")
+    else:
+        _print(report)
+    return 0 if report.ok else 1
+
+
+def _print(report: VerifyReport) -> None:
+    table = Table(title=f"verify {report.manifest}", show_header=False)
+    table.add_row("cache", report.cache)
+    table.add_row("volumes", str(report.volumes))
+    table.add_row("verified", str(report.verified))
+    table.add_row("missing", str(len(report.missing)))
+    table.add_row("changed", str(len(report.changed)))
+    table.add_row("extra (not in manifest)", str(len(report.extra)))
+    table.add_row("schema", report.schema)
+    if report.temporaries:
+        table.add_row("temporaries (killed build)", str(len(report.temporaries)))
+    console.print(table)
+    for path in report.missing[:20]:
+        console.print(f"[red]missing[/red] {path}")
+    for item in report.changed[:20]:
+        console.print(f"[red]changed[/red] {item['zarr_path']}: {item['why']}")
+    for path in report.extra[:20]:
+        console.print(f"[yellow]extra[/yellow] {path}")
+    for err in report.schema_errors[:20]:
+        console.print(f"[red]schema[/red] {err}")
+    console.print("[green]OK" if report.ok else "[red]PROBLEMS")

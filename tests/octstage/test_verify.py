@@ -1,0 +1,134 @@
+"""verify: checksums recomputed, missing / changed / extra volumes found, schema checked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from octstage import manifest as mf
+from octstage import volumestore
+from octstage.cli import main
+from octstage.config import BuildConfig
+from octstage.labels import STUDY_GROUPS
+from octstage.verify import validate_schema, verify
+
+
+def make_cache(root: Path, n: int = 3) -> Path:
+    """A small real cache (volumes written by volumestore) and its manifest, without a build."""
+    rng = np.random.default_rng(0)
+    volumes = []
+    for i in range(n):
+        pid, key = ("1001", "4002", "7003")[i % 3], f"{i:032x}"
+        array = rng.integers(0, 256, size=(4, 8, 8), dtype=np.uint8)
+        rel = volumestore.volume_relpath(pid, key)
+        checksum = volumestore.write_volume(root, rel, array, (0.1, 0.01, 0.01), {"device": "d"})
+        volumes.append(
+            mf.Volume(
+                participant_id=pid,
+                device="topcon_triton",
+                laterality="L",
+                protocol="triton_3d_macula_oct",
+                split="train",
+                study_group=STUDY_GROUPS[i % 4],
+                label=i % 4,
+                source_path=f"retinal_oct/structural_oct/topcon_triton/{pid}/{pid}_x_l_1.2.{i}.dcm",
+                source_sha1=f"{i:040x}",
+                source_size=100,
+                transfer_syntax="1.2.840.10008.1.2.1",
+                source_shape=(8, 16, 16),
+                spacing_mm=(0.05, 0.005, 0.005),
+                zarr_path=rel,
+                shape=(4, 8, 8),
+                dtype="uint8",
+                normalization=mf.Normalization(1.0, 99.0, 2.0, 250.0),
+                checksum=checksum,
+                cache_key=key,
+            )
+        )
+    config = BuildConfig(shape=(4, 8, 8))
+    header = mf.Header(
+        dataset="test",
+        created="2026-01-01T00:00:00Z",
+        code_version="test",
+        cache_version=mf.CACHE_VERSION,
+        config_hash=config.params_hash(),
+        config=config.as_dict(),
+        counts=mf.count_summary(volumes, 0),
+    )
+    path = root / "manifest.json"
+    mf.write(mf.Manifest(header, STUDY_GROUPS, tuple(volumes), ()), path)
+    return path
+
+
+def test_clean_cache_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = make_cache(tmp_path)
+    report = verify(path)
+    assert report.ok and report.verified == 3 and report.schema == "valid"
+    assert main(["verify", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["verified"] == 3
+    assert {"missing", "changed", "extra", "schema", "schema_errors"} <= set(out)
+
+
+def test_one_changed_voxel_is_found(tmp_path: Path) -> None:
+    path = make_cache(tmp_path)
+    target = mf.load(path).volumes[1]
+    arr = zarr.open_array(store=str(tmp_path / target.array_path), mode="r+")
+    arr[2, 3, 4] = (int(arr[2, 3, 4]) + 1) % 256
+    report = verify(path)
+    assert not report.ok and report.verified == 2
+    assert [c["zarr_path"] for c in report.changed] == [target.zarr_path]
+    assert "checksum" in report.changed[0]["why"]
+    assert main(["verify", str(path)]) == 1
+
+
+def test_missing_extra_and_leftover_temporaries(tmp_path: Path) -> None:
+    path = make_cache(tmp_path)
+    volumes = mf.load(path).volumes
+    shutil.rmtree(tmp_path / volumes[0].zarr_path)
+    extra = tmp_path / "volumes" / "1001" / ("f" * 32 + ".ome.zarr")
+    shutil.copytree(tmp_path / volumes[1].zarr_path, extra)
+    report = verify(path)
+    assert report.missing == [volumes[0].zarr_path]
+    assert report.extra == [extra.relative_to(tmp_path).as_posix()]
+    assert not report.ok
+    # A killed build's hidden temporary is reported but is no problem: it is not a volume.
+    shutil.rmtree(extra)
+    (tmp_path / volumes[0].zarr_path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "volumes" / "1001" / ".tmp-x.ome.zarr-1234").mkdir()
+    report = verify(path)
+    assert report.temporaries == ["volumes/1001/.tmp-x.ome.zarr-1234"]
+    assert report.extra == [] and report.missing == [volumes[0].zarr_path]
+
+
+def test_shape_disagreeing_with_the_manifest_is_a_change(tmp_path: Path) -> None:
+    path = make_cache(tmp_path)
+    data = json.loads(path.read_text())
+    data["volumes"][0]["shape"] = [8, 4, 8]  # same number of voxels, same bytes, wrong shape
+    path.write_text(json.dumps(data))
+    report = verify(path)
+    assert [c["zarr_path"] for c in report.changed] == [data["volumes"][0]["zarr_path"]]
+    assert "stored uint8(4, 8, 8)" in report.changed[0]["why"]
+
+
+def test_schema_violations_are_problems(tmp_path: Path) -> None:
+    path = make_cache(tmp_path)
+    data = json.loads(path.read_text())
+    data["volumes"][0]["participant_id"] = "0001"  # the loader takes it, the schema does not
+    path.write_text(json.dumps(data))
+    report = verify(path)
+    assert report.schema == "invalid" and not report.ok
+    assert any("participant_id" in e for e in report.schema_errors)
+    assert report.verified == 3  # the volumes themselves are fine
+
+
+def test_schema_check_is_skipped_only_without_a_schema(tmp_path: Path) -> None:
+    status, errors = validate_schema({}, tmp_path / "absent.json")
+    assert status.startswith("skipped") and errors == []
+    status, errors = validate_schema({})
+    assert status == "invalid" and errors
