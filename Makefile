@@ -18,10 +18,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[cloud,train,torch,dev]"
 	touch $@
 
+# torch 2.9.0 + torch-xla 2.9.0 (~4.2 GB download: PyPI's Linux torch is a CUDA build, which runs
+# fine on a CPU-only machine), the package and the test runner; no dev or cloud extras.
 $(XLA_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(XLA_VENV)
 	$(XLA_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(XLA_VENV)/bin/python -m pip install --quiet -e ".[train,xla]" pytest pytest-timeout
+	$(XLA_VENV)/bin/python -m pip install --quiet -e ".[train,xla]" "pytest>=8" "pytest-timeout>=2.3"
 	touch $@
 
 demo: $(STAMP)
@@ -39,7 +41,7 @@ test-slow: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -m "slow"
 
 test-xla: $(XLA_STAMP)
-	PJRT_DEVICE=CPU PATH="$(abspath $(XLA_VENV)/bin):$$PATH" $(XLA_VENV)/bin/pytest -m "xla" -p no:cacheprovider
+	PJRT_DEVICE=CPU PATH="$(abspath $(XLA_VENV)/bin):$$PATH" $(XLA_VENV)/bin/pytest -m xla -p no:cacheprovider tests/xla
 
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/bench.sh

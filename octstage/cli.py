@@ -46,14 +46,14 @@ def _audit(a: argparse.Namespace) -> int:
 
 def _build(a: argparse.Namespace) -> int:
     from octstage.build import run_build
-    from octstage.config import BuildConfig
+    from octstage.config import load_build_config
 
     return run_build(
         source=a.source,
         labels=a.labels,  # a path or a URL: not a Path, which would mangle gs://
         out=Path(a.out),
         manifest=Path(a.manifest),
-        config=BuildConfig(shape=tuple(a.shape)),
+        config=load_build_config(a.config, shape=tuple(a.shape) if a.shape else None),
         workers=a.workers,
         scheduler=a.scheduler,
         inventory=a.inventory,
@@ -146,7 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--labels", required=True, help="participants.tsv (path or URL)")
     s.add_argument("--out", required=True, help="cache folder (local)")
     s.add_argument("--manifest", required=True, help="manifest JSON to write (last, atomically)")
-    s.add_argument("--shape", type=int, nargs=3, default=[64, 384, 384], metavar=("D", "H", "W"))
+    s.add_argument(
+        "--config", help="YAML of build settings (configs/stage/*.yaml); default: 64x384x384"
+    )
+    s.add_argument(
+        "--shape",
+        type=int,
+        nargs=3,
+        metavar=("D", "H", "W"),
+        help="target grid (overrides --config)",
+    )
     s.add_argument("--workers", type=int, default=2, help="local dask worker processes")
     s.add_argument("--scheduler", help="address of an existing dask scheduler (tcp://host:port)")
     s.add_argument(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from octstage.errors import ConfigError
 from octstage.manifest import CACHE_VERSION
@@ -48,3 +51,24 @@ class BuildConfig:
     def params_hash(self) -> str:
         """Hash of every preprocessing parameter and the cache version."""
         return config_hash(self.as_dict())
+
+
+def load_build_config(path: str | Path | None, **overrides: Any) -> BuildConfig:
+    """A BuildConfig from a YAML file of values (``configs/stage/*.yaml``) plus overrides.
+
+    Unknown keys are an error naming the file: a typo must not silently fall back to a default.
+    ``None`` overrides (an option not given on the command line) are ignored.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of build settings")
+        known = {f.name for f in fields(BuildConfig)}
+        unknown = sorted(set(loaded) - known)
+        if unknown:
+            raise ConfigError(f"{path}: unknown build settings {unknown}; known: {sorted(known)}")
+        values = loaded
+    config = BuildConfig(**values)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return replace(config, **given) if given else config

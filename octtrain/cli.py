@@ -1,0 +1,161 @@
+"""The ``octtrain`` command: one subcommand per job, each building a config and calling one run_*.
+
+Every subcommand takes ``--config FILE`` and any number of ``dotted.key=value`` overrides
+(``--manifest`` and ``--cache`` are shorthands for ``data.manifest=`` and ``data.cache=``).
+Adding a subcommand: write ``_add_<name>(subparsers)`` that registers its parser and sets
+``func``, and list it in ``SUBCOMMANDS``.
+
+Exit codes: 0 success, 2 refused or failed (bad config, data, checkpoint; the message says why),
+3 stopped on a non-finite loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from octtrain.errors import NonFiniteLossError, OcttrainError
+
+log = logging.getLogger("octtrain")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config, --manifest, --cache and the trailing dotted overrides."""
+    parser.add_argument("--config", required=True, help="YAML file (values only)")
+    parser.add_argument("--manifest", help="manifest.json of the cache (data.manifest)")
+    parser.add_argument("--cache", help="cache root; default: the manifest's folder (data.cache)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="e.g. train.max_steps=20 data.num_workers=2",
+    )
+
+
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    """The dotted overrides, with --manifest/--cache turned into data.* overrides."""
+    extra = []
+    if args.manifest:
+        extra.append(f"data.manifest={args.manifest}")
+    if args.cache:
+        extra.append(f"data.cache={args.cache}")
+    return extra + list(args.overrides)
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from octtrain.config import PretrainConfig, load_config
+    from octtrain.pretrain import run_pretrain
+
+    cfg = load_config(PretrainConfig, args.config, overrides_of(args))
+    result = run_pretrain(cfg)
+    if result.run_dir is not None:
+        log.info("run folder: %s (last checkpoint: %s)", result.run_dir, result.checkpoint)
+    return 0
+
+
+def _add_pretrain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("pretrain", help="V-JEPA pretraining of the 3D ViT encoder")
+    add_config_arguments(p)
+    p.set_defaults(func=_pretrain)
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from octtrain.config import load_config
+    from octtrain.finetune import run_finetune
+    from octtrain.finetune_config import FinetuneConfig
+
+    cfg = load_config(FinetuneConfig, args.config, overrides_of(args))
+    result = run_finetune(cfg, args.init)
+    if result.run_dir is not None:
+        log.info(
+            "run folder: %s; best %s %s at epoch %s (checkpoint %s); %d validation failure(s)",
+            result.run_dir,
+            cfg.early_stopping.metric,
+            "n/a" if result.best_value is None else f"{result.best_value:.4f}",
+            result.best_epoch,
+            result.best_checkpoint,
+            result.validation_failures,
+        )
+    return 0
+
+
+def _add_finetune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("finetune", help="train a classification head (and the encoder)")
+    add_config_arguments(p)
+    p.add_argument("--init", required=True, help="pretraining checkpoint (file or folder)")
+    p.set_defaults(func=_finetune)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from octtrain.evaluate import run_evaluate
+
+    run_evaluate(
+        args.checkpoint,
+        args.manifest,
+        split=args.split,
+        cache=args.cache,
+        out=args.out,
+        device=args.device,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        max_share=args.collapse_max_share,
+    )
+    return 0
+
+
+def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("evaluate", help="metrics JSON + confusion matrix of a finetuned model")
+    p.add_argument("--checkpoint", required=True, help="finetune checkpoint file, or its folder")
+    p.add_argument("--manifest", required=True, help="manifest.json of the cache")
+    p.add_argument("--split", default="test", help="split to evaluate (default: test)")
+    p.add_argument("--cache", help="cache root; default: the manifest's folder")
+    p.add_argument("--out", help="output folder; default: the checkpoint's run folder")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or xla")
+    p.add_argument("--batch-size", type=int, default=8, help="per process")
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--collapse-max-share", type=float, default=0.8)
+    p.set_defaults(func=_evaluate)
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _add_pretrain,
+    _add_finetune,
+    _add_evaluate,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="octtrain", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def setup_logging(verbose: bool) -> None:
+    """Plain one-line records on stderr (metrics lines must not wrap)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("octtrain").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        code: int = args.func(args)
+    except NonFiniteLossError as exc:
+        log.error("%s", exc)
+        return 3
+    except OcttrainError as exc:
+        log.error("%s", exc)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The XLA backend (TPU; XLA:CPU in tests): the only module that imports torch_xla.
+
+One process per host drives every device it sees. With more than one device in the job the
+backend switches to SPMD data parallelism: a 1-D device mesh ``('data',)`` over all devices,
+parameters replicated, each batch sharded along dim 0 as torch_xla's ``ParallelLoader`` (the
+engine of ``MpDeviceLoader``) sends it to the device. The compiler then partitions the one
+traced graph and inserts the gradient all-reduce itself, so the loop stays the single-device
+loop. With one device, no SPMD.
+
+Under SPMD ``world_size`` counts devices (data-parallel replicas) while ``process_index`` /
+``process_count`` count host processes: each host loads ``global_batch / process_count`` samples
+and the per-host batches form the global batch (``minibatch`` sharding on multi-host jobs).
+
+Everything the loop reads back from the device goes through ``add_step_closure`` (run by
+torch_xla after the step's graph executed), so a step is one graph and no ``.item()`` forces an
+early execution. ``compile_count`` exposes torch_xla's ``CompileTime`` metric: it must stop
+growing after the first steps, or shapes or Python scalars are changing from step to step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch_xla
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
+import torch_xla.distributed.parallel_loader as pl
+import torch_xla.distributed.spmd as xs
+import torch_xla.runtime as xr
+from torch import nn
+
+MESH_AXIS = "data"
+
+
+class BatchDimSharding:
+    """The loader's input sharding: every tensor of a batch split over the mesh along dim 0.
+
+    ``xs.ShardingSpec(mesh, ('data', None, ...))`` fits one tensor rank only, and tensors of
+    other ranks silently stay replicated; batches mix ranks (image ``[B, 1, D, H, W]``, label
+    and index ``[B]``), so this keeps one ShardingSpec per rank. It offers the two members
+    torch_xla's loader uses (``xla_spec``, ``minibatch``). Scalars stay replicated.
+    """
+
+    def __init__(self, mesh: xs.Mesh, minibatch: bool) -> None:
+        self.mesh = mesh
+        self.minibatch = minibatch
+        self._specs: dict[int, xs.ShardingSpec] = {}
+
+    def spec(self, rank: int) -> xs.ShardingSpec:
+        """The ``('data', None, ...)`` ShardingSpec for tensors of ``rank`` dimensions."""
+        if rank not in self._specs:
+            partition = (MESH_AXIS,) + (None,) * (rank - 1)
+            self._specs[rank] = xs.ShardingSpec(self.mesh, partition, minibatch=self.minibatch)
+        return self._specs[rank]
+
+    def xla_spec(self, tensor: torch.Tensor) -> Any:
+        """torch_xla's per-tensor spec (None: replicate)."""
+        if tensor.dim() == 0:
+            return None
+        return self.spec(tensor.dim()).xla_spec(tensor)
+
+
+class DeviceLoader:
+    """``MpDeviceLoader`` that its backend can stop: batches on the device, sharded as asked.
+
+    torch_xla's loader keeps a background thread prefetching from the wrapped loader; on an
+    endless training loader that thread outlives the loop (and dies noisily at interpreter exit,
+    inside zarr's event loop). Each iteration's ``ParallelLoader`` is therefore registered with
+    the backend, whose ``close()`` stops it. The prefetch depths are small on purpose: a batch of
+    full-size volumes is ~1 GB on the host, and torch_xla's defaults queue 16 of them on the host
+    and 8 on the device.
+    """
+
+    HOST_PREFETCH = 2
+    DEVICE_PREFETCH = 2
+
+    def __init__(
+        self,
+        loader: Iterable[dict[str, Any]],
+        device: torch.device,
+        sharding: BatchDimSharding | None,
+        registry: list[pl.ParallelLoader],
+    ) -> None:
+        self.loader, self.device, self.sharding = loader, device, sharding
+        self._registry = registry
+        self._current: pl.ParallelLoader | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._current is not None:  # a new pass replaces the previous one, as MpDeviceLoader
+            self._current.close()
+            self._registry.remove(self._current)
+        self._current = pl.ParallelLoader(
+            self.loader,
+            [self.device],
+            loader_prefetch_size=self.HOST_PREFETCH,
+            device_prefetch_size=self.DEVICE_PREFETCH,
+            input_sharding=self.sharding,
+        )
+        self._registry.append(self._current)
+        batches: Iterator[dict[str, Any]] = self._current.per_device_loader(self.device)
+        return batches
+
+
+class XlaBackend:
+    """torch_xla on every device of the job: plain single device, or SPMD data parallel."""
+
+    kind = "xla"
+
+    def __init__(self, precision: str = "auto") -> None:
+        devices: int = xr.global_runtime_device_count()
+        self.spmd = devices > 1
+        self.mesh: xs.Mesh | None = None
+        if self.spmd:
+            # Before any tensor reaches a device: tensors created earlier would be replicated.
+            xr.use_spmd()
+            self.mesh = xs.Mesh(np.arange(devices), (devices,), (MESH_AXIS,))
+            xs.set_global_mesh(self.mesh)
+        self.device: torch.device = torch_xla.device()
+        self.world_size: int = devices
+        self.process_index: int = xr.process_index()
+        self.process_count: int = xr.process_count()
+        self.rank = self.process_index
+        self.device_type: str = xr.device_type() or "unknown"
+        # auto: bf16 where XLA runs it natively (TPU); XLA:CPU only emulates it, slowly.
+        self._bf16 = precision == "bf16" or (precision == "auto" and self.device_type == "TPU")
+        self._gloo_ready = False
+        self._loaders: list[pl.ParallelLoader] = []
+
+    @property
+    def is_main(self) -> bool:
+        return self.process_index == 0
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        # Unannotated tensors are replicated under SPMD, which is data parallelism for the
+        # parameters; sharding the inputs (wrap_loader) is all the partitioner needs.
+        return model.to(self.device)
+
+    def wrap_loader(self, loader: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+        sharding = None
+        if self.mesh is not None:
+            sharding = BatchDimSharding(self.mesh, minibatch=self.process_count > 1)
+        return DeviceLoader(loader, self.device, sharding, self._loaders)
+
+    def sync(self) -> None:
+        torch_xla.sync()
+
+    def add_step_closure(self, fn: Callable[..., None], *args: Any) -> None:
+        xm.add_step_closure(fn, args=args)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        # SPMD tensors are global arrays: a sum over the batch dimension already covers every
+        # device and host, so there is nothing left to reduce. Single device: nothing either.
+        return tensor.clone()
+
+    def barrier(self) -> None:
+        torch_xla.sync()
+        xm.wait_device_ops()
+        if self.process_count == 1:
+            return
+        # Multi-host SPMD has no XLA-level barrier that works outside a graph; torch_xla's
+        # recipe is a gloo group rendezvousing through "xla://".
+        if not self._gloo_ready:
+            from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla://")
+
+            dist.init_process_group("gloo", init_method="xla://")
+            self._gloo_ready = True
+        dist.barrier()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if not self._bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="xla", dtype=torch.bfloat16)
+
+    def compile_count(self) -> int | None:
+        data = met.metric_data("CompileTime")
+        return 0 if data is None else int(data[0])
+
+    def close(self) -> None:
+        for loader in self._loaders:
+            loader.close()
+        self._loaders.clear()
+        xm.wait_device_ops()
+        if self._gloo_ready and dist.is_initialized():
+            dist.destroy_process_group()
+            self._gloo_ready = False

@@ -1,0 +1,101 @@
+"""V-JEPA pieces around the models: the trained student, the loss, the EMA target, AdamW groups.
+
+The student (context encoder + predictor) is the one module wrapped for data parallelism; the
+target encoder is an EMA copy of the context encoder that is never trained and never wrapped.
+The loss compares predictions with layer-normed target features at the masked positions.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octtrain.config import ModelConfig, OptimConfig
+from octtrain.models.predictor import Predictor, predictor_from_config
+from octtrain.models.vit3d import ViT3D, encoder_from_config, gather_tokens
+
+
+class JepaStudent(nn.Module):
+    """Context encoder + predictor: ``forward(x, context_idx, target_idx) -> [B, K, D]``."""
+
+    def __init__(self, encoder: ViT3D, predictor: Predictor) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.predictor = predictor
+
+    def forward(
+        self, x: torch.Tensor, context_idx: torch.Tensor, target_idx: torch.Tensor
+    ) -> torch.Tensor:
+        context = self.encoder(x, context_idx)
+        return self.predictor(context, context_idx, target_idx)  # type: ignore[no-any-return]
+
+
+def build_student(cfg: ModelConfig) -> JepaStudent:
+    """A fresh student for a resolved ModelConfig (seed torch first for identical replicas)."""
+    encoder = encoder_from_config(cfg)
+    return JepaStudent(encoder, predictor_from_config(cfg, encoder.grid))
+
+
+def make_target(encoder: ViT3D) -> ViT3D:
+    """The EMA target: a frozen copy of the context encoder."""
+    target = copy.deepcopy(encoder)
+    target.requires_grad_(False)
+    return target
+
+
+@torch.no_grad()
+def target_features(
+    target: ViT3D, x: torch.Tensor, target_idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer-normed target features at ``target_idx`` [B, K, D], all tokens [B, N, D])."""
+    tokens = target(x)
+    normed = F.layer_norm(tokens, (tokens.shape[-1],))
+    return gather_tokens(normed, target_idx), tokens
+
+
+def jepa_loss(prediction: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-sample loss ``[B]``: mean L1 (V-JEPA) or mean squared error over tokens and channels.
+
+    Computed in float32 whatever the autocast dtype of the inputs.
+    """
+    diff = prediction.float() - target.float()
+    per_element = diff.abs() if kind == "l1" else diff.square()
+    return per_element.mean(dim=(1, 2))
+
+
+@torch.no_grad()
+def ema_update(target: nn.Module, online: nn.Module, momentum: float) -> None:
+    """target <- momentum * target + (1 - momentum) * online, parameter by parameter."""
+    t_params: list[torch.Tensor] = list(target.parameters())
+    o_params: list[torch.Tensor] = [p.detach() for p in online.parameters()]
+    torch._foreach_lerp_(t_params, o_params, 1.0 - momentum)
+
+
+def no_weight_decay(name: str, param: nn.Parameter) -> bool:
+    """Biases, norm scales and other 1-D parameters are not decayed."""
+    return param.ndim < 2 or name.endswith(".bias")
+
+
+def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with two groups; the decayed one is tagged ``apply_wd`` for the wd schedule."""
+    decay: list[nn.Parameter] = []
+    plain: list[nn.Parameter] = []
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            (plain if no_weight_decay(name, param) else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay, "apply_wd": True},
+        {"params": plain, "weight_decay": 0.0, "apply_wd": False},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, lr: float, weight_decay: float) -> None:
+    """Apply this step's scheduled learning rate and weight decay."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+        if group.get("apply_wd"):
+            group["weight_decay"] = weight_decay

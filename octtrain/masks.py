@@ -1,0 +1,89 @@
+"""Multi-block 3D masks with a fixed number of masked patches (pure, numpy RNG in, tensors out).
+
+V-JEPA masks several random 3D blocks of the patch grid and predicts them from the rest. Here
+blocks are drawn one after another until exactly ``K = round(ratio * N)`` patches are masked
+(the last block is cut in raster order), so every batch has the same shapes:
+``context [B, N - K]`` and ``target [B, K]`` index tensors. Static shapes keep XLA from
+recompiling and let the whole batch go through the encoder at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from octtrain.config import MaskConfig
+
+
+def num_masked(num_patches: int, ratio: float) -> int:
+    """K: masked patches per sample, at least 1 and leaving at least 1 patch of context."""
+    return min(num_patches - 1, max(1, round(ratio * num_patches)))
+
+
+def sample_block_mask(
+    grid: tuple[int, int, int], k: int, cfg: MaskConfig, rng: np.random.Generator
+) -> np.ndarray:
+    """A boolean grid with exactly ``k`` True (masked) patches, made of 3D blocks."""
+    gd, gh, gw = grid
+    masked = np.zeros(grid, dtype=bool)
+    count = 0
+    while count < k:
+        area = rng.uniform(*cfg.spatial_scale) * gh * gw
+        aspect = math.exp(rng.uniform(math.log(cfg.aspect_ratio[0]), math.log(cfg.aspect_ratio[1])))
+        bh = min(gh, max(1, round(math.sqrt(area * aspect))))
+        bw = min(gw, max(1, round(math.sqrt(area / aspect))))
+        bd = min(gd, max(1, round(rng.uniform(*cfg.depth_scale) * gd)))
+        d0 = int(rng.integers(0, gd - bd + 1))
+        h0 = int(rng.integers(0, gh - bh + 1))
+        w0 = int(rng.integers(0, gw - bw + 1))
+        block = np.zeros(grid, dtype=bool)
+        block[d0 : d0 + bd, h0 : h0 + bh, w0 : w0 + bw] = True
+        new = np.flatnonzero(block & ~masked)[: k - count]
+        masked.flat[new] = True
+        count += len(new)
+    return masked
+
+
+def sample_masks(
+    batch_size: int, grid: tuple[int, int, int], cfg: MaskConfig, rng: np.random.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context and target patch indices, ``[B, N - K]`` and ``[B, K]`` int64, each sorted."""
+    n = grid[0] * grid[1] * grid[2]
+    k = num_masked(n, cfg.ratio)
+    masks = np.stack([sample_block_mask(grid, k, cfg, rng).reshape(-1) for _ in range(batch_size)])
+    order = np.argsort(masks, axis=1, kind="stable")  # unmasked (False) first, each ascending
+    context = torch.from_numpy(np.ascontiguousarray(order[:, : n - k]))
+    target = torch.from_numpy(np.ascontiguousarray(order[:, n - k :]))
+    return context, target
+
+
+def step_rng(seed: int, step: int, stream: int = 0) -> np.random.Generator:
+    """The mask RNG of one step (of one process ``stream``): a pure function of its arguments,
+    so a resumed run draws the same masks."""
+    return np.random.default_rng([seed, step, stream])
+
+
+def mask_overlay(
+    volume: np.ndarray,
+    target_idx: np.ndarray,
+    grid: tuple[int, int, int],
+    patch: tuple[int, int, int],
+    max_slices: int = 8,
+) -> np.ndarray:
+    """RGB uint8 strip of B-scans (one per patch layer, centre slice) with masked patches in red.
+
+    ``volume [D, H, W]`` is in [-1, 1]; ``target_idx`` are the masked patch indices.
+    """
+    masked = np.zeros(grid[0] * grid[1] * grid[2], dtype=bool)
+    masked[target_idx] = True
+    masked = masked.reshape(grid)
+    tiles = []
+    for layer in range(min(grid[0], max_slices)):
+        grey = np.clip((volume[layer * patch[0] + patch[0] // 2] + 1.0) * 127.5, 0, 255)
+        rgb = np.repeat(grey[..., None], 3, axis=2)
+        cover = np.kron(masked[layer], np.ones(patch[1:], dtype=bool))
+        rgb[cover] = 0.5 * rgb[cover] + np.array([127.0, 0.0, 0.0])
+        tiles.append(rgb.astype(np.uint8))
+    return np.concatenate(tiles, axis=1)

@@ -1,0 +1,194 @@
+"""The 3D ViT encoder: Conv3d tubelet patches, fixed 3D sin-cos positions, SDPA attention.
+
+``ViT3D.forward(x, keep_idx)`` embeds a volume ``x [B, 1, D, H, W]`` into ``N`` patch tokens and,
+when ``keep_idx [B, M]`` is given, keeps only those tokens before the transformer (the V-JEPA
+context encoder sees only unmasked patches). It returns ``[B, N or M, embed_dim]`` after a final
+LayerNorm. Sizes come from named presets (encoder parameters counted at patch 4x16x16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octtrain.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Encoder and predictor sizes."""
+
+    embed_dim: int
+    depth: int
+    num_heads: int
+    pred_dim: int
+    pred_depth: int
+    pred_heads: int
+
+
+PRESETS: dict[str, Preset] = {
+    # Unit tests and the demo: thousands of parameters, a step in milliseconds on a CPU core.
+    "tiny": Preset(embed_dim=48, depth=2, num_heads=3, pred_dim=24, pred_depth=1, pred_heads=2),
+    # A small model that still learns something on 2 CPU cores in a minute or two.
+    "small": Preset(embed_dim=96, depth=4, num_heads=4, pred_dim=48, pred_depth=2, pred_heads=4),
+    # The sizes the users trained: ~29M and ~90M encoder parameters.
+    "vit29m": Preset(embed_dim=512, depth=9, num_heads=8, pred_dim=256, pred_depth=6, pred_heads=8),
+    "vit90m": Preset(
+        embed_dim=768, depth=12, num_heads=12, pred_dim=384, pred_depth=12, pred_heads=12
+    ),
+}
+
+
+def sincos_3d(grid: tuple[int, int, int], dim: int) -> torch.Tensor:
+    """Fixed 3D sin-cos position embedding ``[N, dim]`` (a third of the channels per axis)."""
+    per_axis = 2 * (dim // 6)
+    coords = np.meshgrid(*[np.arange(g, dtype=np.float64) for g in grid], indexing="ij")
+    parts = []
+    for c in coords:
+        omega = 1.0 / 10000 ** (np.arange(per_axis // 2, dtype=np.float64) / (per_axis / 2))
+        angles = c.reshape(-1)[:, None] * omega[None, :]
+        parts += [np.sin(angles), np.cos(angles)]
+    emb = np.concatenate(parts, axis=1)
+    pad = dim - emb.shape[1]  # channels left over when dim is not a multiple of 6 stay zero
+    emb = np.pad(emb, ((0, 0), (0, pad)))
+    return torch.from_numpy(emb).float()
+
+
+def gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x[b, idx[b]]`` for tokens ``x [B, N, D]`` and indices ``idx [B, M]``."""
+    return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a residual branch for a whole sample (fine-tuning regulariser)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed dim {dim} is not divisible by {num_heads} heads")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, d // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))  # type: ignore[no-any-return]
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, drop_path: float) -> None:
+        super().__init__()
+        hidden = int(dim * mlp_ratio)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))  # type: ignore[no-any-return]
+
+
+def init_weights(module: nn.Module) -> None:
+    """Truncated-normal linear/conv weights, zero biases, unit LayerNorms (ViT/V-JEPA init)."""
+    if isinstance(module, nn.Linear | nn.Conv3d):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def rescale_blocks(blocks: nn.ModuleList) -> None:
+    """Shrink each residual output projection by sqrt(2 * layer) so deep stacks start stable."""
+    for i, block in enumerate(blocks, start=1):
+        assert isinstance(block, Block)
+        for linear in (block.attn.proj, block.mlp[2]):
+            assert isinstance(linear, nn.Linear)
+            linear.weight.data.div_(math.sqrt(2.0 * i))
+
+
+class ViT3D(nn.Module):
+    """3D ViT encoder over single-channel volumes; ``blocks`` is public for layer-wise decay."""
+
+    pos_embed: torch.Tensor
+
+    def __init__(
+        self,
+        input_shape: tuple[int, int, int],
+        patch: tuple[int, int, int],
+        embed_dim: int,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if any(s % p for s, p in zip(input_shape, patch, strict=True)):
+            raise ValueError(f"input shape {input_shape} is not divisible by patch {patch}")
+        self.input_shape = input_shape
+        self.patch = patch
+        self.grid: tuple[int, int, int] = (
+            input_shape[0] // patch[0],
+            input_shape[1] // patch[1],
+            input_shape[2] // patch[2],
+        )
+        self.num_patches = self.grid[0] * self.grid[1] * self.grid[2]
+        self.embed_dim = embed_dim
+        self.patch_embed = nn.Conv3d(1, embed_dim, kernel_size=patch, stride=patch)
+        self.register_buffer("pos_embed", sincos_3d(self.grid, embed_dim)[None], persistent=False)
+        rates = [drop_path * i / max(1, depth - 1) for i in range(depth)]
+        self.blocks = nn.ModuleList(Block(embed_dim, num_heads, mlp_ratio, r) for r in rates)
+        self.norm = nn.LayerNorm(embed_dim)
+        self.apply(init_weights)
+        rescale_blocks(self.blocks)
+
+    def forward(self, x: torch.Tensor, keep_idx: torch.Tensor | None = None) -> torch.Tensor:
+        tokens = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos_embed
+        if keep_idx is not None:
+            tokens = gather_tokens(tokens, keep_idx)
+        for block in self.blocks:
+            tokens = block(tokens)
+        return self.norm(tokens)  # type: ignore[no-any-return]
+
+
+def preset_for(cfg: ModelConfig) -> Preset:
+    """The config's preset with any explicitly set sizes replacing the preset's."""
+    base = PRESETS[cfg.preset]
+    sizes = {k: getattr(cfg, k) for k in Preset.__dataclass_fields__ if getattr(cfg, k) is not None}
+    return dataclasses.replace(base, **sizes)
+
+
+def encoder_from_config(cfg: ModelConfig) -> ViT3D:
+    """The encoder a ModelConfig describes (``input_shape`` must be resolved, not None)."""
+    if cfg.input_shape is None:
+        raise ValueError("model.input_shape is unresolved (None); resolve it from the cache first")
+    p = preset_for(cfg)
+    return ViT3D(
+        cfg.input_shape, cfg.patch, p.embed_dim, p.depth, p.num_heads, cfg.mlp_ratio, cfg.drop_path
+    )

@@ -1,0 +1,56 @@
+"""The run folder: ``<output_dir>/<name>-<timestamp>/`` with the resolved config and code version.
+
+Layout: ``config.yaml`` (every value the run used), ``code_version``, ``metrics.jsonl``,
+``checkpoints/`` (unless checkpoint.dir points elsewhere), ``images/``, ``wandb/``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+from pathlib import Path
+
+import octtrain
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def code_version() -> str:
+    """Package version plus the git commit (and ``-dirty``) when running from a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(_REPO), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return octtrain.__version__
+    return f"{octtrain.__version__}+g{out}" if out else octtrain.__version__
+
+
+def new_run_dir(output_dir: str, name: str, explicit: str | None) -> Path:
+    """``explicit`` if given, else ``output_dir/name-YYYYmmdd-HHMMSS`` (suffixed if taken)."""
+    if explicit is not None:
+        path = Path(explicit)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(output_dir) / f"{name}-{stamp}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+
+
+def write_run_info(run_dir: Path, config_yaml: str, version: str | None = None) -> str:
+    """Save the resolved config and the code version (computed if not given); returns it."""
+    version = version or code_version()
+    (run_dir / "config.yaml").write_text(f"# code_version: {version}\n{config_yaml}")
+    (run_dir / "code_version").write_text(version + "\n")
+    return version

@@ -1,0 +1,39 @@
+"""Every YAML in configs/stage/ loads into a valid BuildConfig; typos are errors, not defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from octstage.config import BuildConfig, load_build_config
+from octstage.errors import ConfigError
+
+STAGE_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "stage").glob("*.yaml"))
+
+
+def test_there_are_stage_configs() -> None:
+    assert {p.name for p in STAGE_CONFIGS} >= {"default.yaml", "demo.yaml"}
+
+
+@pytest.mark.parametrize("path", STAGE_CONFIGS, ids=lambda p: p.name)
+def test_every_stage_config_loads(path: Path) -> None:
+    assert isinstance(load_build_config(path), BuildConfig)
+
+
+def test_default_yaml_matches_the_code_defaults() -> None:
+    assert load_build_config(STAGE_CONFIGS[0].parent / "default.yaml") == BuildConfig()
+
+
+def test_overrides_win_and_none_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("shape: [16, 64, 64]\nclevel: 5\n")
+    cfg = load_build_config(path, shape=(8, 32, 32), clevel=None)
+    assert (cfg.shape, cfg.clevel) == ((8, 32, 32), 5)
+
+
+def test_unknown_key_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text("shpae: [16, 64, 64]\n")
+    with pytest.raises(ConfigError, match=r"typo\.yaml.*shpae"):
+        load_build_config(path)

@@ -1,0 +1,52 @@
+"""Run by torchrun in test_distributed.py: one rank of a 2-process gloo pretraining run.
+
+Writes ``<out>/rank<r>.json`` with the sample indices of its first batches (from the exact loader
+the run uses) and a checksum of its final weights, then the run itself trains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from octstage.manifest import load
+from octtrain.config import PretrainConfig, load_config
+from octtrain.device import make_backend
+from octtrain.pretrain import Pretrainer, resolve
+
+
+def main(config_path: str, out: str, overrides: list[str]) -> None:
+    torch.set_num_threads(1)
+    cfg = load_config(PretrainConfig, config_path, overrides)
+    assert cfg.data.manifest is not None
+    manifest = load(cfg.data.manifest)
+    cfg = resolve(cfg, manifest)
+    backend = make_backend("cpu")
+    try:
+        trainer = Pretrainer(cfg, manifest, backend)
+        batches = iter(trainer.make_train_loader())
+        seen = [next(batches)["index"].tolist() for _ in range(4)]
+        del batches
+        result = trainer.run()
+        digest = hashlib.sha256()
+        for tensor in trainer.raw.state_dict().values():
+            digest.update(tensor.numpy().tobytes())
+        record = {
+            "rank": backend.rank,
+            "world_size": backend.world_size,
+            "indices": seen,
+            "weights": digest.hexdigest(),
+            "run_dir": str(result.run_dir) if result.run_dir else None,
+            "checkpoint": result.checkpoint,
+        }
+        Path(out, f"rank{backend.rank}.json").write_text(json.dumps(record))
+    finally:
+        backend.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -1,0 +1,63 @@
+"""Shared finetuning fixtures: a real tiny pretraining checkpoint and a finetuned one.
+
+Imported by tests/octtrain/conftest.py so every test module shares one of each per session.
+The trainer modules are imported inside the fixtures: a broken finetune module must fail the
+tests that use it, not the collection of every trainer test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from octtrain.finetune import FinetuneResult
+    from octtrain.finetune_config import FinetuneConfig
+
+REPO = Path(__file__).resolve().parents[2]
+PRETRAIN_TINY = REPO / "configs" / "pretrain" / "tiny.yaml"
+FINETUNE_TINY = REPO / "configs" / "finetune" / "tiny.yaml"
+
+
+def finetune_config(manifest: Path, run_dir: Path, *overrides: str) -> FinetuneConfig:
+    """configs/finetune/tiny.yaml on ``manifest``, writing into ``run_dir``."""
+    from octtrain.config import load_config
+    from octtrain.finetune_config import FinetuneConfig
+
+    base = [f"data.manifest={manifest}", f"train.run_dir={run_dir}", "logging.console=false"]
+    return load_config(FinetuneConfig, FINETUNE_TINY, base + list(overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_pretrained(tiny_cache: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """URL of a real pretraining checkpoint (tiny preset, 4 steps) on the tiny cache."""
+    from octtrain.config import PretrainConfig, load_config
+    from octtrain.pretrain import run_pretrain
+
+    manifest, _ = tiny_cache
+    run_dir = tmp_path_factory.mktemp("pretrain-tiny")
+    overrides = [
+        f"data.manifest={manifest}",
+        f"train.run_dir={run_dir}",
+        "train.max_steps=4",
+        "checkpoint.every=4",
+        "logging.wandb_mode=disabled",
+        "logging.console=false",
+    ]
+    result = run_pretrain(load_config(PretrainConfig, PRETRAIN_TINY, overrides))
+    assert result.checkpoint is not None
+    return result.checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_finetuned(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path_factory: pytest.TempPathFactory
+) -> FinetuneResult:
+    """A 3-epoch finetuning run (encoder frozen for epoch 1) from ``tiny_pretrained``."""
+    from octtrain.finetune import run_finetune
+
+    manifest, _ = tiny_cache
+    run_dir = tmp_path_factory.mktemp("finetune-tiny")
+    return run_finetune(finetune_config(manifest, run_dir), tiny_pretrained)

@@ -1,0 +1,95 @@
+"""Checkpoints: atomic files + index, keep last N and the best, default folder, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from octtrain.checkpoint import (
+    CheckpointManager,
+    checkpoint_dir,
+    load_checkpoint,
+    load_encoder_state,
+    resume_url,
+)
+from octtrain.config import CheckpointConfig
+from octtrain.errors import CheckpointError
+
+
+def _state(step: int) -> dict[str, object]:
+    return {
+        "step": step,
+        "w": torch.full((3,), float(step)),
+        "config": {"model": {"x": 1}},
+        "target_encoder": {"w": torch.ones(2)},
+    }
+
+
+def test_keeps_last_n_and_the_best(tmp_path: Path) -> None:
+    manager = CheckpointManager(str(tmp_path / "ck"), keep_last=2, keep_best=True)
+    metrics = {10: 0.5, 20: 0.2, 30: 0.4, 40: 0.3, 50: None}
+    for step, metric in metrics.items():
+        manager.save(_state(step), step, metric)
+    files = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert files == ["index.json", "step_00000020.pt", "step_00000040.pt", "step_00000050.pt"]
+    assert manager.latest() == f"{tmp_path}/ck/step_00000050.pt"
+    assert manager.best() == f"{tmp_path}/ck/step_00000020.pt"
+    state = load_checkpoint(manager.latest() or "")
+    assert state["step"] == 50 and torch.equal(state["w"], torch.full((3,), 50.0))
+
+
+def test_folder_url_means_latest_and_missing_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no checkpoint found"):
+        load_checkpoint(str(tmp_path / "empty"))
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        load_checkpoint(str(tmp_path / "nope" / "step_00000001.pt"))
+    manager = CheckpointManager(str(tmp_path / "ck"), keep_last=3, keep_best=False)
+    manager.save(_state(1), 1)
+    manager.save(_state(2), 2)
+    assert load_checkpoint(str(tmp_path / "ck"))["step"] == 2
+    weights, model = load_encoder_state(str(tmp_path / "ck"))
+    assert torch.equal(weights["w"], torch.ones(2)) and model == {"x": 1}
+
+
+def test_corrupt_checkpoint_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "step_00000001.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(str(tmp_path / "step_00000001.pt"))
+
+
+def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
+    manager = CheckpointManager(str(tmp_path), keep_last=1, keep_best=False)
+    for step in range(3):
+        manager.save(_state(step), step)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json", "step_00000002.pt"]
+
+
+@pytest.mark.parametrize("value", [None, "", "None"])
+def test_default_dir_is_under_the_run_folder(tmp_path: Path, value: str | None) -> None:
+    assert checkpoint_dir(CheckpointConfig(dir=value), tmp_path) == str(tmp_path / "checkpoints")
+    assert checkpoint_dir(CheckpointConfig(dir="gs://b/p/"), tmp_path) == "gs://b/p"
+
+
+def test_resume_auto_finds_the_latest_or_nothing(tmp_path: Path) -> None:
+    auto = CheckpointConfig(resume="auto")
+    assert resume_url(auto, str(tmp_path)) is None
+    CheckpointManager(str(tmp_path), 2, False).save(_state(7), 7)
+    assert resume_url(auto, str(tmp_path)) == f"{tmp_path}/step_00000007.pt"
+    assert resume_url(CheckpointConfig(), str(tmp_path)) is None
+    assert resume_url(CheckpointConfig(resume="x/step_1.pt"), str(tmp_path)) == "x/step_1.pt"
+
+
+def test_gs_checkpoints_through_the_gcs_double(cloud_env: dict[str, str], gcs_bucket: str) -> None:
+    url = f"gs://{gcs_bucket}/runs/a/checkpoints"
+    manager = CheckpointManager(url, keep_last=1, keep_best=True)
+    manager.save(_state(1), 1, metric=0.5)
+    manager.save(_state(2), 2, metric=0.7)
+    manager.save(_state(3), 3, metric=0.9)
+    assert manager.latest() == f"{url}/step_00000003.pt"
+    assert manager.best() == f"{url}/step_00000001.pt"
+    assert load_checkpoint(url)["step"] == 3
+    assert load_checkpoint(f"{url}/step_00000001.pt")["step"] == 1
+    names = sorted(o.name for o in manager.storage.list())
+    assert names == ["index.json", "step_00000001.pt", "step_00000003.pt"]

@@ -1,0 +1,80 @@
+"""``octtrain evaluate``: metrics JSON (nulls, never NaN), confusion PNG, table, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from octstage import manifest as mf
+from octtrain.cli import main
+from octtrain.errors import CheckpointError, DataError
+from octtrain.evaluate import resolve_checkpoint, run_evaluate
+from octtrain.finetune import FinetuneResult
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_evaluate_writes_metrics_json_and_confusion_png(
+    tiny_cache: tuple[Path, Path], tiny_finetuned: FinetuneResult, tmp_path: Path
+) -> None:
+    assert tiny_finetuned.run_dir is not None
+    checkpoints = str(tiny_finetuned.run_dir / "checkpoints")
+    args = ["--checkpoint", checkpoints, "--manifest", str(tiny_cache[0]), "--split", "test"]
+    code = main(["evaluate", *args, "--out", str(tmp_path), "--device", "cpu"])
+    assert code == 0
+    doc = json.loads((tmp_path / "metrics-test.json").read_text())
+    assert doc["checkpoint"] == tiny_finetuned.best_checkpoint  # a folder means its best
+    assert doc["split"] == "test" and doc["volume"]["num_samples"] == 8
+    for key in ("accuracy", "balanced_accuracy", "macro_f1", "kappa", "macro_auroc", "macro_aupr"):
+        assert key in doc["volume"] and key in doc["participant"]
+    assert set(doc["volume"]["per_class"]) == set(mf.load(tiny_cache[0]).classes)
+    cm = np.array(doc["volume"]["confusion_matrix"])
+    assert cm.shape == (4, 4) and cm.sum() == 8 and cm.sum(axis=1).tolist() == [2, 2, 2, 2]
+    assert len(doc["predictions"]) == 8
+    assert all(abs(sum(p["probs"]) - 1) < 1e-4 for p in doc["predictions"])
+    assert (tmp_path / "confusion-test.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_evaluate_single_class_split_reports_undefined_as_null(
+    tiny_cache: tuple[Path, Path], tiny_finetuned: FinetuneResult, tmp_path: Path
+) -> None:
+    original = mf.load(tiny_cache[0])
+    volumes = tuple(v for v in original.volumes if v.split != "test" or v.label == 1)
+    path = tmp_path / "manifest.json"
+    mf.write(dataclasses.replace(original, volumes=volumes), path)
+    assert tiny_finetuned.best_checkpoint is not None
+    result = run_evaluate(
+        tiny_finetuned.best_checkpoint,
+        str(path),
+        split="test",
+        cache=str(tiny_cache[1]),
+        out=str(tmp_path / "out"),
+        device="cpu",
+    )
+    assert result.metrics_json is not None
+    text = result.metrics_json.read_text()
+    assert "NaN" not in text
+    doc = json.loads(text)
+    assert doc["volume"]["macro_auroc"] is None
+    assert doc["volume"]["per_class"]["healthy"]["recall"] is None
+    assert doc["volume"]["per_class"]["pre_diabetes_lifestyle_controlled"]["aupr"] is not None
+
+
+def test_evaluate_refuses_other_classes_and_missing_checkpoints(
+    tiny_cache: tuple[Path, Path], tiny_finetuned: FinetuneResult, tmp_path: Path
+) -> None:
+    original = mf.load(tiny_cache[0])
+    swapped = (original.classes[1], original.classes[0], *original.classes[2:])
+    path = tmp_path / "manifest.json"
+    mf.write(dataclasses.replace(original, classes=swapped), path)
+    assert tiny_finetuned.best_checkpoint is not None
+    with pytest.raises(DataError, match="would permute the labels"):
+        run_evaluate(tiny_finetuned.best_checkpoint, str(path), cache=str(tiny_cache[1]))
+    with pytest.raises(CheckpointError, match="no checkpoint found"):
+        resolve_checkpoint(str(tmp_path / "empty"))
+    code = main(["evaluate", "--checkpoint", str(tmp_path / "nope.pt"), "--manifest", str(path)])
+    assert code == 2

@@ -1,0 +1,436 @@
+"""Finetuning: the pieces checked directly, then real tiny runs (pretrain -> finetune) on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from octstage import manifest as mf
+from octtrain.config import ModelConfig, load_config
+from octtrain.device import TorchBackend
+from octtrain.errors import CheckpointError, ConfigError, DataError
+from octtrain.finetune import Finetuner, FinetuneResult, run_finetune
+from octtrain.finetune_config import (
+    FinetuneConfig,
+    FinetuneOptimConfig,
+    FinetuneTrainConfig,
+    HeadConfig,
+    LossConfig,
+)
+from octtrain.finetune_data import EpochSampler, balanced_probabilities, check_splits, class_weights
+from octtrain.finetune_model import (
+    build_classifier,
+    build_optimizer,
+    encoder_groups,
+    lr_factors,
+    make_loss,
+)
+from octtrain.models.vit3d import encoder_from_config
+from octtrain.selection import EarlyStopping
+from octtrain.validation import ValidationError
+from tests.octtrain.finetune_fixtures import FINETUNE_TINY, REPO, finetune_config
+
+# --- pieces, checked directly -------------------------------------------------------------------
+
+
+def test_auto_class_weights_are_inverse_frequency() -> None:
+    weights = class_weights(LossConfig(class_weights="auto"), [8, 4, 2, 2])
+    assert weights is not None
+    np.testing.assert_allclose(weights, [0.5, 1.0, 2.0, 2.0])  # n / (C * n_c), n=16, C=4
+    balanced = class_weights(LossConfig(), [5, 5, 5, 5])
+    assert balanced is not None
+    np.testing.assert_allclose(balanced, [1, 1, 1, 1])
+    absent = class_weights(LossConfig(), [6, 0, 3, 3])
+    assert absent is not None and absent[1] == 0.0 and absent[0] == pytest.approx(12 / (3 * 6))
+    assert class_weights(LossConfig(class_weights="none"), [1, 2, 3, 4]) is None
+    manual = LossConfig(class_weights="manual", class_weight_values=(1.0, 2.0, 3.0, 4.0))
+    given = class_weights(manual, [1, 1, 1, 1])
+    assert given is not None
+    np.testing.assert_allclose(given, [1, 2, 3, 4])
+    with pytest.raises(DataError, match="3 values for 4 classes"):
+        class_weights(LossConfig("manual", (1.0, 2.0, 3.0)), [1, 1, 1, 1])
+    with pytest.raises(ValueError, match="exactly when class_weights=manual"):
+        LossConfig(class_weights="auto", class_weight_values=(1.0,))
+
+
+def test_weighted_loss_matches_the_formula() -> None:
+    torch.manual_seed(0)
+    logits, y = torch.randn(6, 4), torch.tensor([0, 1, 1, 2, 3, 3])
+    w = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    nll = -F.log_softmax(logits, dim=1)[torch.arange(6), y]
+    expected = (w[y] * nll).sum() / w[y].sum()  # weighted mean over the batch
+    assert torch.allclose(make_loss(w, 0.0)(logits, y), expected)
+
+
+def test_label_smoothing_matches_the_formula() -> None:
+    torch.manual_seed(1)
+    logits, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 3, 0])
+    eps = 0.2
+    logp = F.log_softmax(logits, dim=1)
+    target = torch.full((5, 4), eps / 4) + (1 - eps) * F.one_hot(y, 4)
+    expected = -(target * logp).sum(dim=1).mean()
+    got = make_loss(None, eps)(logits, y)
+    assert torch.allclose(got, expected)
+    assert not torch.allclose(got, make_loss(None, 0.0)(logits, y))
+
+
+def test_early_stopping_rules() -> None:
+    stop = EarlyStopping(patience=2, min_delta=0.01)
+    assert stop.update(0.30) and stop.best == 0.30
+    assert not stop.update(0.305)  # not better by more than min_delta
+    assert not stop.should_stop
+    assert not stop.update(math.nan)  # undefined is never an improvement
+    assert stop.should_stop
+    never = EarlyStopping(patience=0, min_delta=0.0)
+    for _ in range(10):
+        never.update(0.1)
+    assert not never.should_stop
+
+
+def test_learning_rate_factors_warm_up_decay_and_rewarm_the_encoder() -> None:
+    cfg = FinetuneTrainConfig(epochs=10, warmup_epochs=2, min_lr_ratio=0.01, unfreeze_epoch=4)
+    steps, warm, total = 5, 10, 50
+    head = [lr_factors(s, steps, warm, total, cfg)[0] for s in range(total + 10)]
+    assert head[0] == pytest.approx(0.1) and head[10] == pytest.approx(1.0)
+    assert all(a <= b for a, b in itertools.pairwise(head[:11]))  # warmup rises
+    assert all(a >= b for a, b in itertools.pairwise(head[10:50]))  # cosine falls
+    assert head[50:] == [pytest.approx(0.01)] * 10  # clamped: no restart past the end
+    enc = [lr_factors(s, steps, warm, total, cfg)[1] for s in range(total)]
+    assert enc[20] == pytest.approx(head[20] * 0.1)  # the encoder thaws at step 20 and warms up
+    assert enc[29] == pytest.approx(head[29]) and enc[40] == pytest.approx(head[40])
+
+
+def test_layer_wise_decay_groups() -> None:
+    encoder = encoder_from_config(ModelConfig(preset="tiny", input_shape=(8, 32, 32)))
+    model = build_classifier(encoder, HeadConfig(), 48, 4)
+    cfg = FinetuneOptimConfig(head_lr=1e-2, encoder_lr=1e-3, layer_decay=0.5, weight_decay=0.1)
+    groups = encoder_groups(model, cfg, depth=2)
+    lr_by_layer = {g["layer"]: g["base_lr"] for g in groups}
+    assert lr_by_layer == pytest.approx({0: 1e-3 / 8, 1: 1e-3 / 4, 2: 1e-3 / 2, 3: 1e-3})
+    n_params = sum(len(g["params"]) for g in groups)
+    assert n_params == len(list(model.encoder.parameters()))
+    for g in groups:  # 1-D tensors (biases, norms) are never decayed
+        assert all((p.ndim >= 2) == (g["weight_decay"] > 0) for p in g["params"])
+    frozen = build_optimizer(model, cfg, depth=2, with_encoder=False)
+    assert {g["part"] for g in frozen.param_groups} == {"head"}
+
+
+def test_epoch_sampler_balanced_and_deterministic() -> None:
+    labels = [0] * 30 + [1] * 6 + [2] * 2 + [3] * 2
+    p = balanced_probabilities(labels, 4)
+    sampler = EpochSampler(len(labels), 2000, 0, 1, seed=3, probabilities=p)
+    drawn = np.bincount(np.asarray(labels)[sampler.epoch_indices(0)], minlength=4)
+    assert drawn.min() > 400 and drawn.max() < 600  # ~500 each instead of 75% class 0
+    again = EpochSampler(len(labels), 2000, 0, 1, seed=3, probabilities=p)
+    assert np.array_equal(again.epoch_indices(0), sampler.epoch_indices(0))
+    plain = [EpochSampler(40, 20, r, 2, seed=1) for r in (0, 1)]
+    a, b = (set(s.epoch_indices(5).tolist()) for s in plain)
+    assert len(a) == len(b) == 20 and not a & b  # disjoint halves of a permutation
+    with pytest.raises(DataError, match="cannot give"):
+        EpochSampler(10, 6, 0, 2, seed=0)
+
+
+def test_config_checks() -> None:
+    with pytest.raises(ConfigError, match="not a multiple"):
+        FinetuneConfig(optim=FinetuneOptimConfig(effective_batch_size=12))
+    assert FinetuneConfig(optim=FinetuneOptimConfig(effective_batch_size=32)).accum_steps == 4
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        FinetuneTrainConfig(epochs=2, warmup_epochs=3)
+    with pytest.raises(ConfigError, match="early_stopping: metric must be one of"):
+        load_config(FinetuneConfig, FINETUNE_TINY, ["early_stopping.metric=loss"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'head\.pool'"):
+        load_config(FinetuneConfig, FINETUNE_TINY, ["head.pool=mean"])
+    shipped = sorted((REPO / "configs" / "finetune").glob("*.yaml"))
+    assert {p.stem for p in shipped} >= {"tiny", "demo", "vit29m", "vit90m"}
+    for path in shipped:  # every shipped config loads and validates
+        load_config(FinetuneConfig, path, [])
+
+
+# --- manifests with a twist (same cache) ---------------------------------------------------------
+
+
+def _variant(manifest: Path, out: Path, edit: Callable[[list[mf.Volume]], list[mf.Volume]]) -> Path:
+    original = mf.load(manifest)
+    volumes = tuple(edit(list(original.volumes)))
+    path = out / "manifest.json"
+    mf.write(dataclasses.replace(original, volumes=volumes), path)
+    return path
+
+
+def test_participant_in_two_splits_and_bad_labels_are_errors(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    manifest = mf.load(tiny_cache[0])
+    train0 = manifest.split("train")[0]
+
+    def leak(vols: list[mf.Volume]) -> list[mf.Volume]:
+        val = next(i for i, v in enumerate(vols) if v.split == "val")
+        vols[val] = dataclasses.replace(vols[val], participant_id=train0.participant_id)
+        return vols
+
+    leaking = mf.load(_variant(tiny_cache[0], tmp_path, leak))
+    with pytest.raises(DataError, match=rf"{train0.participant_id} in \['train', 'val'\]"):
+        check_splits(leaking, ["train", "val"])
+    relabel = [dataclasses.replace(manifest.volumes[0], label=3), *manifest.volumes[1:]]
+    with pytest.raises(DataError, match="not the index of their study group"):
+        check_splits(dataclasses.replace(manifest, volumes=tuple(relabel)), ["train"])
+    with pytest.raises(DataError, match=r"\['holdout'\] have no volumes"):
+        check_splits(manifest, ["train", "holdout"])
+
+
+# --- real runs ------------------------------------------------------------------------------------
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_tiny_pretrain_then_finetune(tiny_finetuned: FinetuneResult) -> None:
+    result = tiny_finetuned
+    assert result.run_dir is not None and result.epochs_run == 3
+    assert [h["encoder_frozen"] for h in result.history] == [1.0, 0.0, 0.0]
+    assert all(
+        "val_balanced_accuracy" in h and "train_balanced_accuracy" in h for h in result.history
+    )
+    records = _records(result.run_dir)
+    order = [
+        ("train" if "train_epoch/balanced_accuracy" in r else "val", int(r["step"]))
+        for r in records
+        if "train_epoch/balanced_accuracy" in r or "val/balanced_accuracy" in r
+    ]
+    # Every epoch's train metrics are written before its validation starts.
+    assert order == [("train", 1), ("val", 1), ("train", 2), ("val", 2), ("train", 3), ("val", 3)]
+    val = [r for r in records if "val/balanced_accuracy" in r]
+    assert all(r["val/samples"] == 8 for r in val)
+    assert any("val_participant/balanced_accuracy" in r for r in records)
+    assert all(f"val/predicted_share/{c}" in val[0] for c in ("healthy", "insulin_dependent"))
+    assert "val/mean_entropy" in val[0] and "val/kappa" in val[0] and "val/macro_aupr" in val[0]
+    images = sorted((result.run_dir / "images").glob("val_confusion_matrix_*.png"))
+    assert len(images) == 3
+    assert result.best_checkpoint is not None and Path(result.best_checkpoint).is_file()
+    state = torch.load(result.best_checkpoint, weights_only=True)
+    assert state["kind"] == "finetune" and state["epoch"] == result.best_epoch
+    assert state["init"]["encoder"] == "target_encoder"  # the EMA encoder by default
+
+
+def test_wandb_offline_history_has_train_then_val_each_epoch(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    cfg = finetune_config(tiny_cache[0], run, "train.epochs=2", "logging.wandb_mode=offline")
+    run_finetune(cfg, tiny_pretrained)
+    (offline,) = (run / "wandb").glob("offline-run-*")
+    wandb = Path(sys.executable).with_name("wandb")
+    out = subprocess.run(
+        [str(wandb), "leet", "inspect", str(offline), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    history = [
+        r["history"]["item"]
+        for r in map(json.loads, out.splitlines())
+        if r.get("type") == "history"
+    ]
+    seen = []
+    for item in history:
+        if "train_epoch/balanced_accuracy" in item:
+            seen.append(("train", item["train_epoch/step"]))
+        if "val/balanced_accuracy" in item:
+            seen.append(("val", item["val/step"]))
+    # What W&B really recorded: no train metric dropped, train before val in every epoch.
+    assert seen == [("train", 1), ("val", 1), ("train", 2), ("val", 2)]
+    assert any(item.get("val/confusion_matrix._type") == "image-file" for item in history)
+    assert any("val_participant/macro_auroc" in item for item in history)
+    assert sum("train/loss" in item for item in history) >= 2
+
+
+def test_unfreeze_epoch_changes_optimizer_groups_and_weights(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    cfg = finetune_config(
+        tiny_cache[0], tmp_path / "run", "train.epochs=2", "train.unfreeze_epoch=1"
+    )
+    backend = TorchBackend("cpu")
+    tuner = Finetuner(cfg, mf.load(tiny_cache[0]), tiny_pretrained, backend)
+    batches = iter(tuner.data.train_loader)
+    enc0 = {k: v.clone() for k, v in tuner.raw.encoder.state_dict().items()}
+    head0 = {k: v.clone() for k, v in tuner.raw.head.state_dict().items()}
+    assert {g["part"] for g in tuner.optimizer.param_groups} == {"head"}
+    tuner._train_epoch(0, batches)
+    enc1 = tuner.raw.encoder.state_dict()
+    assert all(torch.equal(enc0[k], enc1[k]) for k in enc0)  # frozen: not one weight moved
+    assert any(not torch.equal(head0[k], v) for k, v in tuner.raw.head.state_dict().items())
+    groups_before = len(tuner.optimizer.param_groups)
+    tuner._unfreeze(1)
+    parts = [g["part"] for g in tuner.optimizer.param_groups]
+    assert len(parts) > groups_before and parts.count("encoder") == len(parts) - groups_before
+    tuner._train_epoch(1, batches)
+    enc2 = tuner.raw.encoder.state_dict()
+    assert all(not torch.equal(enc0[k], enc2[k]) for k in enc0 if k.endswith("weight"))
+    tuner.tracker.close()
+
+
+def test_gradient_accumulation_reaches_the_effective_batch(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    cfg = finetune_config(
+        tiny_cache[0], tmp_path / "run", "optim.effective_batch_size=16", "train.unfreeze_epoch=0"
+    )
+    tuner = Finetuner(cfg, mf.load(tiny_cache[0]), tiny_pretrained, TorchBackend("cpu"))
+    assert (tuner.accum, tuner.steps) == (2, 2)  # 32 volumes = 2 steps of 2 x 8
+    batches = iter(tuner.data.train_loader)
+    record = tuner._train_epoch(0, batches)
+    steps = {int(s["step"]) for s in tuner.optimizer.state.values()}
+    assert steps == {2}  # 4 micro-batches, 2 optimizer steps
+    assert record["train_samples"] == 32  # every micro-batch's predictions were scored
+    tuner.tracker.close()
+
+
+def test_architecture_mismatch_is_a_clear_error(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    cfg = finetune_config(tiny_cache[0], tmp_path / "run", "model.preset=small")
+    with pytest.raises(CheckpointError, match=r"model.embed_dim: checkpoint 48, config 96"):
+        run_finetune(cfg, tiny_pretrained)
+    cfg = finetune_config(tiny_cache[0], tmp_path / "run2", "model.patch=[4,16,16]")
+    with pytest.raises(CheckpointError, match=r"model.patch: checkpoint \[4, 8, 8\]"):
+        run_finetune(cfg, tiny_pretrained)
+
+
+def test_early_stopping_triggers(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    cfg = finetune_config(
+        tiny_cache[0],
+        tmp_path / "run",
+        "train.epochs=6",
+        "train.unfreeze_epoch=null",  # linear probe: frozen throughout
+        "early_stopping.patience=1",
+        "early_stopping.min_delta=2.0",  # no metric can improve by 2: stop after epoch 2
+    )
+    result = run_finetune(cfg, tiny_pretrained)
+    assert result.stopped_early and result.epochs_run == 2
+    assert result.best_epoch == 1
+    assert all(h["encoder_frozen"] == 1.0 for h in result.history)
+
+
+def test_single_class_validation_split(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    path = _variant(
+        tiny_cache[0], tmp_path, lambda vs: [v for v in vs if v.split != "val" or v.label == 2]
+    )
+    cfg = finetune_config(path, tmp_path / "run", "train.epochs=1", f"data.cache={tiny_cache[1]}")
+    result = run_finetune(cfg, tiny_pretrained)
+    h = result.history[0]
+    assert math.isnan(h["val_macro_auroc"])  # one class only: AUROC undefined, not a crash
+    assert math.isnan(h["val_recall/healthy"]) and not math.isnan(h["val_recall/" + _G2])
+    assert result.run_dir is not None
+    alerts = [r for r in _records(result.run_dir) if r.get("event") == "alert"]
+    assert any("has no" in a["text"] for a in alerts)  # the missing classes are announced
+
+
+_G2 = "oral_medication_and_or_non_insulin_injectable_medication_controlled"
+
+
+def _break_one_val_volume(vols: list[mf.Volume]) -> list[mf.Volume]:
+    i = next(i for i, v in enumerate(vols) if v.split == "val")
+    vols[i] = dataclasses.replace(vols[i], zarr_path="volumes/missing/gone.ome.zarr")
+    return vols
+
+
+def test_failing_validation_is_logged_and_training_goes_on(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    path = _variant(tiny_cache[0], tmp_path, _break_one_val_volume)
+    common = ["train.epochs=2", f"data.cache={tiny_cache[1]}"]
+    result = run_finetune(finetune_config(path, tmp_path / "run", *common), tiny_pretrained)
+    assert result.epochs_run == 2 and result.validation_failures == 2
+    assert result.best_epoch is None
+    assert result.run_dir is not None
+    records = _records(result.run_dir)
+    assert [int(r["step"]) for r in records if "train_epoch/loss" in r] == [1, 2]
+    alerts = [r for r in records if r.get("event") == "alert" and "validation" in r["title"]]
+    assert len(alerts) == 2 and "failed on 1 process" in alerts[0]["text"]
+    strict = finetune_config(
+        path, tmp_path / "run2", *common, "validation.continue_on_failure=false"
+    )
+    with pytest.raises(ValidationError, match="failed on 1 process"):
+        run_finetune(strict, tiny_pretrained)
+
+
+WORKER = """
+import json, sys
+from octstage import manifest as mf
+from octtrain.cli import setup_logging
+from octtrain.config import load_config
+from octtrain.device import make_backend
+from octtrain.finetune import Finetuner
+from octtrain.finetune_config import FinetuneConfig
+
+config, manifest, init, out, *overrides = sys.argv[1:]
+setup_logging(False)
+cfg = load_config(FinetuneConfig, config, [f"data.manifest={manifest}", *overrides])
+backend = make_backend("cpu")
+tuner = Finetuner(cfg, mf.load(manifest), init, backend)
+result = tuner.run()
+weights = [float(p.detach().double().sum()) for p in tuner.raw.parameters()]
+with open(f"{out}/rank{backend.rank}.json", "w") as fh:
+    json.dump({"weights": weights, "history": result.history}, fh)
+backend.close()
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_with_fewer_validation_samples_than_processes(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    keep = {"val": 1}
+
+    def one_val(vols: list[mf.Volume]) -> list[mf.Volume]:
+        out = []
+        for v in vols:
+            if v.split == "val":
+                if not keep["val"]:
+                    continue
+                keep["val"] -= 1
+            out.append(v)
+        return out
+
+    path = _variant(tiny_cache[0], tmp_path, one_val)
+    run = tmp_path / "run"
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(worker), str(REPO / "configs/finetune/tiny.yaml"), str(path), tiny_pretrained]
+    cmd += [str(tmp_path), f"data.cache={tiny_cache[1]}", f"train.run_dir={run}"]
+    cmd += ["train.epochs=2", "train.unfreeze_epoch=1", "logging.console=false"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = _records(run)
+    val = [r for r in records if "val/balanced_accuracy" in r]
+    assert [r["val/samples"] for r in val] == [1, 1]  # counted once, no padded duplicate
+    train = [r for r in records if "train_epoch/loss" in r]
+    assert [r["train_epoch/encoder_frozen"] for r in train] == [1.0, 0.0]
+    assert "encoder unfrozen" in proc.stderr
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    # After the unfreeze the encoder's gradients are averaged too: replicas stay identical.
+    assert r0["weights"] == r1["weights"]
+    assert r0["history"][1]["val_balanced_accuracy"] == r1["history"][1]["val_balanced_accuracy"]

@@ -1,0 +1,75 @@
+"""Masks: exactly K masked patches per sample, context and target partition the grid, blocky."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from octtrain.config import MaskConfig
+from octtrain.masks import mask_overlay, num_masked, sample_block_mask, sample_masks, step_rng
+
+GRID = (4, 6, 6)
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.5, 0.75, 0.9])
+def test_every_sample_has_exactly_k_targets_and_the_rest_as_context(ratio: float) -> None:
+    n = GRID[0] * GRID[1] * GRID[2]
+    k = num_masked(n, ratio)
+    context, target = sample_masks(16, GRID, MaskConfig(ratio=ratio), np.random.default_rng(0))
+    assert context.shape == (16, n - k) and target.shape == (16, k)
+    assert context.dtype == target.dtype == torch.int64
+    for c, t in zip(context, target, strict=True):
+        assert sorted(torch.cat([c, t]).tolist()) == list(range(n))
+        assert torch.all(c[1:] > c[:-1]) and torch.all(t[1:] > t[:-1])
+
+
+def test_k_leaves_context_and_masks_something() -> None:
+    assert num_masked(8, 0.99) == 7
+    assert num_masked(8, 0.01) == 1
+
+
+def test_same_seed_and_step_give_the_same_masks_other_steps_differ() -> None:
+    cfg = MaskConfig()
+    a = sample_masks(4, GRID, cfg, step_rng(0, 7))
+    b = sample_masks(4, GRID, cfg, step_rng(0, 7))
+    c = sample_masks(4, GRID, cfg, step_rng(0, 8))
+    assert torch.equal(a[1], b[1])
+    assert not torch.equal(a[1], c[1])
+
+
+def _masked_neighbour_share(mask: np.ndarray) -> float:
+    """Share of masked patches' in-plane neighbours that are masked too."""
+    same = total = 0
+    for axis in (1, 2):
+        a = np.swapaxes(mask, 0, axis)
+        pairs = a[1:] & a[:-1]
+        same += 2 * int(pairs.sum())
+        total += int((a[1:] | a[:-1]).sum() + (a[1:] & a[:-1]).sum())
+    return same / total
+
+
+def test_masks_are_blocks_not_scattered_patches() -> None:
+    rng = np.random.default_rng(1)
+    n = GRID[0] * GRID[1] * GRID[2]
+    k = num_masked(n, 0.5)
+    block = np.mean(
+        [
+            _masked_neighbour_share(sample_block_mask(GRID, k, MaskConfig(0.5), rng))
+            for _ in range(50)
+        ]
+    )
+    scattered = []
+    for _ in range(50):
+        m = np.zeros(n, dtype=bool)
+        m[rng.choice(n, k, replace=False)] = True
+        scattered.append(_masked_neighbour_share(m.reshape(GRID)))
+    assert block > np.mean(scattered) + 0.15
+
+
+def test_mask_overlay_marks_masked_patches_red() -> None:
+    volume = np.zeros((8, 16, 16), dtype=np.float32)  # grey 127
+    image = mask_overlay(volume, np.array([0]), (2, 2, 2), (4, 8, 8))
+    assert image.shape == (16, 32, 3) and image.dtype == np.uint8
+    assert image[0, 0, 0] > image[0, 0, 1]  # masked patch: red tint
+    assert image[0, 8, 0] == image[0, 8, 1]  # unmasked: grey

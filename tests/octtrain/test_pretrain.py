@@ -1,0 +1,192 @@
+"""End to end on CPU with the tiny model: loss goes down, resume is exact, NaN stops the run."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from octtrain.checkpoint import load_checkpoint
+from octtrain.cli import main
+from octtrain.config import PretrainConfig, load_config
+from octtrain.errors import DataError, NonFiniteLossError
+from octtrain.pretrain import run_pretrain
+
+TINY = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "tiny.yaml"
+Cache = tuple[Path, Path]
+FIXED_SET = [
+    "data.max_samples=8",
+    "data.augment.random_crop=false",
+    "data.augment.flip_w=0",
+    "data.augment.brightness=0",
+    "data.augment.contrast=0",
+]
+
+
+def config(tiny_cache: Cache, run_dir: Path, *overrides: str) -> PretrainConfig:
+    return load_config(
+        PretrainConfig,
+        TINY,
+        [f"data.manifest={tiny_cache[0]}", f"train.run_dir={run_dir}", *overrides],
+    )
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in records(run_dir) if "train/loss" in r}
+
+
+def test_tiny_model_loss_goes_down_on_a_fixed_set(tiny_cache: Cache, tmp_path: Path) -> None:
+    cfg = config(
+        tiny_cache,
+        tmp_path / "run",
+        *FIXED_SET,
+        "train.max_steps=30",
+        "logging.log_every=1",
+        "checkpoint.every=30",
+    )
+    result = run_pretrain(cfg)
+    losses = train_losses(tmp_path / "run")
+    assert sorted(losses) == list(range(1, 31))
+    first = sum(losses[s] for s in range(1, 6)) / 5
+    last = sum(losses[s] for s in range(26, 31)) / 5
+    assert last < 0.8 * first, (first, last)
+    assert result.checkpoint == str(tmp_path / "run" / "checkpoints" / "step_00000030.pt")
+    rec = records(tmp_path / "run")
+    assert all(r["train/grad_norm"] > 0 for r in rec if "train/grad_norm" in r)
+    assert all(0 <= r["train/data_wait_frac"] <= 1 for r in rec if "train/data_wait_frac" in r)
+
+
+def test_resume_reproduces_the_uninterrupted_run(tiny_cache: Cache, tmp_path: Path) -> None:
+    common = [
+        "train.max_steps=8",
+        "checkpoint.every=4",
+        "logging.log_every=1",
+        "train.val_every=4",
+        "data.num_workers=2",
+    ]
+    full = tmp_path / "full"
+    run_pretrain(config(tiny_cache, full, *common))
+    resumed = tmp_path / "resumed"
+    half = full / "checkpoints" / "step_00000004.pt"
+    run_pretrain(config(tiny_cache, resumed, *common, f"checkpoint.resume={half}"))
+    a, b = train_losses(full), train_losses(resumed)
+    assert sorted(b) == [5, 6, 7, 8]
+    assert [a[s] for s in range(5, 9)] == [b[s] for s in range(5, 9)]
+    val_a = [r["val/loss"] for r in records(full) if r.get("step") == 8 and "val/loss" in r]
+    val_b = [r["val/loss"] for r in records(resumed) if "val/loss" in r]
+    assert val_a == val_b
+    index = json.loads((full / "checkpoints" / "index.json").read_text())
+    val_by_step = {r["step"]: r["val/loss"] for r in records(full) if "val/loss" in r}
+    assert sorted(val_by_step) == [4, 8]
+    assert index["best"]["metric"] == min(val_by_step.values())
+    assert index["best"]["step"] == min(val_by_step, key=lambda s: val_by_step[s])
+    sa = load_checkpoint(str(full / "checkpoints"))
+    sb = load_checkpoint(str(resumed / "checkpoints"))
+    for key in ("encoder", "predictor", "target_encoder"):
+        for name, tensor in sa[key].items():
+            assert torch.equal(tensor, sb[key][name]), (key, name)
+
+
+def test_non_finite_loss_stops_with_a_clear_error_and_keeps_checkpoints(
+    tiny_cache: Cache, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    cfg = config(
+        tiny_cache,
+        run,
+        "optim.lr=1e30",
+        "schedule.warmup_steps=4",
+        "optim.grad_clip=0",
+        "checkpoint.every=1",
+        "train.max_steps=20",
+    )
+    with pytest.raises(
+        NonFiniteLossError, match=r"step \d+: loss .* Last good checkpoint: .*step_"
+    ) as info:
+        run_pretrain(cfg)
+    assert "Lower optim.lr" in str(info.value)
+    state = load_checkpoint(str(run / "checkpoints"))
+    assert all(torch.isfinite(t).all() for t in state["encoder"].values())
+    assert f"step {state['step'] + 1}:" in str(info.value)
+    alerts = [r for r in records(run) if r.get("event") == "alert"]
+    assert alerts and alerts[0]["title"] == "non-finite loss"
+
+
+def test_cli_writes_config_code_version_metrics_and_checkpoints(
+    tiny_cache: Cache, tmp_path: Path
+) -> None:
+    code = main(
+        [
+            "pretrain",
+            "--config",
+            str(TINY),
+            "--manifest",
+            str(tiny_cache[0]),
+            f"train.output_dir={tmp_path}",
+            "train.max_steps=3",
+            "checkpoint.dir=None",
+        ]
+    )
+    assert code == 0
+    (run,) = tmp_path.iterdir()
+    assert run.name.startswith("pretrain-")
+    saved = load_config(PretrainConfig, run / "config.yaml", [])
+    assert saved.model.input_shape == (8, 32, 32)  # resolved from the cache
+    assert saved.train.max_steps == 3
+    assert (run / "code_version").read_text().strip()
+    assert train_losses(run)
+    index = json.loads((run / "checkpoints" / "index.json").read_text())
+    assert [e["step"] for e in index["checkpoints"]] == [3]
+
+
+def test_manifest_of_another_cache_version_is_refused_clearly(
+    tiny_cache: Cache, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = json.loads(tiny_cache[0].read_text())
+    data["header"]["cache_version"] = 99
+    bad = tmp_path / "manifest.json"
+    bad.write_text(json.dumps(data))
+    with caplog.at_level(logging.ERROR, logger="octtrain"):
+        code = main(
+            [
+                "pretrain",
+                "--config",
+                str(TINY),
+                "--manifest",
+                str(bad),
+                "--cache",
+                str(tiny_cache[1]),
+                f"train.output_dir={tmp_path}",
+            ]
+        )
+    assert code == 2
+    assert "cache version 99" in caplog.text and "rebuild the cache" in caplog.text
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # refused before any run folder
+
+
+def test_crop_larger_than_the_cache_is_refused(tiny_cache: Cache, tmp_path: Path) -> None:
+    cfg = config(tiny_cache, tmp_path / "run", "model.input_shape=[16,64,64]")
+    with pytest.raises(DataError, match=r"exceeds the cached shape \[8, 32, 32\]"):
+        run_pretrain(cfg)
+
+
+def test_checkpoints_to_gs_and_resume_auto_from_there(
+    tiny_cache: Cache, tmp_path: Path, cloud_env: dict[str, str], gcs_bucket: str
+) -> None:
+    bucket_dir = f"gs://{gcs_bucket}/pretrain/ck"
+    common = [f"checkpoint.dir={bucket_dir}", "checkpoint.every=2", "checkpoint.resume=auto"]
+    first = run_pretrain(config(tiny_cache, tmp_path / "a", *common, "train.max_steps=2"))
+    assert first.checkpoint == f"{bucket_dir}/step_00000002.pt"
+    assert not (tmp_path / "a" / "checkpoints").exists()
+    second = run_pretrain(config(tiny_cache, tmp_path / "b", *common, "train.max_steps=4"))
+    assert second.checkpoint == f"{bucket_dir}/step_00000004.pt"
+    assert sorted(train_losses(tmp_path / "b")) == [3, 4]  # continued, not restarted

@@ -1,0 +1,155 @@
+"""Exact-once validation: sharding, padding, the reduction, failures; 2-3 real gloo processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from octtrain.device import TorchBackend
+from octtrain.validation import (
+    PaddedShard,
+    ValidationError,
+    _check_reduced,
+    padded_loader,
+    predict,
+    shard,
+    steps_per_process,
+)
+
+C = 4
+
+
+class Items(Dataset[dict[str, Any]]):
+    """Sample i is a vector whose class-(i % C) coordinate is large; item ``broken`` raises."""
+
+    def __init__(self, n: int, broken: int | None = None) -> None:
+        self.n, self.broken = n, broken
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i == self.broken:
+            raise OSError(f"cannot read sample {i}")
+        x = torch.zeros(C)
+        x[i % C] = 3.0 + i / 100
+        return {"image": x, "label": torch.tensor(i % C)}
+
+
+def test_shards_cover_each_sample_exactly_once() -> None:
+    for n in range(12):
+        for world in range(1, 5):
+            got = sorted(i for r in range(world) for i in shard(n, r, world))
+            assert got == list(range(n))
+            steps = steps_per_process(n, world, batch_size=2)
+            assert all(len(shard(n, r, world)) <= steps * 2 for r in range(world))
+    assert shard(1, 1, 2) == []  # a process may have nothing...
+    assert steps_per_process(1, 2, 4) == 1  # ...and still runs the same number of batches
+    assert steps_per_process(0, 2, 4) == 0
+
+
+def test_padded_shard_marks_fillers_invalid() -> None:
+    data = PaddedShard(Items(5), [1, 3], length=4, filler_index=0)
+    items = [data[i] for i in range(len(data))]
+    assert [int(it["index"]) for it in items] == [1, 3, 0, 0]
+    assert [float(it["valid"]) for it in items] == [1.0, 1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="padded length"):
+        PaddedShard(Items(5), [0, 1, 2], length=2, filler_index=0)
+
+
+def test_predict_single_process_matches_direct_computation() -> None:
+    backend = TorchBackend("cpu")
+    data = Items(7)
+    loader = padded_loader(data, len(data), rank=0, world=1, batch_size=3)
+    assert len(loader) == 3  # 7 samples -> 3 full batches of 3, two fillers
+    out = predict(nn.Identity(), loader, backend, n=7, num_classes=C)
+    expected = torch.softmax(torch.stack([data[i]["image"] for i in range(7)]), dim=-1)
+    np.testing.assert_allclose(out.probs, expected.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(out.labels, np.arange(7) % C)
+    assert out.nll > 0
+
+
+def test_failing_sample_raises_validation_error_and_restores_mode() -> None:
+    backend = TorchBackend("cpu")
+    model = nn.Identity()
+    model.train()
+    loader = padded_loader(Items(5, broken=3), 5, rank=0, world=1, batch_size=2)
+    with pytest.raises(ValidationError, match="failed on 1 process"):
+        predict(model, loader, backend, n=5, num_classes=C)
+    assert model.training
+
+
+def test_duplicates_and_losses_break_the_invariant() -> None:
+    table = np.zeros((3, C + 2))
+    table[:, -1] = [1, 2, 0]
+    reduced = np.concatenate([table.ravel(), [0.0]])
+    with pytest.raises(ValidationError, match="1 sample\\(s\\) counted more than once, 1 never"):
+        _check_reduced(reduced, 3, C)
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    from torch import nn
+    sys.path.insert(0, os.environ["TEST_DIR"])
+    from octtrain.device import TorchBackend
+    from octtrain.validation import ValidationError, padded_loader, predict
+    from tests.octtrain.test_validation import Items, C
+
+    n, broken_rank = int(sys.argv[1]), int(sys.argv[2])
+    backend = TorchBackend("cpu")
+    broken = 1 if backend.rank == broken_rank else None  # only this process fails to read
+    data = Items(n, broken=broken)
+    loader = padded_loader(data, n, backend.rank, backend.world_size, batch_size=2)
+    result = {"rank": backend.rank, "batches": len(loader)}
+    try:
+        out = predict(nn.Identity(), loader, backend, n=n, num_classes=C)
+        result["labels"] = out.labels.tolist()
+        result["argmax"] = out.probs.argmax(axis=1).tolist()
+    except ValidationError as exc:
+        result["error"] = str(exc)
+    backend.barrier()
+    backend.close()
+    with open(os.path.join(sys.argv[3], f"rank{result['rank']}.json"), "w") as fh:
+        json.dump(result, fh)
+    """
+)
+
+
+def _torchrun(tmp_path: Path, procs: int, n: int, broken_rank: int) -> list[dict[str, Any]]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TEST_DIR": str(repo), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={procs}", str(script), str(n), str(broken_rank), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(procs)]
+
+
+@pytest.mark.slow
+def test_torchrun_fewer_samples_than_processes(tmp_path: Path) -> None:
+    results = _torchrun(tmp_path, procs=3, n=2, broken_rank=-1)
+    for res in results:  # every process sees both samples exactly once, none hangs
+        assert res["batches"] == 1
+        assert res["labels"] == [0, 1] and res["argmax"] == [0, 1]
+
+
+@pytest.mark.slow
+def test_torchrun_failure_on_one_process_is_seen_by_all(tmp_path: Path) -> None:
+    results = _torchrun(tmp_path, procs=2, n=5, broken_rank=1)
+    for res in results:
+        assert res["error"] == "validation failed on 1 process(es); see the log above"
