@@ -201,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
+    # pylibjpeg-openjpeg logs every encoded tile at INFO: thousands of lines per synth run.
+    logging.getLogger("openjpeg").setLevel(logging.WARNING)
     try:
         return int(args.func(args))
     except OctstageError as exc:

@@ -12,6 +12,8 @@ OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export WANDB_MODE=${WANDB_MODE:-offline} WANDB_DIR="$OUT"
+# Rich draws tables to the terminal width; a pipe or CI log has none, so give it room.
+export COLUMNS=${COLUMNS:-120}
 
 step() { printf '\n\033[1;36m== %s\033[0m\n' "$*"; }
 

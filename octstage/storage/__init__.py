@@ -8,10 +8,23 @@ backend module, and only when such a URL is opened.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from octstage.storage.base import ObjectInfo, Storage, check_name, join_name
 from octstage.storage.local import LocalStorage
 
-__all__ = ["LocalStorage", "ObjectInfo", "Storage", "check_name", "join_name", "open_storage"]
+if TYPE_CHECKING:
+    from octstage.remotes import Location
+
+__all__ = [
+    "LocalStorage",
+    "ObjectInfo",
+    "Storage",
+    "check_name",
+    "join_name",
+    "open_location",
+    "open_storage",
+]
 
 
 def open_storage(url: str) -> Storage:
@@ -27,3 +40,17 @@ def open_storage(url: str) -> Storage:
     if url.startswith("file://"):
         url = url[len("file://") :]
     return LocalStorage(url)
+
+
+def open_location(loc: Location) -> Storage:
+    """The backend for a parsed location (``octstage.remotes.parse_location``), which may name
+    an rclone remote (``gcs:bucket/prefix``); its credentials come from that remote."""
+    if loc.kind == "gcs":
+        from octstage.storage.gcs import GcsStorage
+
+        return GcsStorage.from_location(loc)
+    if loc.kind == "b2":
+        from octstage.storage.b2 import B2Storage
+
+        return B2Storage.from_location(loc)
+    return LocalStorage(loc.prefix)

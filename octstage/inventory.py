@@ -1,0 +1,164 @@
+"""The source inventory a mirror saves, and the mirror plan derived from it (pure: no I/O).
+
+The inventory is the source's own account of every object (name, size, SHA1), listed once with
+the source SDK and saved beside the mirror, so later steps (build-cache's SHA1 check, re-runs)
+need not ask the source again. Format, read by ``octstage build-cache`` (keep it stable)::
+
+    <DST>/_octstage/inventory.json =
+    {"format": "octstage-inventory/1", "source": "<SRC url without secrets>",
+     "created": "<ISO 8601 UTC>",
+     "objects": [{"name": "<relpath>", "size": 123, "sha1": "<hex>" | null}]}
+
+The plan compares the inventory with the destination listing, whose ``sha1`` is the source SHA1
+recorded at the destination after an earlier verification (None when never verified).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from octstage.errors import MirrorError
+from octstage.storage.base import ObjectInfo
+
+FORMAT = "octstage-inventory/1"
+RESERVED = "_octstage/"
+INVENTORY_NAME = f"{RESERVED}inventory.json"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One source object."""
+
+    name: str
+    size: int
+    sha1: str | None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every object of a source, sorted by name (``_octstage/`` excluded)."""
+
+    source: str
+    created: str
+    objects: tuple[Entry, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.objects)
+
+    @property
+    def without_sha1(self) -> tuple[Entry, ...]:
+        return tuple(e for e in self.objects if e.sha1 is None)
+
+
+def inventory_from_listing(listing: Iterable[ObjectInfo], source: str, created: str) -> Inventory:
+    """The inventory of a source listing (its ``sha1`` is the source's own SHA1)."""
+    objects = sorted(
+        (
+            Entry(o.name, int(o.size), o.sha1.lower() if o.sha1 else None)
+            for o in listing
+            if not o.name.startswith(RESERVED)
+        ),
+        key=lambda e: e.name,
+    )
+    return Inventory(source, created, tuple(objects))
+
+
+def to_json(inv: Inventory) -> str:
+    doc = {
+        "format": FORMAT,
+        "source": inv.source,
+        "created": inv.created,
+        "objects": [{"name": e.name, "size": e.size, "sha1": e.sha1} for e in inv.objects],
+    }
+    return json.dumps(doc, ensure_ascii=False, indent=0) + "\n"
+
+
+def from_json(text: str | bytes, where: str) -> Inventory:
+    """Parse an inventory; MirrorError naming ``where`` if it is not one."""
+    try:
+        doc: Any = json.loads(text)
+        if doc.get("format") != FORMAT:
+            raise MirrorError(f"{where}: format {doc.get('format')!r}, expected {FORMAT!r}")
+        objects = tuple(
+            Entry(str(o["name"]), int(o["size"]), str(o["sha1"]).lower() if o["sha1"] else None)
+            for o in doc["objects"]
+        )
+        return Inventory(str(doc["source"]), str(doc["created"]), objects)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise MirrorError(f"{where}: not an octstage inventory: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class MirrorPlan:
+    """What a mirror run has to do, object by object."""
+
+    copy: tuple[Entry, ...]  # missing at the destination, other size, or source changed
+    verify: tuple[Entry, ...]  # present, same size, never verified against the source SHA1
+    unverifiable: tuple[Entry, ...]  # present, same size, but the source has no SHA1
+    in_sync: tuple[Entry, ...]  # verified earlier against this very source SHA1
+    extra: tuple[str, ...]  # only at the destination
+    delete: tuple[str, ...]  # the extras that --prune removes
+
+    @property
+    def copy_bytes(self) -> int:
+        return sum(e.size for e in self.copy)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "copy": len(self.copy),
+            "copy_bytes": self.copy_bytes,
+            "verify": len(self.verify),
+            "unverifiable": len(self.unverifiable),
+            "in_sync": len(self.in_sync),
+            "extra": len(self.extra),
+            "delete": len(self.delete),
+        }
+
+
+def plan_mirror(inv: Inventory, destination: Iterable[ObjectInfo], prune: bool) -> MirrorPlan:
+    """Compare the inventory with the destination listing. ``_octstage/`` is never touched."""
+    held = {o.name: o for o in destination if not o.name.startswith(RESERVED)}
+    copy: list[Entry] = []
+    verify: list[Entry] = []
+    unverifiable: list[Entry] = []
+    in_sync: list[Entry] = []
+    for entry in inv.objects:
+        there = held.get(entry.name)
+        if there is None or there.size != entry.size:
+            copy.append(entry)
+        elif entry.sha1 is None:
+            unverifiable.append(entry)
+        elif there.sha1 == entry.sha1:
+            in_sync.append(entry)
+        elif there.sha1 is not None:
+            copy.append(entry)  # verified against an older version of the source object
+        else:
+            verify.append(entry)
+    names = {e.name for e in inv.objects}
+    extra = tuple(sorted(set(held) - names))
+    return MirrorPlan(
+        tuple(copy), tuple(verify), tuple(unverifiable), tuple(in_sync), extra,
+        extra if prune else (),
+    )  # fmt: skip
+
+
+def check_deletions(plan: MirrorPlan, source_objects: int, max_delete: int) -> None:
+    """Refuse a prune that deletes anything for an empty source or more than ``max_delete``.
+
+    A typo in a source prefix lists nothing (or another folder), and a sync from it would empty
+    the mirror; so both refusals happen before anything is copied or deleted.
+    """
+    if plan.delete and source_objects == 0:
+        raise MirrorError(
+            f"--prune refused: the source lists no objects, so every one of the "
+            f"{len(plan.delete)} destination objects would be deleted (mistyped source?)"
+        )
+    if len(plan.delete) > max_delete:
+        raise MirrorError(
+            f"--prune refused: it would delete {len(plan.delete)} destination objects, more than "
+            f"--max-delete {max_delete} (mistyped source? raise --max-delete if intended)"
+        )

@@ -1,0 +1,236 @@
+"""``octstage stage SRC DST``: pull a built cache and its manifest to local SSD, verified.
+
+SRC is any location (``gs://bucket/cache``, ``b2://...``, an rclone remote or a folder) holding
+``manifest.json`` and the ``volumes/`` it names. Nothing is listed: the manifest names every
+volume, and each volume's own Zarr metadata names its objects (group ``zarr.json``, array
+``0/zarr.json``, and the shards, computed from the array's shape and chunk grid). Every name is
+checked (``octstage.storage.check_name``) before anything is fetched, and a manifest naming
+``..`` or an absolute path is refused as a whole.
+
+Volumes are fetched in parallel, each into a hidden temporary folder that is renamed into place,
+then checked against the manifest checksum (``octstage.volumestore.check_volume``). A volume
+already in DST that passes the check is skipped, so a killed stage resumes where it stopped.
+The manifest is written last, and only when every volume verified: a folder with a manifest is
+complete, and the trainer needs nothing but it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from octstage import manifest as manifest_mod
+from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
+from octstage.manifest import atomic_write_text
+from octstage.remotes import known_secrets, parse_location, scrub
+from octstage.storage import Storage, check_name, open_location
+from octstage.volumestore import check_volume
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+MAX_SHARDS = 100_000  # per volume; a larger grid means hostile or broken metadata
+COPY_BUFFER = 8 * 1024 * 1024
+
+
+@dataclass
+class StageReport:
+    source: str
+    destination: str
+    volumes: int = 0
+    downloaded: int = 0
+    present: int = 0
+    failed: list[dict[str, str]] = field(default_factory=list)
+    bytes: int = 0
+    seconds: float = 0.0
+    manifest_written: bool = False
+    exit_code: int = 0
+
+
+def chunk_keys(meta: Mapping[str, Any]) -> list[str]:
+    """Store keys of every chunk (shard) of a Zarr v3 array, from its ``zarr.json``."""
+    try:
+        shape = [int(s) for s in meta["shape"]]
+        grid = [int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"]]
+        encoding = meta.get("chunk_key_encoding") or {"name": "default"}
+        kind = str(encoding.get("name", "default"))
+        default_sep = "/" if kind == "default" else "."
+        sep = str((encoding.get("configuration") or {}).get("separator", default_sep))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise VerificationError(f"unreadable array metadata: {exc!r}") from None
+    if len(shape) != len(grid) or any(c <= 0 for c in grid) or any(s < 0 for s in shape):
+        raise VerificationError(f"inconsistent array metadata: shape {shape}, chunks {grid}")
+    if kind not in ("default", "v2") or sep not in ("/", "."):
+        raise VerificationError(f"unsupported chunk key encoding {kind!r} {sep!r}")
+    counts = [math.ceil(s / c) for s, c in zip(shape, grid, strict=True)]
+    if math.prod(counts) > MAX_SHARDS:
+        raise VerificationError(f"{math.prod(counts)} chunks in one volume: refusing")
+    indices: list[list[int]] = [[]]
+    for n in counts:
+        indices = [[*idx, i] for idx in indices for i in range(n)]
+    keys = []
+    for idx in indices:
+        coords = sep.join(str(i) for i in idx)
+        if kind == "default":
+            keys.append(f"c{sep}{coords}" if idx else "c")
+        else:
+            keys.append(coords or "0")
+    return keys
+
+
+def _fetch(storage: Storage, name: str, path: Path) -> int:
+    """Stream one object to ``path``; returns its size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with storage.open(name) as src, open(path, "wb") as out:
+        shutil.copyfileobj(src, out, COPY_BUFFER)
+        out.flush()
+        os.fsync(out.fileno())
+        return out.tell()
+
+
+def _write(path: Path, data: bytes) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    return len(data)
+
+
+def _check(dst: Path, relpath: str, checksum: str) -> None:
+    """check_volume, with damaged bytes (which zarr's codecs reject) as a VerificationError."""
+    try:
+        check_volume(dst, relpath, checksum)
+    except VerificationError:
+        raise
+    except (ValueError, RuntimeError, OSError, KeyError, TypeError) as exc:
+        raise VerificationError(f"{relpath}: unreadable: {type(exc).__name__}: {exc}") from None
+
+
+def stage_volume(storage: Storage, dst: Path, relpath: str, checksum: str) -> tuple[str, int]:
+    """Fetch and verify one volume: ("present" | "downloaded", bytes fetched)."""
+    final = dst / relpath
+    for stale in final.parent.glob(f".stage-{final.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
+    if (final / "0" / "zarr.json").is_file():
+        try:
+            _check(dst, relpath, checksum)
+            return "present", 0
+        except VerificationError:
+            log.info("%s: present but does not verify; fetching it again", relpath)
+    tmp = final.parent / f".stage-{final.name}-{uuid.uuid4().hex[:8]}"
+    fetched = 0
+    skipped: list[str] = []
+    try:
+        for name in ("zarr.json", "0/zarr.json"):  # small: one request each, no streaming
+            fetched += _write(tmp / name, storage.read_bytes(f"{relpath}/{name}"))
+        meta = json.loads((tmp / "0" / "zarr.json").read_text(encoding="utf-8"))
+        for key in chunk_keys(meta):
+            name = check_name(f"{relpath}/0/{key}")
+            try:
+                fetched += _fetch(storage, name, tmp / "0" / key)
+            except StorageError as exc:
+                # Zarr stores no object for an all-fill chunk; the checksum below decides.
+                skipped.append(str(exc))
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _check(dst, relpath, checksum)
+    except VerificationError as exc:
+        shutil.rmtree(final, ignore_errors=True)
+        detail = f"{exc}" + (f" (not fetched: {'; '.join(skipped)[:300]})" if skipped else "")
+        raise VerificationError(detail) from None
+    return "downloaded", fetched
+
+
+def run_stage(src: str, dst: Path, *, transfers: int = 16, json_out: Path | None = None) -> int:
+    """Stage the cache at ``src`` into the local folder ``dst``; returns the exit code."""
+    started = time.monotonic()
+    loc = parse_location(src)
+    secrets = known_secrets([loc])
+    storage = open_location(loc)
+    report = StageReport(storage.url, str(dst))
+    try:
+        raw = storage.read_bytes(MANIFEST)
+    except StorageError as exc:
+        raise StorageError(scrub(f"cannot read the manifest: {exc}", secrets)) from None
+    try:
+        parsed = manifest_mod.from_dict(json.loads(raw), source=f"{storage.url}/{MANIFEST}")
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{storage.url}/{MANIFEST}: not JSON: {exc}") from None
+    volumes: dict[str, str] = {}
+    for volume in parsed.volumes:
+        rel = check_name(volume.zarr_path)  # raises UnsafePathError: refuse the whole manifest
+        if volumes.setdefault(rel, volume.checksum) != volume.checksum:
+            raise VerificationError(f"{rel}: listed twice with different checksums")
+    report.volumes = len(volumes)
+    dst.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    with (
+        Progress(
+            TextColumn("stage"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            refresh_per_second=2,
+        ) as progress,  # fmt: skip
+        ThreadPoolExecutor(max_workers=max(1, transfers)) as pool,
+    ):
+        task = progress.add_task("stage", total=len(volumes))
+        futures = {
+            rel: pool.submit(stage_volume, storage, dst, rel, checksum)
+            for rel, checksum in volumes.items()
+        }
+        for rel, future in futures.items():
+            try:
+                status, nbytes = future.result()
+            except (OctstageError, OSError, ValueError) as exc:
+                report.failed.append({"volume": rel, "reason": scrub(str(exc), secrets)})
+            else:
+                report.bytes += nbytes
+                report.present += status == "present"
+                report.downloaded += status == "downloaded"
+            progress.advance(task)
+    if not report.failed:
+        atomic_write_text(dst / MANIFEST, raw.decode("utf-8"))
+        report.manifest_written = True
+    report.exit_code = 1 if report.failed else 0
+    report.seconds = round(time.monotonic() - started, 3)
+    _print_summary(report, console)
+    if json_out is not None:
+        text = json.dumps({"command": "stage", **asdict(report)}, indent=1, ensure_ascii=False)
+        atomic_write_text(json_out, text + "\n")
+    return report.exit_code
+
+
+def _print_summary(r: StageReport, console: Console) -> None:
+    table = Table(title=f"octstage stage {r.source} -> {r.destination}")
+    table.add_column("")
+    table.add_column("volumes", justify="right")
+    table.add_row("in the manifest", str(r.volumes))
+    table.add_row("downloaded and verified", str(r.downloaded))
+    table.add_row("already present and verified", str(r.present))
+    table.add_row("failed", str(len(r.failed)))
+    speed = r.bytes / r.seconds / 1e6 if r.seconds else 0.0
+    table.add_row("bytes fetched", f"{r.bytes / 1e6:,.1f} MB ({speed:,.1f} MB/s)")
+    table.add_row("manifest written", "yes" if r.manifest_written else "NO: re-run to finish")
+    console.print(table)
+    for failure in r.failed[:20]:
+        console.print(f"  failed: {failure['volume']}: {failure['reason']}", markup=False)

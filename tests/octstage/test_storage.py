@@ -1,0 +1,225 @@
+"""One storage suite, run against every backend: local folder, GCS double, B2 double.
+
+The cloud backends run their real SDKs (google-cloud-storage, b2sdk) over HTTP against the
+doubles in tests/doubles. Backend-specific behaviour (recorded SHA1s on GCS, B2's large-file
+SHA1) is tested at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from octstage.errors import StorageError, UnsafePathError
+from octstage.remotes import parse_location
+from octstage.storage import ObjectInfo, Storage, open_location, open_storage
+from tests.doubles.b2_server import B2Double
+
+ODD = [
+    "retinal_oct/structural_oct/zeiss_cirrus/7111/7111_cirrus_mac_oct_oct_l_1.2.3.dcm",
+    "odd/with space.dcm",
+    "odd/quote'single\"double.dcm",
+    "odd/ünïcödé/日本語.dcm",
+    "odd/plus+and&amp$(x).dcm",
+    "a/b/c/d/e/deep.bin",
+]
+
+
+@pytest.fixture(params=["local", "gcs", "b2"])
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path, cloud_env: dict[str, str], gcs_bucket: str
+) -> Iterator[Storage]:
+    if request.param == "local":
+        yield open_storage(str(tmp_path / "root"))
+    elif request.param == "gcs":
+        yield open_storage(f"gs://{gcs_bucket}/some/root")
+    else:
+        yield open_storage("b2://src/some/root")
+
+
+def test_write_then_read_list_and_stat(store: Storage) -> None:
+    for n, name in enumerate(ODD):
+        store.write_bytes(name, f"payload {n}".encode())
+    listed = list(store.list())
+    assert [o.name for o in listed] == sorted(ODD)
+    for n, name in enumerate(ODD):
+        data = f"payload {n}".encode()
+        assert store.read_bytes(name) == data
+        assert store.stat(name).size == len(data)
+        with store.open(name) as fh:
+            assert fh.read() == data
+
+
+def test_list_filters_by_prefix_and_never_leaks_siblings(store: Storage) -> None:
+    store.write_bytes("a/x.bin", b"1")
+    store.write_bytes("a/y/z.bin", b"22")
+    store.write_bytes("ab.bin", b"333")
+    assert [o.name for o in store.list("a/")] == ["a/x.bin", "a/y/z.bin"]
+    assert [o.name for o in store.list("a")] == ["a/x.bin", "a/y/z.bin", "ab.bin"]
+    assert [(o.name, o.size) for o in store.list("ab")] == [("ab.bin", 3)]
+    assert list(store.list("nothing/")) == []
+
+
+def test_root_prefix_is_a_folder_not_a_string_prefix(
+    store: Storage, tmp_path: Path, gcs_bucket: str
+) -> None:
+    """``.../root`` must not list ``.../root2/...``."""
+    store.write_bytes("inside.bin", b"1")
+    sibling = {
+        "local": str(tmp_path / "root2"),
+        "gcs": f"gs://{gcs_bucket}/some/root2",
+        "b2": "b2://src/some/root2",
+    }[_kind(store)]
+    open_storage(sibling).write_bytes("outside.bin", b"2")
+    assert [o.name for o in store.list()] == ["inside.bin"]
+
+
+def _kind(store: Storage) -> str:
+    return (
+        "gcs"
+        if store.url.startswith("gs://")
+        else "b2"
+        if store.url.startswith("b2://")
+        else "local"
+    )
+
+
+def test_streaming_read_of_a_multi_chunk_object_with_seek(store: Storage) -> None:
+    data = os.urandom(9 * 1024 * 1024 + 123)  # more than one 8 MiB read chunk
+    store.write_bytes("big/volume.dcm", data)
+    with store.open("big/volume.dcm") as fh:
+        assert fh.read(10) == data[:10]
+        fh.seek(8 * 1024 * 1024 - 5)
+        assert fh.read(10) == data[8 * 1024 * 1024 - 5 : 8 * 1024 * 1024 + 5]
+        fh.seek(0)
+        digest = hashlib.sha1()
+        while chunk := fh.read(1024 * 1024):
+            digest.update(chunk)
+    assert digest.hexdigest() == hashlib.sha1(data).hexdigest()
+
+
+def test_overwrite_replaces_the_whole_object(store: Storage) -> None:
+    store.write_bytes("x.bin", b"first version, long")
+    store.write_bytes("x.bin", b"second")
+    assert store.read_bytes("x.bin") == b"second"
+    assert [(o.name, o.size) for o in store.list()] == [("x.bin", 6)]
+
+
+def test_missing_objects_raise_storage_error(store: Storage) -> None:
+    with pytest.raises(StorageError, match="no such object"):
+        store.stat("missing.bin")
+    with pytest.raises(StorageError):
+        store.read_bytes("missing.bin")
+    with pytest.raises(StorageError):
+        store.open("missing.bin").read()
+
+
+def test_delete_is_idempotent(store: Storage) -> None:
+    store.write_bytes("gone.bin", b"x")
+    store.write_bytes("gone.bin", b"y")  # B2 keeps versions: all of them must go
+    store.delete("gone.bin")
+    store.delete("gone.bin")
+    assert list(store.list()) == []
+    with pytest.raises(StorageError):
+        store.stat("gone.bin")
+
+
+@pytest.mark.parametrize("name", ["../escape.bin", "/abs.bin", "a/../../b", "a//b", "a\\b", ""])
+def test_unsafe_names_are_refused_everywhere(store: Storage, name: str) -> None:
+    with pytest.raises(UnsafePathError):
+        store.write_bytes(name, b"x")
+    with pytest.raises(UnsafePathError):
+        store.read_bytes(name)
+    assert list(store.list()) == []
+
+
+def test_remote_names_and_gs_urls_reach_the_same_objects(
+    cloud_env: dict[str, str], gcs_bucket: str
+) -> None:
+    """``gcs:bucket/p`` (rclone remote from RCLONE_CONFIG_GCS_*) and ``gs://bucket/p``."""
+    open_storage(f"gs://{gcs_bucket}/p").write_bytes("f.bin", b"abc")
+    via_remote = open_location(parse_location(f"gcs:{gcs_bucket}/p"))
+    assert via_remote.read_bytes("f.bin") == b"abc"
+    via_b2_remote = open_location(parse_location("b2:src/q"))
+    via_b2_remote.write_bytes("g.bin", b"def")
+    assert open_storage("b2://src/q").read_bytes("g.bin") == b"def"
+
+
+# -- backend specifics ---------------------------------------------------------------------
+
+
+def test_gcs_lists_a_recorded_sha1_only_while_the_bytes_are_unchanged(
+    cloud_env: dict[str, str], gcs_bucket: str
+) -> None:
+    from octstage.storage.gcs import GcsStorage
+
+    store = open_storage(f"gs://{gcs_bucket}/m")
+    assert isinstance(store, GcsStorage)
+    data = b"volume bytes"
+    store.write_bytes("v.dcm", data, metadata={"mtime": "kept"})
+    state = store.state("v.dcm")
+    sha1, size = store.sha1_of(state)
+    assert (sha1, size) == (hashlib.sha1(data).hexdigest(), len(data))
+    store.record_source_sha1(state, sha1)
+    assert store.stat("v.dcm").sha1 == sha1
+    assert store.state("v.dcm").metadata["mtime"] == "kept"  # other metadata survives
+    # Same size, other bytes, and a tool that copies the metadata over: no longer verified.
+    meta = dict(store.state("v.dcm").metadata)
+    store.write_bytes("v.dcm", b"VOLUME BYTES", metadata=meta)
+    assert [o.sha1 for o in store.list()] == [None]
+
+
+def test_gcs_never_lists_a_sha1_recorded_for_replaced_bytes(
+    cloud_env: dict[str, str], gcs_bucket: str
+) -> None:
+    """The object changes between hashing and recording. Real GCS refuses the patch
+    (ifGenerationMatch); fake-gcs-server ignores that precondition, so here the CRC32C recorded
+    beside the SHA1 is what keeps the listing honest. Either way: no SHA1 for the new bytes."""
+    from octstage.storage.gcs import GcsStorage
+
+    store = open_storage(f"gs://{gcs_bucket}/m")
+    assert isinstance(store, GcsStorage)
+    store.write_bytes("v.dcm", b"one")
+    state = store.state("v.dcm")
+    store.write_bytes("v.dcm", b"two")
+    try:
+        store.record_source_sha1(state, hashlib.sha1(b"one").hexdigest())
+    except StorageError as exc:
+        assert "replaced while being verified" in str(exc)
+    assert store.stat("v.dcm").sha1 is None
+    assert [o.sha1 for o in store.list()] == [None]
+
+
+def test_b2_lists_content_sha1_large_file_sha1_and_none(
+    cloud_env: dict[str, str], b2: B2Double
+) -> None:
+    b2.put("src", "p/simple.bin", b"simple")
+    b2.put("src", "p/large.bin", b"large" * 100, large=True)
+    b2.put("src", "p/nosha.bin", b"no sha1", sha1=False)
+    listed = {o.name: o for o in open_storage("b2://src/p").list()}
+    assert listed["simple.bin"] == ObjectInfo("simple.bin", 6, hashlib.sha1(b"simple").hexdigest())
+    assert listed["large.bin"].sha1 == hashlib.sha1(b"large" * 100).hexdigest()
+    assert listed["nosha.bin"].sha1 is None
+    assert open_storage("b2://src/p").stat("large.bin").sha1 == listed["large.bin"].sha1
+
+
+def test_b2_listing_takes_one_call_per_10000_names(cloud_env: dict[str, str], b2: B2Double) -> None:
+    for i in range(2500):
+        b2.put("src", f"many/{i // 10:03d}/{i}.dcm", b"x")
+    before = b2.stats.calls["b2_list_file_names"]
+    assert len(list(open_storage("b2://src/many").list())) == 2500
+    assert b2.stats.calls["b2_list_file_names"] - before == 1
+
+
+def test_b2_open_reads_ranges_not_the_whole_object(cloud_env: dict[str, str], b2: B2Double) -> None:
+    data = os.urandom(3 * 1024 * 1024)
+    b2.put("src", "r/big.bin", data)
+    store = open_storage("b2://src/r")
+    with store.open("big.bin") as fh:
+        fh.seek(1024 * 1024)
+        assert fh.read(100) == data[1024 * 1024 : 1024 * 1024 + 100]
+    assert b2.stats.downloaded_bytes < len(data)
