@@ -33,6 +33,9 @@ from octstage.labels import DEVICES, SPLITS, STUDY_GROUPS, Participant, Problem
 from octstage.storage import ObjectInfo, Storage
 
 OCT_PREFIX = "retinal_oct/structural_oct/"
+# A header with per-frame functional groups is tens of KB; one request of this size reads it
+# without pulling megabytes of pixel data per file from a bucket.
+HEADER_CHUNK = 256 * 1024
 UNREADABLE = "unreadable"
 _HEADER_ID_KINDS = {
     Reason.PATIENT_ID_MISSING,
@@ -265,7 +268,7 @@ def read_headers(
         try:
             if parse_oct_path(obj.name) is None:
                 return FileRecord(obj.name, obj.size)
-            with storage.open(obj.name) as fh:
+            with storage.open(obj.name, chunk_size=HEADER_CHUNK) as fh:
                 return FileRecord(obj.name, obj.size, header=read_header(fh, obj.name))
         except (DicomError, StorageError) as exc:
             # The outcome already names the file: keep only the reason.

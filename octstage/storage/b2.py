@@ -173,10 +173,10 @@ class B2Storage:
             raise self._fail(self._rel(full_name), exc) from None
         return buf.getvalue()
 
-    def open(self, name: str) -> BinaryIO:
+    def open(self, name: str, chunk_size: int | None = None) -> BinaryIO:
         size = self.stat(name).size
         raw = _RangeReader(self, self._full(name), size)
-        return cast(BinaryIO, io.BufferedReader(raw, buffer_size=READ_CHUNK))
+        return cast(BinaryIO, io.BufferedReader(raw, buffer_size=chunk_size or READ_CHUNK))
 
     def read_bytes(self, name: str) -> bytes:
         return self._download(self._full(name))

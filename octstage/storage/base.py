@@ -36,8 +36,12 @@ class Storage(Protocol):
         """One object's info; StorageError if it does not exist."""
         ...
 
-    def open(self, name: str) -> BinaryIO:
-        """A streaming binary reader; StorageError if the object does not exist."""
+    def open(self, name: str, chunk_size: int | None = None) -> BinaryIO:
+        """A streaming binary reader; StorageError if the object does not exist.
+
+        ``chunk_size`` is how much a remote backend fetches per request: small for header-only
+        reads (a DICOM header is kilobytes of a 100 MB object), the default for whole files.
+        """
         ...
 
     def read_bytes(self, name: str) -> bytes:

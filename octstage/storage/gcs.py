@@ -276,12 +276,17 @@ class GcsStorage:
             _hex(blob.md5_hash),
         )
 
-    def open(self, name: str, generation: int | None = None) -> BinaryIO:
+    def open(
+        self, name: str, chunk_size: int | None = None, generation: int | None = None
+    ) -> BinaryIO:
         if generation is None:
             generation = self.state(name).generation
         blob = self._bucket.blob(self._full(name), generation=generation)
         # BlobReader buffers READ_CHUNK itself; another buffer on top only adds requests.
-        return cast(BinaryIO, _Reader(blob.open("rb", chunk_size=READ_CHUNK), f"{self.url}/{name}"))
+        return cast(
+            BinaryIO,
+            _Reader(blob.open("rb", chunk_size=chunk_size or READ_CHUNK), f"{self.url}/{name}"),
+        )
 
     def read_bytes(self, name: str) -> bytes:
         try:

@@ -45,7 +45,7 @@ class LocalStorage:
         except FileNotFoundError as exc:
             raise StorageError(f"{path}: no such object") from exc
 
-    def open(self, name: str) -> BinaryIO:
+    def open(self, name: str, chunk_size: int | None = None) -> BinaryIO:
         path = self._path(name)
         try:
             return open(path, "rb")

@@ -102,6 +102,17 @@ def test_streaming_read_of_a_multi_chunk_object_with_seek(store: Storage) -> Non
     assert digest.hexdigest() == hashlib.sha1(data).hexdigest()
 
 
+def test_small_chunks_read_the_same_bytes_across_chunk_boundaries(store: Storage) -> None:
+    data = os.urandom(300 * 1024 + 7)  # header-sized chunks: many boundaries in one object
+    store.write_bytes("dcm/header.dcm", data)
+    with store.open("dcm/header.dcm", chunk_size=64 * 1024) as fh:
+        assert fh.read(100) == data[:100]
+        fh.seek(64 * 1024 - 3)
+        assert fh.read(6) == data[64 * 1024 - 3 : 64 * 1024 + 3]
+        fh.seek(0)
+        assert fh.read() == data
+
+
 def test_overwrite_replaces_the_whole_object(store: Storage) -> None:
     store.write_bytes("x.bin", b"first version, long")
     store.write_bytes("x.bin", b"second")
@@ -223,3 +234,13 @@ def test_b2_open_reads_ranges_not_the_whole_object(cloud_env: dict[str, str], b2
         fh.seek(1024 * 1024)
         assert fh.read(100) == data[1024 * 1024 : 1024 * 1024 + 100]
     assert b2.stats.downloaded_bytes < len(data)
+
+
+def test_b2_header_read_fetches_one_small_range(cloud_env: dict[str, str], b2: B2Double) -> None:
+    data = os.urandom(4 * 1024 * 1024)
+    b2.put("src", "r/volume.dcm", data)
+    store = open_storage("b2://src/r")
+    before = b2.stats.downloaded_bytes
+    with store.open("volume.dcm", chunk_size=64 * 1024) as fh:
+        assert fh.read(2000) == data[:2000]
+    assert b2.stats.downloaded_bytes - before <= 64 * 1024

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Every benchmark, one after the other; each prints its figures beside a baseline.
+# Usage: scripts/bench.sh   (make bench calls it with the venv's bin on PATH)
+# The finetune benchmark needs the demo's cache: run `make demo` first, or it is left out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" COLUMNS=${COLUMNS:-120}
+mkdir -p bench-output
+python bench/bench_build.py --out bench-output/build
+python bench/audit_ids.py --workdir bench-output/audit
+python bench/bench_loader.py --out bench-output/loader
+python bench/bench_mirror.py --json bench-output/mirror.json
+if [ -f demo-output/ssd/manifest.json ]; then
+  python bench/bench_finetune.py --manifest demo-output/ssd/manifest.json \
+    --init demo-output/runs/pretrain/checkpoints --out bench-output/finetune
+else
+  echo "bench_finetune: skipped, no demo-output/ssd/manifest.json (run make demo first)"
+fi
