@@ -8,7 +8,7 @@ samples/s, the validation pass time and the unfrozen/frozen ratio side by side.
 Usage::
 
     python bench/bench_finetune.py --manifest demo-output/cache/manifest.json \\
-        --init demo-output/runs/pretrain/checkpoints [--epochs 4] [--set train.num_threads=2]
+        --init demo-output/runs/pretrain/checkpoints [--epochs 4] [--set train.cpu_threads=2]
 
 Without ``--init`` a 2-step pretraining run provides the encoder (weights do not change the
 timing). Figures are wall-clock on whatever else the machine is doing: run it on a quiet machine.

@@ -13,8 +13,8 @@ from octstage import __version__
 _REPO = Path(__file__).resolve().parent.parent
 
 
-def code_version() -> str:
-    """Package version plus the git commit (and ``-dirty``) when running from a checkout."""
+def code_version(version: str = __version__) -> str:
+    """``version`` plus the git commit (and ``-dirty``) when running from a checkout."""
     try:
         out = subprocess.run(
             ["git", "-C", str(_REPO), "describe", "--always", "--dirty", "--abbrev=12"],
@@ -24,8 +24,8 @@ def code_version() -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return __version__
-    return f"{__version__}+g{out}" if out else __version__
+        return version
+    return f"{version}+g{out}" if out else version
 
 
 def canonical_json(value: Any) -> str:

@@ -107,8 +107,10 @@ def _dump_config(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
         return {}
     try:
         out = subprocess.run(
-            [binary, "config", "dump"],
+            # Never prompt (an encrypted config without RCLONE_CONFIG_PASS just yields nothing).
+            [binary, "config", "dump", "--ask-password=false"],
             env=dict(env),
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=30,

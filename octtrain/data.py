@@ -25,11 +25,23 @@ import torch
 import zarr
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from octstage.errors import ManifestError
 from octstage.manifest import Manifest, Volume
+from octstage.manifest import load as load_manifest
 from octtrain.config import AugmentConfig, DataConfig
-from octtrain.errors import DataError
+from octtrain.errors import ConfigError, DataError
 
 SampleKey = int | tuple[int, int]  # index, or (index, augmentation seed)
+
+
+def read_manifest(path: str | None) -> Manifest:
+    """The run's manifest from local disk, its versions checked; a clear error otherwise."""
+    if path is None:
+        raise ConfigError("data.manifest is not set (use --manifest FILE)")
+    try:
+        return load_manifest(path)
+    except ManifestError as exc:
+        raise DataError(str(exc)) from exc
 
 
 class Transform:

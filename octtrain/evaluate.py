@@ -20,12 +20,10 @@ from typing import Any
 
 from rich.console import Console
 
-from octstage.errors import ManifestError
 from octstage.manifest import atomic_write_text
-from octstage.manifest import load as load_manifest
 from octtrain import checkpoint as ckpt
 from octtrain import metrics as mt
-from octtrain.data import ManifestDataset, Transform
+from octtrain.data import ManifestDataset, Transform, read_manifest
 from octtrain.device import make_backend
 from octtrain.errors import CheckpointError, DataError
 from octtrain.finetune_data import check_splits
@@ -80,10 +78,7 @@ def run_evaluate(
     url = resolve_checkpoint(checkpoint)
     state = ckpt.load_checkpoint(url)
     model, classes = classifier_from_state(state)
-    try:
-        man = load_manifest(manifest)
-    except ManifestError as exc:
-        raise DataError(str(exc)) from exc
+    man = read_manifest(manifest)
     if tuple(man.classes) != classes:
         raise DataError(
             f"{manifest}: classes {list(man.classes)} differ from the checkpoint's "

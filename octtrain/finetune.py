@@ -28,14 +28,13 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from octstage.errors import ManifestError
 from octstage.manifest import Manifest
-from octstage.manifest import load as load_manifest
 from octtrain import checkpoint as ckpt
 from octtrain import metrics as mt
 from octtrain.config import to_dict, to_yaml
-from octtrain.device import Backend, make_backend
-from octtrain.errors import ConfigError, DataError, NonFiniteLossError
+from octtrain.data import read_manifest
+from octtrain.device import Backend, cpu_threads, make_backend
+from octtrain.errors import NonFiniteLossError
 from octtrain.finetune_config import FinetuneConfig
 from octtrain.finetune_data import build_data, check_splits, class_weights
 from octtrain.finetune_model import (
@@ -84,15 +83,10 @@ class FinetuneResult:
 
 def run_finetune(cfg: FinetuneConfig, init: str) -> FinetuneResult:
     """Finetune from the pretraining checkpoint ``init``; raises OcttrainError subclasses."""
-    if cfg.data.manifest is None:
-        raise ConfigError("data.manifest is not set (use --manifest FILE)")
-    try:
-        manifest = load_manifest(cfg.data.manifest)
-    except ManifestError as exc:
-        raise DataError(str(exc)) from exc
-    if cfg.train.num_threads is not None:
-        torch.set_num_threads(cfg.train.num_threads)
+    manifest = read_manifest(cfg.data.manifest)
     backend = make_backend(cfg.train.device, cfg.train.precision)
+    if backend.kind == "cpu":
+        torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
     try:
         return Finetuner(cfg, manifest, init, backend).run()
     finally:

@@ -119,9 +119,7 @@ class FinetuneTrainConfig:
     unfreeze_epoch: int | None = 0  # encoder frozen before this epoch; 0: never; null: always
     balanced_sampling: bool = False  # draw training samples with equal class probability
     seed: int = 0
-    # torch intra-op threads of each process; None keeps torch's default (one per core). Small
-    # models on a few shared cores run several times faster on 1 thread than on oversubscribed 2.
-    num_threads: int | None = None
+    cpu_threads: int = 0  # torch intra-op threads on CPU; 0: the cores left after data workers
     device: str = "auto"
     precision: str = "auto"
     output_dir: str = "runs"
@@ -137,7 +135,7 @@ class FinetuneTrainConfig:
             self.unfreeze_epoch is None or self.unfreeze_epoch >= 0,
             "unfreeze_epoch must be >= 0 or null",
         )
-        _check(self.num_threads is None or self.num_threads > 0, "num_threads must be > 0")
+        _check(self.cpu_threads >= 0, "cpu_threads must be >= 0")
         _check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         _check(self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}")
         if self.run_dir is not None and self.run_dir.strip() in ("", "None", "none", "null"):

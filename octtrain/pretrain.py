@@ -21,9 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from octstage.errors import ManifestError
 from octstage.manifest import Manifest
-from octstage.manifest import load as load_manifest
 from octtrain import checkpoint as ckpt
 from octtrain.collapse import effective_rank, feature_std
 from octtrain.config import PretrainConfig, to_dict, to_yaml
@@ -33,6 +31,7 @@ from octtrain.data import (
     Transform,
     eval_loader,
     pad_batch,
+    read_manifest,
     train_loader,
     volume_shape,
 )
@@ -90,12 +89,7 @@ def resolve(cfg: PretrainConfig, manifest: Manifest) -> PretrainConfig:
 
 def run_pretrain(cfg: PretrainConfig) -> PretrainResult:
     """Pretrain as configured; returns where the run went. Raises OcttrainError subclasses."""
-    if cfg.data.manifest is None:
-        raise ConfigError("data.manifest is not set (use --manifest FILE)")
-    try:
-        manifest = load_manifest(cfg.data.manifest)
-    except ManifestError as exc:
-        raise DataError(str(exc)) from exc
+    manifest = read_manifest(cfg.data.manifest)
     cfg = resolve(cfg, manifest)
     backend = make_backend(cfg.train.device, cfg.train.precision)
     if backend.kind == "cpu":
@@ -262,8 +256,7 @@ class Pretrainer:
         last_end = time.perf_counter()
         for step in range(self.start_step, cfg.train.max_steps):
             done = step + 1
-            # On XLA the previous step's closures run at the next sync; flush them here so the
-            # data wait below measures waiting for data, not last step's compute and logging.
+            # Flush last step's XLA closures so the data wait excludes them (no-op off XLA).
             self.backend.sync()
             watchdog.set_phase("data")
             t0 = time.perf_counter()

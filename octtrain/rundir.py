@@ -7,27 +7,15 @@ Layout: ``config.yaml`` (every value the run used), ``code_version``, ``metrics.
 from __future__ import annotations
 
 import datetime
-import subprocess
 from pathlib import Path
 
 import octtrain
-
-_REPO = Path(__file__).resolve().parent.parent
+from octstage import provenance
 
 
 def code_version() -> str:
-    """Package version plus the git commit (and ``-dirty``) when running from a checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(_REPO), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return octtrain.__version__
-    return f"{octtrain.__version__}+g{out}" if out else octtrain.__version__
+    """octtrain's version plus the git commit of the checkout (shared with octstage's)."""
+    return provenance.code_version(octtrain.__version__)
 
 
 def new_run_dir(output_dir: str, name: str, explicit: str | None) -> Path:

@@ -489,3 +489,15 @@ def test_overlapping_or_unsupported_locations_are_refused(
         src, dst = dst, src  # a B2 destination
     with pytest.raises(MirrorError, match=r"overlap|destination must be"):
         run_mirror(src, dst)
+
+
+def test_remotes_from_the_rclone_config_file(tmp_path: Path) -> None:
+    """A remote only in the config file (read with ``rclone config dump``), never echoed."""
+    conf = tmp_path / "rclone.conf"
+    conf.write_text("[archive]\ntype = b2\naccount = file-kid-123\nkey = file-key-456\n")
+    env = {"RCLONE_CONFIG": str(conf), "PATH": os.environ.get("PATH", "")}
+    loc = parse_location("archive:bucket/v3", env)
+    assert (loc.kind, loc.rclone_fs, loc.url) == ("b2", "archive:bucket/v3", "b2://bucket/v3")
+    assert loc.remote is not None and loc.remote.get("key") == "file-key-456"
+    assert "file-key-456" not in repr(loc)
+    assert {"file-kid-123", "file-key-456"} <= set(known_secrets([loc], env))
