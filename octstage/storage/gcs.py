@@ -250,25 +250,25 @@ class GcsStorage:
             for b in self._blobs(prefix)
         ]  # fmt: skip
 
-    def state(self, name: str) -> BlobState:
-        """Current generation, size, CRC32C and metadata of one object."""
+    def _get_blob(self, name: str) -> Any:
+        """The object's current blob; StorageError naming it when it is missing or unreachable."""
         try:
             blob = self._bucket.get_blob(self._full(name))
         except ERRORS as exc:
             raise self._fail(name, exc) from None
         if blob is None:
             raise StorageError(f"{self.url}/{name}: no such object")
+        return blob
+
+    def state(self, name: str) -> BlobState:
+        """Current generation, size, CRC32C and metadata of one object."""
+        blob = self._get_blob(name)
         return BlobState(
             name, int(blob.size or 0), int(blob.generation or 0), blob.crc32c, blob.metadata or {}
         )
 
     def stat(self, name: str) -> ObjectInfo:
-        try:
-            blob = self._bucket.get_blob(self._full(name))
-        except ERRORS as exc:
-            raise self._fail(name, exc) from None
-        if blob is None:
-            raise StorageError(f"{self.url}/{name}: no such object")
+        blob = self._get_blob(name)
         return ObjectInfo(
             name,
             int(blob.size or 0),

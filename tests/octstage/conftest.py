@@ -1,12 +1,18 @@
-"""Fixtures for octstage tests: the default synthetic dataset, generated once per session."""
+"""Fixtures for octstage tests: the synthetic dataset, one shared build and a dask cluster."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from octstage.synth import SynthInfo, generate
+
+if TYPE_CHECKING:
+    from tests.octstage.build_helpers import Built
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +25,54 @@ def synth_info(tmp_path_factory: pytest.TempPathFactory) -> SynthInfo:
 def synth_root(synth_info: SynthInfo) -> Path:
     """Root of the default dataset: participants.tsv and retinal_oct/ (treat as read-only)."""
     return synth_info.root
+
+
+# ---- build-cache: shared by test_build*.py --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A real dask cluster on loopback (2 worker processes) that the re-run tests share; the
+    first build (``built``) starts its own LocalCluster instead, so both paths are exercised."""
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address="127.0.0.1:0",  # loopback, any free port: 8787 may be taken
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def scheduler(cluster: Any) -> str:
+    return str(cluster.scheduler_address)
+
+
+@pytest.fixture(scope="session")
+def built(synth_info: SynthInfo, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """One build of a copy of the default dataset (plus pydicom's broken files), shared read-only
+    by test_build*.py: tests that change a source, the labels or the parameters work on copies."""
+    import pydicom.data
+
+    from octstage import manifest as mf
+    from tests.octstage.build_helpers import OCT, PYDICOM_FILES, Built, build
+
+    base = tmp_path_factory.mktemp("build")
+    src = base / "src"
+    shutil.copytree(synth_info.root, src)
+    pid = synth_info.verified[-1]
+    folder = next((src / OCT).glob(f"*/{pid}"))
+    test_files = Path(pydicom.data.get_testdata_file("CT_small.dcm")).parent  # type: ignore[arg-type]
+    planted = {}
+    for n, (fname, pattern) in enumerate(PYDICOM_FILES.items()):
+        stem = fname.removesuffix(".dcm").lower().replace("_", "")
+        target = folder / f"{pid}_pydicom_{stem}_r_1.2.826.0.1.3680043.8.498.99.{n}.dcm"
+        shutil.copyfile(test_files / fname, target)
+        planted[target.relative_to(src).as_posix()] = pattern
+    cache = base / "cache"
+    code, summary = build(src, cache)
+    manifest = mf.load(cache / "manifest.json")
+    return Built(src, cache, cache / "manifest.json", manifest, summary, code, planted)

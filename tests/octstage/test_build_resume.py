@@ -1,0 +1,182 @@
+"""build-cache re-runs over an existing cache: reuse, what a change rebuilds, kill and resume.
+
+Every test works on a copy of the shared build (``built`` in conftest.py) and runs on the
+module's loopback dask cluster (``scheduler``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pydicom.data
+import pytest
+
+from octstage import manifest as mf
+from octstage import volumestore
+from octstage.build import INDEX_NAME
+from octstage.config import BuildConfig
+from octstage.synth import write_oct_dicom
+from octstage.verify import verify
+from tests.octstage.build_helpers import (
+    Built,
+    build,
+    copy_cache,
+    rejected,
+)
+
+
+def test_rerun_reuses_everything_without_reading_or_decoding(
+    built: Built, tmp_path: Path, scheduler: str
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    stamps = {p: p.stat().st_mtime_ns for p in (cache / "volumes").rglob("zarr.json")}
+    code, summary = build(built.src, cache, scheduler=scheduler)
+    assert code == 1
+    assert (summary["decoded"], summary["read"], summary["built"]) == (0, 0, 0)
+    assert summary["reused"] == len(built.manifest.volumes)
+    assert {p: p.stat().st_mtime_ns for p in (cache / "volumes").rglob("zarr.json")} == stamps
+    again = mf.load(cache / "manifest.json")
+    assert again.volumes == built.manifest.volumes and again.rejected == built.manifest.rejected
+
+    # Without the SHA1 index every source is hashed again, but still nothing is decoded.
+    (cache / INDEX_NAME).unlink()
+    code, summary = build(built.src, cache, scheduler=scheduler)
+    assert summary["decoded"] == 0 and summary["read"] > len(built.manifest.volumes)
+    assert mf.load(cache / "manifest.json").volumes == built.manifest.volumes
+
+
+def test_shape_change_rebuilds_volumes_but_not_rejections(
+    built: Built, tmp_path: Path, scheduler: str
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    n = len(built.manifest.volumes)
+    _, summary = build(built.src, cache, BuildConfig(shape=(4, 16, 16)), scheduler=scheduler)
+    # Every volume again (the key changed); stored rejections, even the one found by decoding,
+    # stay decided: one read and one decode per volume and not one more.
+    assert (summary["built"], summary["decoded"], summary["read"]) == (n, n, n)
+    m = mf.load(cache / "manifest.json")
+    assert {v.shape for v in m.volumes} == {(4, 16, 16)}
+    assert {v.cache_key for v in m.volumes}.isdisjoint(v.cache_key for v in built.manifest.volumes)
+    assert rejected(m) == rejected(built.manifest)
+    # Back to the first shape: its volumes are still there, nothing is decoded.
+    _, summary = build(built.src, cache, scheduler=scheduler)
+    assert summary["decoded"] == 0 and summary["reused"] == n
+    report = verify(cache / "manifest.json")
+    assert not report.ok and len(report.extra) == n  # the other shape's volumes, reported
+
+
+def test_label_change_rebuilds_nothing(built: Built, tmp_path: Path, scheduler: str) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(built.src, src)
+    cache = copy_cache(built, tmp_path / "cache")
+    moved = built.manifest.volumes[0].participant_id
+    table = (src / "participants.tsv").read_text().splitlines()
+    rows = [r.split("\t") for r in table]
+    col = rows[0].index("recommended_split")
+    for row in rows[1:]:
+        if row[0] == moved:
+            row[col] = "test" if row[col] != "test" else "val"
+            new_split = row[col]
+    (src / "participants.tsv").write_text("\n".join("\t".join(r) for r in rows) + "\n")
+    _, summary = build(src, cache, scheduler=scheduler)
+    assert summary["decoded"] == 0 and summary["read"] == 0
+    m = mf.load(cache / "manifest.json")
+    assert {v.split for v in m.volumes if v.participant_id == moved} == {new_split}
+
+
+def test_changed_source_is_hashed_again_and_rebuilt_alone(
+    built: Built, tmp_path: Path, scheduler: str
+) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(built.src, src)
+    cache = copy_cache(built, tmp_path / "cache")
+    touched, rewritten = built.manifest.volumes[0], built.manifest.volumes[1]
+    path = src / touched.source_path
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    ds = pydicom.dcmread(src / rewritten.source_path)
+    write_oct_dicom(
+        src / rewritten.source_path,
+        255 - ds.pixel_array.astype(np.uint8),
+        patient_id=rewritten.participant_id,
+        laterality=rewritten.laterality,
+        transfer_syntax=pydicom.uid.ExplicitVRLittleEndian,
+        spacing_mm=rewritten.spacing_mm,
+        device=rewritten.device,
+        sop_instance_uid=str(ds.SOPInstanceUID),
+    )
+    _, summary = build(src, cache, scheduler=scheduler)
+    assert (summary["read"], summary["decoded"], summary["built"]) == (2, 1, 1)
+    m = {v.source_path: v for v in mf.load(cache / "manifest.json").volumes}
+    assert m[touched.source_path] == touched
+    assert m[rewritten.source_path].source_sha1 != rewritten.source_sha1
+    assert m[rewritten.source_path].checksum != rewritten.checksum
+
+
+# ---- killed part way ----------------------------------------------------------------------
+
+
+def visible_volumes(cache: Path) -> list[Path]:
+    return [p for p in (cache / "volumes").glob("*/*") if not p.name.startswith(".")]
+
+
+@pytest.mark.slow  # ~20 s on 2 busy cores: a subprocess build, a kill, and the resumed build
+def test_kill_and_resume_leaves_nothing_half_written(
+    synth_root: Path, tmp_path: Path, scheduler: str
+) -> None:
+    cache = tmp_path / "cache"
+    shape = ("16", "64", "64")
+    argv = [sys.executable, "-m", "octstage.cli", "build-cache", "--source", str(synth_root)]
+    argv += ["--labels", str(synth_root / "participants.tsv"), "--out", str(cache)]
+    argv += ["--manifest", str(cache / "manifest.json"), "--shape", *shape, "--workers", "2"]
+    # Own session: SIGKILL reaches the driver, its nannies and its workers at once.
+    proc = subprocess.Popen(
+        argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while len(list((cache / "records").glob("*.json"))) < 4:
+            assert proc.poll() is None, "build ended before it could be killed"
+            assert time.monotonic() < deadline, "build never got going"
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _wait_until_gone(proc.pid)
+    assert not (cache / "manifest.json").exists()  # killed before the end: no manifest at all
+    at_kill = visible_volumes(cache)
+    assert at_kill
+    for folder in at_kill:  # whatever is visible under its final name is complete
+        array = volumestore.read_volume(cache, folder.relative_to(cache).as_posix())
+        assert array.shape == tuple(int(s) for s in shape)
+    for record in (cache / "records").glob("*.json"):
+        assert (cache / json.loads(record.read_text())["zarr_path"] / "0" / "zarr.json").is_file()
+
+    code, summary = build(synth_root, cache, BuildConfig(shape=(16, 64, 64)), scheduler=scheduler)
+    assert code == 1
+    assert summary["reused"] >= len(list((cache / "records").glob("*.json"))) - summary["built"]
+    assert summary["built"] + summary["reused"] == summary["volumes"]
+    assert summary["built"] < summary["volumes"]  # the killed run's volumes were kept
+    assert not list((cache / "volumes").glob("*/.tmp-*"))  # leftovers of the kill cleaned
+    report = verify(cache / "manifest.json")
+    assert report.ok, report
+
+
+def _wait_until_gone(session: int) -> None:
+    """Every process of the killed build's session (driver, nannies, workers) has exited."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(session, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("processes of the killed build are still running")
