@@ -127,7 +127,12 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="octtrain", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="octtrain",
+        description="Pretrain (3D V-JEPA), finetune (4 study groups) and evaluate on an octstage "
+        "cache. Reads only the manifest and the arrays it lists, from local disk; any config "
+        "value can be overridden as KEY=VALUE (e.g. train.max_steps=20).",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in SUBCOMMANDS:
