@@ -61,7 +61,10 @@ def load_build_config(path: str | Path | None, **overrides: Any) -> BuildConfig:
     """
     values: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read build settings: {exc}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of build settings")
         known = {f.name for f in fields(BuildConfig)}

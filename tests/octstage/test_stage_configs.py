@@ -37,3 +37,12 @@ def test_unknown_key_names_the_file(tmp_path: Path) -> None:
     path.write_text("shpae: [16, 64, 64]\n")
     with pytest.raises(ConfigError, match=r"typo\.yaml.*shpae"):
         load_build_config(path)
+
+
+def test_unreadable_or_malformed_yaml_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("shape: [16, 64\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml"):
+        load_build_config(bad)
+    with pytest.raises(ConfigError, match=r"missing\.yaml"):
+        load_build_config(tmp_path / "missing.yaml")
