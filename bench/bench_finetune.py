@@ -27,10 +27,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from octtrain.config import PretrainConfig, load_config
-from octtrain.finetune import run_finetune
-from octtrain.finetune_config import FinetuneConfig
-from octtrain.pretrain import run_pretrain
+from octtrain.config.finetune import FinetuneConfig
+from octtrain.config.loader import load_config
+from octtrain.config.pretrain import PretrainConfig
+from octtrain.train.finetune import run_finetune
+from octtrain.train.pretrain import run_pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"frozen": "train.unfreeze_epoch=null", "unfrozen": "train.unfreeze_epoch=0"}
@@ -42,7 +43,7 @@ def quick_checkpoint(manifest: str, folder: Path) -> str:
         f"data.manifest={manifest}",
         f"train.run_dir={folder / 'pretrain'}",
         "train.max_steps=2",
-        "train.val_every=0",
+        "validation.every=0",
         "checkpoint.every=2",
         "logging.wandb_mode=disabled",
         "logging.console=false",
@@ -50,8 +51,8 @@ def quick_checkpoint(manifest: str, folder: Path) -> str:
     ]
     cfg = load_config(PretrainConfig, ROOT / "configs" / "pretrain" / "demo.yaml", overrides)
     result = run_pretrain(cfg)
-    assert result.checkpoint is not None
-    return result.checkpoint
+    assert result.last_checkpoint is not None
+    return result.last_checkpoint
 
 
 def bench_mode(

@@ -35,9 +35,11 @@ from octstage import manifest as mf
 from octstage.normalize import normalize_volume
 from octstage.synth_oct import render_retina, write_oct_dicom
 from octstage.volumestore import volume_relpath, write_volume
-from octtrain.config import AugmentConfig, DataConfig, PretrainConfig, load_config
-from octtrain.data import ManifestDataset, Transform, train_loader
-from octtrain.pretrain import run_pretrain
+from octtrain.config.loader import load_config
+from octtrain.config.pretrain import PretrainConfig
+from octtrain.config.sections import AugmentConfig, DataConfig
+from octtrain.data.dataset import ManifestDataset, Transform, train_loader
+from octtrain.train.pretrain import run_pretrain
 
 EXPLICIT_LE = "1.2.840.10008.1.2.1"  # uncompressed: the old path's fastest case
 ROOT = Path(__file__).resolve().parents[1]

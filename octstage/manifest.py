@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from octstage.errors import ManifestError
+from octstage.errors import ManifestError as ManifestError  # octtrain catches it from here
 
 SCHEMA_VERSION = 1
 # Bump when anything changes what a cached volume contains for the same source and parameters.

@@ -6,7 +6,7 @@ Adding a subcommand: write ``_add_<name>(subparsers)`` that registers its parser
 ``func``, and list it in ``SUBCOMMANDS``.
 
 Exit codes: 0 success, 2 refused or failed (bad config, data, checkpoint; the message says why),
-3 stopped on a non-finite loss.
+3 stopped on a non-finite loss (the checkpoints written before it stay).
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ from collections.abc import Callable, Sequence
 from octtrain.errors import NonFiniteLossError, OcttrainError
 
 log = logging.getLogger("octtrain")
+
+EXIT_CODES = """exit codes:
+  0  finished
+  2  refused or failed: bad config, data, checkpoint or backend (the message names the cause)
+  3  stopped on a non-finite loss or gradient norm (checkpoints written before it stay)"""
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,26 +50,32 @@ def overrides_of(args: argparse.Namespace) -> list[str]:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    from octtrain.config import PretrainConfig, load_config
-    from octtrain.pretrain import run_pretrain
+    from octtrain.config.loader import load_config
+    from octtrain.config.pretrain import PretrainConfig
+    from octtrain.train.pretrain import run_pretrain
 
     cfg = load_config(PretrainConfig, args.config, overrides_of(args))
     result = run_pretrain(cfg)
     if result.run_dir is not None:
-        log.info("run folder: %s (last checkpoint: %s)", result.run_dir, result.checkpoint)
+        log.info("run folder: %s (last checkpoint: %s)", result.run_dir, result.last_checkpoint)
     return 0
 
 
 def _add_pretrain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("pretrain", help="V-JEPA pretraining of the 3D ViT encoder")
+    p = sub.add_parser(
+        "pretrain",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="V-JEPA pretraining of the 3D ViT encoder",
+    )
     add_config_arguments(p)
     p.set_defaults(func=_pretrain)
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from octtrain.config import load_config
-    from octtrain.finetune import run_finetune
-    from octtrain.finetune_config import FinetuneConfig
+    from octtrain.config.finetune import FinetuneConfig
+    from octtrain.config.loader import load_config
+    from octtrain.train.finetune import run_finetune
 
     cfg = load_config(FinetuneConfig, args.config, overrides_of(args))
     result = run_finetune(cfg, args.init)
@@ -73,8 +84,8 @@ def _finetune(args: argparse.Namespace) -> int:
             "run folder: %s; best %s %s at epoch %s (checkpoint %s); %d validation failure(s)",
             result.run_dir,
             cfg.early_stopping.metric,
-            "n/a" if result.best_value is None else f"{result.best_value:.4f}",
-            result.best_epoch,
+            "n/a" if result.best_score is None else f"{result.best_score:.4f}",
+            result.best_unit,
             result.best_checkpoint,
             result.validation_failures,
         )
@@ -82,14 +93,23 @@ def _finetune(args: argparse.Namespace) -> int:
 
 
 def _add_finetune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("finetune", help="train a classification head (and the encoder)")
+    p = sub.add_parser(
+        "finetune",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="train a classification head (and the encoder)",
+    )
     add_config_arguments(p)
-    p.add_argument("--init", required=True, help="pretraining checkpoint (file or folder)")
+    p.add_argument(
+        "--init",
+        help="pretraining checkpoint (file or folder); not needed with init_encoder=random "
+        "(the supervised-from-scratch reference)",
+    )
     p.set_defaults(func=_finetune)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from octtrain.evaluate import run_evaluate
+    from octtrain.eval.evaluate import run_evaluate
 
     run_evaluate(
         args.checkpoint,
@@ -106,7 +126,12 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("evaluate", help="metrics JSON + confusion matrix of a finetuned model")
+    p = sub.add_parser(
+        "evaluate",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="metrics JSON + confusion matrix of a finetuned model",
+    )
     p.add_argument("--checkpoint", required=True, help="finetune checkpoint file, or its folder")
     p.add_argument("--manifest", required=True, help="manifest.json of the cache")
     p.add_argument("--split", default="test", help="split to evaluate (default: test)")
@@ -129,6 +154,8 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="octtrain",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Pretrain (3D V-JEPA), finetune (4 study groups) and evaluate on an octstage "
         "cache. Reads only the manifest and the arrays it lists, from local disk; any config "
         "value can be overridden as KEY=VALUE (e.g. train.max_steps=20).",

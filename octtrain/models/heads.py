@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from octtrain.finetune_config import HeadConfig
+from octtrain.config.finetune import HeadConfig
 
 
 class AttentivePooler(nn.Module):

@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from octtrain.config import ModelConfig
+from octtrain.config.sections import ModelConfig
 from octtrain.models.vit3d import (
     Block,
     gather_tokens,
     init_weights,
-    preset_for,
     rescale_blocks,
     sincos_3d,
 )
@@ -61,5 +60,5 @@ class Predictor(nn.Module):
 
 def predictor_from_config(cfg: ModelConfig, grid: tuple[int, int, int]) -> Predictor:
     """The predictor a ModelConfig describes, for an encoder with patch grid ``grid``."""
-    p = preset_for(cfg)
+    p = cfg.sizes()
     return Predictor(grid, p.embed_dim, p.pred_dim, p.pred_depth, p.pred_heads, cfg.mlp_ratio)

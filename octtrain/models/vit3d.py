@@ -3,46 +3,19 @@
 ``ViT3D.forward(x, keep_idx)`` embeds a volume ``x [B, 1, D, H, W]`` into ``N`` patch tokens and,
 when ``keep_idx [B, M]`` is given, keeps only those tokens before the transformer (the V-JEPA
 context encoder sees only unmasked patches). It returns ``[B, N or M, embed_dim]`` after a final
-LayerNorm. Sizes come from named presets (encoder parameters counted at patch 4x16x16).
+LayerNorm. Sizes come from the named presets in ``octtrain.config.sections``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octtrain.config import ModelConfig
-
-
-@dataclass(frozen=True)
-class Preset:
-    """Encoder and predictor sizes."""
-
-    embed_dim: int
-    depth: int
-    num_heads: int
-    pred_dim: int
-    pred_depth: int
-    pred_heads: int
-
-
-PRESETS: dict[str, Preset] = {
-    # Unit tests and the demo: thousands of parameters, a step in milliseconds on a CPU core.
-    "tiny": Preset(embed_dim=48, depth=2, num_heads=3, pred_dim=24, pred_depth=1, pred_heads=2),
-    # A small model that still learns something on 2 CPU cores in a minute or two.
-    "small": Preset(embed_dim=96, depth=4, num_heads=4, pred_dim=48, pred_depth=2, pred_heads=4),
-    # The sizes the users trained: ~29M and ~90M encoder parameters.
-    "vit29m": Preset(embed_dim=512, depth=9, num_heads=8, pred_dim=256, pred_depth=6, pred_heads=8),
-    "vit90m": Preset(
-        embed_dim=768, depth=12, num_heads=12, pred_dim=384, pred_depth=12, pred_heads=12
-    ),
-}
+from octtrain.config.sections import ModelConfig
 
 
 def sincos_3d(grid: tuple[int, int, int], dim: int) -> torch.Tensor:
@@ -177,18 +150,11 @@ class ViT3D(nn.Module):
         return self.norm(tokens)  # type: ignore[no-any-return]
 
 
-def preset_for(cfg: ModelConfig) -> Preset:
-    """The config's preset with any explicitly set sizes replacing the preset's."""
-    base = PRESETS[cfg.preset]
-    sizes = {k: getattr(cfg, k) for k in Preset.__dataclass_fields__ if getattr(cfg, k) is not None}
-    return dataclasses.replace(base, **sizes)
-
-
 def encoder_from_config(cfg: ModelConfig) -> ViT3D:
     """The encoder a ModelConfig describes (``input_shape`` must be resolved, not None)."""
     if cfg.input_shape is None:
         raise ValueError("model.input_shape is unresolved (None); resolve it from the cache first")
-    p = preset_for(cfg)
+    p = cfg.sizes()
     return ViT3D(
         cfg.input_shape, cfg.patch, p.embed_dim, p.depth, p.num_heads, cfg.mlp_ratio, cfg.drop_path
     )

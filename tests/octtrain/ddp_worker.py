@@ -14,9 +14,11 @@ from pathlib import Path
 import torch
 
 from octstage.manifest import load
-from octtrain.config import PretrainConfig, load_config
-from octtrain.device import make_backend
-from octtrain.pretrain import Pretrainer, resolve
+from octtrain.config.loader import load_config
+from octtrain.config.pretrain import PretrainConfig
+from octtrain.runtime.backend import make_backend
+from octtrain.train.loop import Trainer
+from octtrain.train.pretrain import PretrainJob, resolve, settings
 
 
 def main(config_path: str, out: str, overrides: list[str]) -> None:
@@ -27,13 +29,13 @@ def main(config_path: str, out: str, overrides: list[str]) -> None:
     cfg = resolve(cfg, manifest)
     backend = make_backend("cpu")
     try:
-        trainer = Pretrainer(cfg, manifest, backend)
-        batches = iter(trainer.make_train_loader())
+        job = PretrainJob(cfg, manifest, backend)
+        batches = iter(job.start(0))  # the loader the run itself builds
         seen = [next(batches)["index"].tolist() for _ in range(4)]
         del batches
-        result = trainer.run()
+        result = Trainer(job, settings(cfg), backend).run()
         digest = hashlib.sha256()
-        for tensor in trainer.raw.state_dict().values():
+        for tensor in job.raw.state_dict().values():
             digest.update(tensor.numpy().tobytes())
         record = {
             "rank": backend.rank,
@@ -41,7 +43,7 @@ def main(config_path: str, out: str, overrides: list[str]) -> None:
             "indices": seen,
             "weights": digest.hexdigest(),
             "run_dir": str(result.run_dir) if result.run_dir else None,
-            "checkpoint": result.checkpoint,
+            "checkpoint": result.last_checkpoint,
         }
         Path(out, f"rank{backend.rank}.json").write_text(json.dumps(record))
     finally:

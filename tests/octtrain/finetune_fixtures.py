@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from octtrain.finetune import FinetuneResult
-    from octtrain.finetune_config import FinetuneConfig
+    from octtrain.config.finetune import FinetuneConfig
+    from octtrain.train.loop import RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 PRETRAIN_TINY = REPO / "configs" / "pretrain" / "tiny.yaml"
@@ -23,8 +23,8 @@ FINETUNE_TINY = REPO / "configs" / "finetune" / "tiny.yaml"
 
 def finetune_config(manifest: Path, run_dir: Path, *overrides: str) -> FinetuneConfig:
     """configs/finetune/tiny.yaml on ``manifest``, writing into ``run_dir``."""
-    from octtrain.config import load_config
-    from octtrain.finetune_config import FinetuneConfig
+    from octtrain.config.finetune import FinetuneConfig
+    from octtrain.config.loader import load_config
 
     base = [f"data.manifest={manifest}", f"train.run_dir={run_dir}", "logging.console=false"]
     return load_config(FinetuneConfig, FINETUNE_TINY, base + list(overrides))
@@ -33,8 +33,9 @@ def finetune_config(manifest: Path, run_dir: Path, *overrides: str) -> FinetuneC
 @pytest.fixture(scope="session")
 def tiny_pretrained(tiny_cache: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> str:
     """URL of a real pretraining checkpoint (tiny preset, 4 steps) on the tiny cache."""
-    from octtrain.config import PretrainConfig, load_config
-    from octtrain.pretrain import run_pretrain
+    from octtrain.config.loader import load_config
+    from octtrain.config.pretrain import PretrainConfig
+    from octtrain.train.pretrain import run_pretrain
 
     manifest, _ = tiny_cache
     run_dir = tmp_path_factory.mktemp("pretrain-tiny")
@@ -47,16 +48,16 @@ def tiny_pretrained(tiny_cache: tuple[Path, Path], tmp_path_factory: pytest.Temp
         "logging.console=false",
     ]
     result = run_pretrain(load_config(PretrainConfig, PRETRAIN_TINY, overrides))
-    assert result.checkpoint is not None
-    return result.checkpoint
+    assert result.last_checkpoint is not None
+    return result.last_checkpoint
 
 
 @pytest.fixture(scope="session")
 def tiny_finetuned(
     tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path_factory: pytest.TempPathFactory
-) -> FinetuneResult:
+) -> RunResult:
     """A 3-epoch finetuning run (encoder frozen for epoch 1) from ``tiny_pretrained``."""
-    from octtrain.finetune import run_finetune
+    from octtrain.train.finetune import run_finetune
 
     manifest, _ = tiny_cache
     run_dir = tmp_path_factory.mktemp("finetune-tiny")

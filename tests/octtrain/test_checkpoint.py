@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from octtrain.checkpoint import (
+from octtrain.config.sections import CheckpointConfig
+from octtrain.errors import CheckpointError
+from octtrain.runtime.checkpoint import (
     CheckpointManager,
     checkpoint_dir,
     load_checkpoint,
     load_encoder_state,
     resume_url,
 )
-from octtrain.config import CheckpointConfig
-from octtrain.errors import CheckpointError
 
 
 def _state(step: int) -> dict[str, object]:
@@ -29,9 +29,9 @@ def _state(step: int) -> dict[str, object]:
 
 def test_keeps_last_n_and_the_best(tmp_path: Path) -> None:
     manager = CheckpointManager(str(tmp_path / "ck"), keep_last=2, keep_best=True)
-    metrics = {10: 0.5, 20: 0.2, 30: 0.4, 40: 0.3, 50: None}
-    for step, metric in metrics.items():
-        manager.save(_state(step), step, metric)
+    scores = {10: 0.5, 20: 0.8, 30: 0.6, 40: 0.7, 50: None}  # higher is better
+    for step, score in scores.items():
+        manager.save(_state(step), step, score)
     files = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert files == ["index.json", "step_00000020.pt", "step_00000040.pt", "step_00000050.pt"]
     assert manager.latest() == f"{tmp_path}/ck/step_00000050.pt"
@@ -84,12 +84,18 @@ def test_resume_auto_finds_the_latest_or_nothing(tmp_path: Path) -> None:
 def test_gs_checkpoints_through_the_gcs_double(cloud_env: dict[str, str], gcs_bucket: str) -> None:
     url = f"gs://{gcs_bucket}/runs/a/checkpoints"
     manager = CheckpointManager(url, keep_last=1, keep_best=True)
-    manager.save(_state(1), 1, metric=0.5)
-    manager.save(_state(2), 2, metric=0.7)
-    manager.save(_state(3), 3, metric=0.9)
+    manager.save(_state(1), 1, score=0.9)
+    manager.save(_state(2), 2, score=0.7)
+    manager.save(_state(3), 3, score=0.5)
     assert manager.latest() == f"{url}/step_00000003.pt"
     assert manager.best() == f"{url}/step_00000001.pt"
     assert load_checkpoint(url)["step"] == 3
     assert load_checkpoint(f"{url}/step_00000001.pt")["step"] == 1
-    names = sorted(o.name for o in manager.storage.list())
-    assert names == ["index.json", "step_00000001.pt", "step_00000003.pt"]
+    # Read back through a second client (google-cloud-storage), not the fsspec store under test.
+    from google.cloud import storage
+
+    client = storage.Client.create_anonymous_client()
+    names = sorted(b.name for b in client.list_blobs(gcs_bucket, prefix="runs/a/checkpoints/"))
+    assert names == [
+        f"runs/a/checkpoints/{n}" for n in ("index.json", "step_00000001.pt", "step_00000003.pt")
+    ]

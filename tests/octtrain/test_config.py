@@ -6,15 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from octtrain.config import (
-    CheckpointConfig,
-    ModelConfig,
-    PretrainConfig,
-    apply_override,
-    from_dict,
-    load_config,
-    to_dict,
-)
+from octtrain.config.loader import apply_override, from_dict, load_config, to_dict
+from octtrain.config.pretrain import PretrainConfig
+from octtrain.config.sections import CheckpointConfig, ModelConfig
 from octtrain.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -22,7 +16,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 def _config_class(path: Path) -> type:
     if path.parent.name == "finetune":
-        from octtrain.finetune_config import FinetuneConfig
+        from octtrain.config.finetune import FinetuneConfig
 
         return FinetuneConfig
     return PretrainConfig

@@ -13,43 +13,71 @@ import pytest
 import torch
 
 from octstage.manifest import load
-from octtrain.config import AugmentConfig, DataConfig
-from octtrain.data import (
-    ManifestDataset,
-    Prefetcher,
-    TrainSampler,
-    Transform,
-    eval_loader,
-    pad_batch,
-    shard,
-    train_loader,
-)
+from octtrain.config.pretrain import MaskConfig
+from octtrain.config.sections import AugmentConfig, DataConfig
+from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
+from octtrain.data.loaders import Prefetcher, padded_loader, train_loader
+from octtrain.data.masks import SampleMasker
+from octtrain.data.samplers import EpochSampler, shard
 from octtrain.errors import DataError
 
 Cache = tuple[Path, Path]
 
 
-def test_items_are_scaled_tensors_with_labels(tiny_cache: Cache) -> None:
+def test_items_are_uint8_with_labels_and_scale_on_the_device(tiny_cache: Cache) -> None:
     manifest_path, cache = tiny_cache
     manifest = load(manifest_path)
     ds = ManifestDataset(manifest, cache, "train")
     assert len(ds) == len(manifest.split("train")) == 32
     item = ds[3]
-    assert item["image"].shape == (1, 8, 32, 32) and item["image"].dtype == torch.float32
-    assert float(item["image"].min()) >= -1.0 and float(item["image"].max()) <= 1.0
+    # uint8 crosses the worker pipe and the host-to-device link: a quarter of float32's bytes
+    assert item["image"].shape == (1, 8, 32, 32) and item["image"].dtype == torch.uint8
+    assert float(item["gain"]) == 1.0 and float(item["shift"]) == 0.0
+    x = to_model_input({k: v[None] for k, v in item.items() if isinstance(v, torch.Tensor)})
+    assert x.dtype == torch.float32 and -1 - 1e-6 <= float(x.min()) <= float(x.max()) <= 1 + 1e-6
     v = manifest.split("train")[3]
     assert (item["label"], item["participant_id"], item["index"]) == (v.label, v.participant_id, 3)
+
+
+def test_device_scaling_matches_the_float_pipeline_it_replaced(tiny_cache: Cache) -> None:
+    manifest_path, cache = tiny_cache
+    aug = AugmentConfig(flip_w=0.5, brightness=0.2, contrast=0.2)
+    ds = ManifestDataset(load(manifest_path), cache, "train", Transform((8, 24, 24), aug))
+    batch = torch.utils.data.default_collate([ds[(i, 100 + i)] for i in range(6)])
+    new = to_model_input(batch)
+    # The old workers computed (v * 2/255 - 1) * gain + shift in float32 numpy, per sample.
+    for i in range(6):
+        rng = np.random.default_rng(100 + i)
+        crop = ds.transform(ds.read(i), rng)[0].astype(np.float32)  # type: ignore[misc]
+        gain, shift = float(batch["gain"][i]), float(batch["shift"][i])
+        old = crop * np.float32(2.0 / 255.0 * gain) + np.float32(shift - gain)
+        np.testing.assert_allclose(new[i, 0].numpy(), old, rtol=1e-6, atol=1e-6)
 
 
 def test_augmentation_is_keyed_by_seed(tiny_cache: Cache) -> None:
     manifest_path, cache = tiny_cache
     transform = Transform((8, 24, 24), AugmentConfig(flip_w=0.5, brightness=0.2, contrast=0.2))
     ds = ManifestDataset(load(manifest_path), cache, "train", transform)
-    a, b, c = ds[(0, 1)]["image"], ds[(0, 1)]["image"], ds[(0, 2)]["image"]
-    assert a.shape == (1, 8, 24, 24)
-    assert torch.equal(a, b) and not torch.equal(a, c)
+    a, b, c = ds[(0, 1)], ds[(0, 1)], ds[(0, 2)]
+    assert a["image"].shape == (1, 8, 24, 24)
+    assert torch.equal(a["image"], b["image"]) and float(a["gain"]) == float(b["gain"])
+    assert (float(a["gain"]), float(a["shift"])) != (float(c["gain"]), float(c["shift"]))
     plain = ds[0]["image"]  # no seed: centre crop, no jitter
     assert torch.equal(plain, ds[0]["image"])
+
+
+def test_masks_come_with_the_item_as_int32_keyed_by_its_seed(tiny_cache: Cache) -> None:
+    manifest_path, cache = tiny_cache
+    masker = SampleMasker((2, 4, 4), MaskConfig(ratio=0.5))
+    ds = ManifestDataset(load(manifest_path), cache, "train", masker=masker)
+    a, b, c = ds[(0, 1)], ds[(0, 1)], ds[(0, 2)]
+    assert a["context_idx"].dtype == torch.int32 and a["target_idx"].shape == (16,)
+    assert torch.equal(a["target_idx"], b["target_idx"])
+    assert not torch.equal(a["target_idx"], c["target_idx"])
+    both = torch.cat([a["context_idx"], a["target_idx"]]).sort().values
+    assert both.tolist() == list(range(32))
+    # Deterministic items (validation) have fixed masks: the same at every validation.
+    assert torch.equal(ds[5]["target_idx"], ds[5]["target_idx"])
 
 
 def test_crop_larger_than_volume_is_a_data_error() -> None:
@@ -58,20 +86,62 @@ def test_crop_larger_than_volume_is_a_data_error() -> None:
 
 
 def test_train_shards_are_disjoint_per_epoch_and_resume_continues_the_stream() -> None:
-    a = TrainSampler(10, 0, 2, seed=3)
-    b = TrainSampler(10, 1, 2, seed=3)
+    a = EpochSampler(10, 0, 2, seed=3)
+    b = EpochSampler(10, 1, 2, seed=3)
     ia, ib = iter(a), iter(b)
     first_a = [next(ia) for _ in range(5)]
     first_b = [next(ib) for _ in range(5)]
     assert not {i for i, _ in first_a} & {i for i, _ in first_b}
     assert {i for i, _ in first_a} | {i for i, _ in first_b} == set(range(10))
     stream = [next(ia) for _ in range(7)]
-    resumed = iter(TrainSampler(10, 0, 2, seed=3, start=5))
+    resumed = iter(EpochSampler(10, 0, 2, seed=3, start=5))
     assert [next(resumed) for _ in range(7)] == stream
-    assert len({s for _, s in first_a + stream}) == 12  # every item gets its own seed
+    assert len({s for _, s in first_a + first_b}) == 10  # every item of an epoch: its own seed
 
 
-def test_eval_shards_cover_the_split_once() -> None:
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_global_batch_and_its_masks_are_the_same_whatever_the_number_of_hosts(
+    tiny_cache: Cache, hosts: int
+) -> None:
+    # A pod simulated: each host's sampler and workers, the shards put together, against one
+    # host loading the same global batch. Same samples, same seeds, same masks (sample by
+    # sample), so the hosts agree on the global batch without communicating.
+    manifest_path, cache = tiny_cache
+    masker = SampleMasker((2, 4, 4), MaskConfig(ratio=0.5))
+    aug = AugmentConfig()
+    ds = ManifestDataset(
+        load(manifest_path), cache, "train", Transform((8, 32, 32), aug), None, masker
+    )
+    global_batch, cfg = 8, DataConfig(num_workers=0)
+
+    def by_index(batch: dict[str, Any]) -> dict[int, tuple[Any, ...]]:
+        return {
+            int(i): (tuple(t.tolist()), float(g), float(s), img.sum().item())
+            for i, t, g, s, img in zip(
+                batch["index"],
+                batch["target_idx"],
+                batch["gain"],
+                batch["shift"],
+                batch["image"],
+                strict=True,
+            )
+        }
+
+    one = iter(train_loader(ds, cfg, global_batch, 0, 1, seed=7))
+    pod = [
+        iter(train_loader(ds, cfg, global_batch // hosts, h, hosts, seed=7)) for h in range(hosts)
+    ]
+    for _ in range(6):  # past an epoch boundary (32 volumes / 8)
+        single = by_index(next(one))
+        assembled: dict[int, tuple[Any, ...]] = {}
+        for host in pod:
+            part = by_index(next(host))
+            assert not part.keys() & assembled.keys()  # hosts never load the same sample
+            assembled |= part
+        assert assembled == single
+
+
+def test_validation_shards_cover_the_split_once() -> None:
     parts = [shard(11, r, 3) for r in range(3)]
     assert sorted(i for part in parts for i in part) == list(range(11))
 
@@ -90,14 +160,22 @@ def test_train_loader_batches_are_reproducible_with_workers(tiny_cache: Cache) -
     assert third["index"].tolist() == batches[2]["index"].tolist()
 
 
-def test_eval_loader_and_padding(tiny_cache: Cache) -> None:
+def test_padded_validation_shards_run_equal_batches_with_fillers(tiny_cache: Cache) -> None:
     manifest_path, cache = tiny_cache
     ds = ManifestDataset(load(manifest_path), cache, "val")
-    batches = list(eval_loader(ds, DataConfig(num_workers=0), 3, 0, 1))
-    assert [len(b["index"]) for b in batches] == [3, 3, 2]
-    padded = pad_batch(batches[-1], 3)
-    assert padded["image"].shape[0] == 3 and padded["valid"].tolist() == [1.0, 1.0, 0.0]
-    assert len(padded["participant_id"]) == 3
+    loaders = [padded_loader(ds, 5, r, 2, 2) for r in range(2)]
+    batches = [list(loader) for loader in loaders]
+    assert [len(b) for b in batches] == [2, 2]  # ceil(ceil(5 / 2) / 2): the same everywhere
+    valid = [[b["valid"].tolist() for b in rank] for rank in batches]
+    assert valid == [[[1.0, 1.0], [1.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]]]
+    real = [
+        int(i)
+        for rank in batches
+        for b in rank
+        for i, v in zip(b["index"], b["valid"], strict=True)
+        if v
+    ]
+    assert sorted(real) == list(range(5))
 
 
 class _Audit:
@@ -155,13 +233,13 @@ def test_prefetcher_yields_every_batch_in_order_and_reraises_loader_errors(
 ) -> None:
     manifest_path, cache = tiny_cache
     ds = ManifestDataset(load(manifest_path), cache, "val")
-    direct = [b["index"].tolist() for b in eval_loader(ds, DataConfig(num_workers=0), 3, 0, 1)]
-    prefetched = Prefetcher(eval_loader(ds, DataConfig(num_workers=2), 3, 0, 1))
+    direct = [b["index"].tolist() for b in padded_loader(ds, len(ds), 0, 1, 3)]
+    prefetched = Prefetcher(padded_loader(ds, len(ds), 0, 1, 3, DataConfig(num_workers=2)))
     assert [b["index"].tolist() for b in prefetched] == direct
     prefetched.close()
 
     broken = ManifestDataset(load(manifest_path), cache / "elsewhere", "val")
-    failing = Prefetcher(eval_loader(broken, DataConfig(num_workers=0), 3, 0, 1))
+    failing = Prefetcher(padded_loader(broken, len(broken), 0, 1, 3))
     with pytest.raises(DataError, match="cannot read cached volume"):
         next(failing)
     failing.close()

@@ -35,7 +35,7 @@ def test_two_process_gloo_run_shards_without_overlap(
         "data.batch_size=8",
         "checkpoint.every=2",
         "logging.log_every=1",
-        "train.val_every=2",
+        "validation.every=2",
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

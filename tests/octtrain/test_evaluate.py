@@ -12,14 +12,14 @@ import pytest
 from octstage import manifest as mf
 from octtrain.cli import main
 from octtrain.errors import CheckpointError, DataError
-from octtrain.evaluate import resolve_checkpoint, run_evaluate
-from octtrain.finetune import FinetuneResult
+from octtrain.eval.evaluate import resolve_checkpoint, run_evaluate
+from octtrain.train.loop import RunResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_evaluate_writes_metrics_json_and_confusion_png(
-    tiny_cache: tuple[Path, Path], tiny_finetuned: FinetuneResult, tmp_path: Path
+    tiny_cache: tuple[Path, Path], tiny_finetuned: RunResult, tmp_path: Path
 ) -> None:
     assert tiny_finetuned.run_dir is not None
     checkpoints = str(tiny_finetuned.run_dir / "checkpoints")
@@ -40,7 +40,7 @@ def test_evaluate_writes_metrics_json_and_confusion_png(
 
 
 def test_evaluate_single_class_split_reports_undefined_as_null(
-    tiny_cache: tuple[Path, Path], tiny_finetuned: FinetuneResult, tmp_path: Path
+    tiny_cache: tuple[Path, Path], tiny_finetuned: RunResult, tmp_path: Path
 ) -> None:
     original = mf.load(tiny_cache[0])
     volumes = tuple(v for v in original.volumes if v.split != "test" or v.label == 1)
@@ -65,7 +65,7 @@ def test_evaluate_single_class_split_reports_undefined_as_null(
 
 
 def test_evaluate_refuses_other_classes_and_missing_checkpoints(
-    tiny_cache: tuple[Path, Path], tiny_finetuned: FinetuneResult, tmp_path: Path
+    tiny_cache: tuple[Path, Path], tiny_finetuned: RunResult, tmp_path: Path
 ) -> None:
     original = mf.load(tiny_cache[0])
     swapped = (original.classes[1], original.classes[0], *original.classes[2:])

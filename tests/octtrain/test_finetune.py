@@ -19,28 +19,26 @@ import torch
 import torch.nn.functional as F
 
 from octstage import manifest as mf
-from octtrain.config import ModelConfig, load_config
-from octtrain.device import TorchBackend
-from octtrain.errors import CheckpointError, ConfigError, DataError
-from octtrain.finetune import Finetuner, FinetuneResult, run_finetune
-from octtrain.finetune_config import (
+from octtrain.config.finetune import (
     FinetuneConfig,
     FinetuneOptimConfig,
-    FinetuneTrainConfig,
+    FinetuneScheduleConfig,
     HeadConfig,
     LossConfig,
 )
-from octtrain.finetune_data import EpochSampler, balanced_probabilities, check_splits, class_weights
-from octtrain.finetune_model import (
-    build_classifier,
-    build_optimizer,
-    encoder_groups,
-    lr_factors,
-    make_loss,
-)
+from octtrain.config.loader import load_config
+from octtrain.config.sections import ModelConfig
+from octtrain.data.samplers import EpochSampler, balanced_probabilities
+from octtrain.data.splits import check_splits, class_weights
+from octtrain.errors import CheckpointError, ConfigError, DataError
+from octtrain.eval.selection import EarlyStopping
+from octtrain.eval.validation import ValidationError
+from octtrain.models.classifier import build_classifier, make_loss
 from octtrain.models.vit3d import encoder_from_config
-from octtrain.selection import EarlyStopping
-from octtrain.validation import ValidationError
+from octtrain.runtime.backend import TorchBackend
+from octtrain.train.finetune import FinetuneJob, run_finetune
+from octtrain.train.loop import RunResult
+from octtrain.train.optim import encoder_groups, finetune_optimizer, lr_factors
 from tests.octtrain.finetune_fixtures import FINETUNE_TINY, REPO, finetune_config
 
 # --- pieces, checked directly -------------------------------------------------------------------
@@ -101,7 +99,7 @@ def test_early_stopping_rules() -> None:
 
 
 def test_learning_rate_factors_warm_up_decay_and_rewarm_the_encoder() -> None:
-    cfg = FinetuneTrainConfig(epochs=10, warmup_epochs=2, min_lr_ratio=0.01, unfreeze_epoch=4)
+    cfg = FinetuneScheduleConfig(warmup_epochs=2, min_lr_ratio=0.01, unfreeze_epoch=4)
     steps, warm, total = 5, 10, 50
     head = [lr_factors(s, steps, warm, total, cfg)[0] for s in range(total + 10)]
     assert head[0] == pytest.approx(0.1) and head[10] == pytest.approx(1.0)
@@ -124,23 +122,24 @@ def test_layer_wise_decay_groups() -> None:
     assert n_params == len(list(model.encoder.parameters()))
     for g in groups:  # 1-D tensors (biases, norms) are never decayed
         assert all((p.ndim >= 2) == (g["weight_decay"] > 0) for p in g["params"])
-    frozen = build_optimizer(model, cfg, depth=2, with_encoder=False)
+    frozen = finetune_optimizer(model, cfg, depth=2, with_encoder=False)
     assert {g["part"] for g in frozen.param_groups} == {"head"}
 
 
 def test_epoch_sampler_balanced_and_deterministic() -> None:
     labels = [0] * 30 + [1] * 6 + [2] * 2 + [3] * 2
     p = balanced_probabilities(labels, 4)
-    sampler = EpochSampler(len(labels), 2000, 0, 1, seed=3, probabilities=p)
-    drawn = np.bincount(np.asarray(labels)[sampler.epoch_indices(0)], minlength=4)
+    sampler = EpochSampler(len(labels), 0, 1, seed=3, per_epoch=2000, probabilities=p)
+    indices = [i for i, _ in sampler.epoch_items(0)]
+    drawn = np.bincount(np.asarray(labels)[indices], minlength=4)
     assert drawn.min() > 400 and drawn.max() < 600  # ~500 each instead of 75% class 0
-    again = EpochSampler(len(labels), 2000, 0, 1, seed=3, probabilities=p)
-    assert np.array_equal(again.epoch_indices(0), sampler.epoch_indices(0))
-    plain = [EpochSampler(40, 20, r, 2, seed=1) for r in (0, 1)]
-    a, b = (set(s.epoch_indices(5).tolist()) for s in plain)
+    again = EpochSampler(len(labels), 0, 1, seed=3, per_epoch=2000, probabilities=p)
+    assert again.epoch_items(0) == sampler.epoch_items(0)
+    plain = [EpochSampler(40, r, 2, seed=1, per_epoch=20) for r in (0, 1)]
+    a, b = ({i for i, _ in s.epoch_items(5)} for s in plain)
     assert len(a) == len(b) == 20 and not a & b  # disjoint halves of a permutation
     with pytest.raises(DataError, match="cannot give"):
-        EpochSampler(10, 6, 0, 2, seed=0)
+        EpochSampler(10, 0, 2, seed=0, per_epoch=6)
 
 
 def test_config_checks() -> None:
@@ -148,7 +147,9 @@ def test_config_checks() -> None:
         FinetuneConfig(optim=FinetuneOptimConfig(effective_batch_size=12))
     assert FinetuneConfig(optim=FinetuneOptimConfig(effective_batch_size=32)).accum_steps == 4
     with pytest.raises(ValueError, match="warmup_epochs"):
-        FinetuneTrainConfig(epochs=2, warmup_epochs=3)
+        load_config(FinetuneConfig, FINETUNE_TINY, ["train.epochs=2", "schedule.warmup_epochs=3"])
+    with pytest.raises(ConfigError, match=r"train\.epochs must be set"):
+        load_config(FinetuneConfig, FINETUNE_TINY, ["train.epochs=null"])
     with pytest.raises(ConfigError, match="early_stopping: metric must be one of"):
         load_config(FinetuneConfig, FINETUNE_TINY, ["early_stopping.metric=loss"])
     with pytest.raises(ConfigError, match=r"unknown config key 'head\.pool'"):
@@ -199,12 +200,13 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
-def test_tiny_pretrain_then_finetune(tiny_finetuned: FinetuneResult) -> None:
+def test_tiny_pretrain_then_finetune(tiny_finetuned: RunResult) -> None:
     result = tiny_finetuned
-    assert result.run_dir is not None and result.epochs_run == 3
-    assert [h["encoder_frozen"] for h in result.history] == [1.0, 0.0, 0.0]
+    assert result.run_dir is not None and len(result.history) == 3
+    assert [h["train_epoch/encoder_frozen"] for h in result.history] == [1.0, 0.0, 0.0]
     assert all(
-        "val_balanced_accuracy" in h and "train_balanced_accuracy" in h for h in result.history
+        "val/balanced_accuracy" in h and "train_epoch/balanced_accuracy" in h
+        for h in result.history
     )
     records = _records(result.run_dir)
     order = [
@@ -223,7 +225,7 @@ def test_tiny_pretrain_then_finetune(tiny_finetuned: FinetuneResult) -> None:
     assert len(images) == 3
     assert result.best_checkpoint is not None and Path(result.best_checkpoint).is_file()
     state = torch.load(result.best_checkpoint, weights_only=True)
-    assert state["kind"] == "finetune" and state["epoch"] == result.best_epoch
+    assert state["kind"] == "finetune" and state["epoch"] == result.best_unit
     assert state["init"]["encoder"] == "target_encoder"  # the EMA encoder by default
 
 
@@ -260,46 +262,53 @@ def test_wandb_offline_history_has_train_then_val_each_epoch(
     assert sum("train/loss" in item for item in history) >= 2
 
 
+def _train_epoch(job: FinetuneJob, batches: Any, epoch: int) -> dict[str, float]:
+    """One epoch of the job's steps, as the skeleton runs them; the epoch's metrics."""
+    for i in range(job.steps_per_unit):
+        step = epoch * job.steps_per_unit + i
+        job.before_step(step)
+        job.train_step(next(batches), step)
+    return job.end_of_unit(epoch + 1)[0]
+
+
 def test_unfreeze_epoch_changes_optimizer_groups_and_weights(
     tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
 ) -> None:
     cfg = finetune_config(
-        tiny_cache[0], tmp_path / "run", "train.epochs=2", "train.unfreeze_epoch=1"
+        tiny_cache[0], tmp_path / "run", "train.epochs=2", "schedule.unfreeze_epoch=1"
     )
-    backend = TorchBackend("cpu")
-    tuner = Finetuner(cfg, mf.load(tiny_cache[0]), tiny_pretrained, backend)
-    batches = iter(tuner.data.train_loader)
-    enc0 = {k: v.clone() for k, v in tuner.raw.encoder.state_dict().items()}
-    head0 = {k: v.clone() for k, v in tuner.raw.head.state_dict().items()}
-    assert {g["part"] for g in tuner.optimizer.param_groups} == {"head"}
-    tuner._train_epoch(0, batches)
-    enc1 = tuner.raw.encoder.state_dict()
+    job = FinetuneJob(cfg, mf.load(tiny_cache[0]), tiny_pretrained, TorchBackend("cpu"))
+    batches = iter(job.start(0))
+    enc0 = {k: v.clone() for k, v in job.raw.encoder.state_dict().items()}
+    head0 = {k: v.clone() for k, v in job.raw.head.state_dict().items()}
+    assert {g["part"] for g in job.optimizer.param_groups} == {"head"}
+    _train_epoch(job, batches, 0)
+    enc1 = job.raw.encoder.state_dict()
     assert all(torch.equal(enc0[k], enc1[k]) for k in enc0)  # frozen: not one weight moved
-    assert any(not torch.equal(head0[k], v) for k, v in tuner.raw.head.state_dict().items())
-    groups_before = len(tuner.optimizer.param_groups)
-    tuner._unfreeze(1)
-    parts = [g["part"] for g in tuner.optimizer.param_groups]
+    assert any(not torch.equal(head0[k], v) for k, v in job.raw.head.state_dict().items())
+    groups_before = len(job.optimizer.param_groups)
+    _train_epoch(job, batches, 1)  # its first step thaws the encoder
+    parts = [g["part"] for g in job.optimizer.param_groups]
     assert len(parts) > groups_before and parts.count("encoder") == len(parts) - groups_before
-    tuner._train_epoch(1, batches)
-    enc2 = tuner.raw.encoder.state_dict()
+    enc2 = job.raw.encoder.state_dict()
     assert all(not torch.equal(enc0[k], enc2[k]) for k in enc0 if k.endswith("weight"))
-    tuner.tracker.close()
 
 
 def test_gradient_accumulation_reaches_the_effective_batch(
     tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
 ) -> None:
     cfg = finetune_config(
-        tiny_cache[0], tmp_path / "run", "optim.effective_batch_size=16", "train.unfreeze_epoch=0"
+        tiny_cache[0],
+        tmp_path / "run",
+        "optim.effective_batch_size=16",
+        "schedule.unfreeze_epoch=0",
     )
-    tuner = Finetuner(cfg, mf.load(tiny_cache[0]), tiny_pretrained, TorchBackend("cpu"))
-    assert (tuner.accum, tuner.steps) == (2, 2)  # 32 volumes = 2 steps of 2 x 8
-    batches = iter(tuner.data.train_loader)
-    record = tuner._train_epoch(0, batches)
-    steps = {int(s["step"]) for s in tuner.optimizer.state.values()}
+    job = FinetuneJob(cfg, mf.load(tiny_cache[0]), tiny_pretrained, TorchBackend("cpu"))
+    assert (job.accum, job.steps_per_unit) == (2, 2)  # 32 volumes = 2 steps of 2 x 8
+    record = _train_epoch(job, iter(job.start(0)), 0)
+    steps = {int(s["step"]) for s in job.optimizer.state.values()}
     assert steps == {2}  # 4 micro-batches, 2 optimizer steps
-    assert record["train_samples"] == 32  # every micro-batch's predictions were scored
-    tuner.tracker.close()
+    assert record["train_epoch/samples"] == 32  # every micro-batch's predictions were scored
 
 
 def test_architecture_mismatch_is_a_clear_error(
@@ -320,14 +329,14 @@ def test_early_stopping_triggers(
         tiny_cache[0],
         tmp_path / "run",
         "train.epochs=6",
-        "train.unfreeze_epoch=null",  # linear probe: frozen throughout
+        "schedule.unfreeze_epoch=null",  # linear probe: frozen throughout
         "early_stopping.patience=1",
         "early_stopping.min_delta=2.0",  # no metric can improve by 2: stop after epoch 2
     )
     result = run_finetune(cfg, tiny_pretrained)
-    assert result.stopped_early and result.epochs_run == 2
-    assert result.best_epoch == 1
-    assert all(h["encoder_frozen"] == 1.0 for h in result.history)
+    assert result.stopped_early and len(result.history) == 2
+    assert result.best_unit == 1
+    assert all(h["train_epoch/encoder_frozen"] == 1.0 for h in result.history)
 
 
 def test_single_class_validation_split(
@@ -339,8 +348,8 @@ def test_single_class_validation_split(
     cfg = finetune_config(path, tmp_path / "run", "train.epochs=1", f"data.cache={tiny_cache[1]}")
     result = run_finetune(cfg, tiny_pretrained)
     h = result.history[0]
-    assert math.isnan(h["val_macro_auroc"])  # one class only: AUROC undefined, not a crash
-    assert math.isnan(h["val_recall/healthy"]) and not math.isnan(h["val_recall/" + _G2])
+    assert math.isnan(h["val/macro_auroc"])  # one class only: AUROC undefined, not a crash
+    assert math.isnan(h["val/recall/healthy"]) and not math.isnan(h["val/recall/" + _G2])
     assert result.run_dir is not None
     alerts = [r for r in _records(result.run_dir) if r.get("event") == "alert"]
     assert any("has no" in a["text"] for a in alerts)  # the missing classes are announced
@@ -361,8 +370,8 @@ def test_failing_validation_is_logged_and_training_goes_on(
     path = _variant(tiny_cache[0], tmp_path, _break_one_val_volume)
     common = ["train.epochs=2", f"data.cache={tiny_cache[1]}"]
     result = run_finetune(finetune_config(path, tmp_path / "run", *common), tiny_pretrained)
-    assert result.epochs_run == 2 and result.validation_failures == 2
-    assert result.best_epoch is None
+    assert len(result.history) == 2 and result.validation_failures == 2
+    assert result.best_unit is None
     assert result.run_dir is not None
     records = _records(result.run_dir)
     assert [int(r["step"]) for r in records if "train_epoch/loss" in r] == [1, 2]
@@ -379,18 +388,19 @@ WORKER = """
 import json, sys
 from octstage import manifest as mf
 from octtrain.cli import setup_logging
-from octtrain.config import load_config
-from octtrain.device import make_backend
-from octtrain.finetune import Finetuner
-from octtrain.finetune_config import FinetuneConfig
+from octtrain.config.loader import load_config
+from octtrain.runtime.backend import make_backend
+from octtrain.train.finetune import FinetuneJob, settings
+from octtrain.train.loop import Trainer
+from octtrain.config.finetune import FinetuneConfig
 
 config, manifest, init, out, *overrides = sys.argv[1:]
 setup_logging(False)
 cfg = load_config(FinetuneConfig, config, [f"data.manifest={manifest}", *overrides])
 backend = make_backend("cpu")
-tuner = Finetuner(cfg, mf.load(manifest), init, backend)
-result = tuner.run()
-weights = [float(p.detach().double().sum()) for p in tuner.raw.parameters()]
+job = FinetuneJob(cfg, mf.load(manifest), init, backend)
+result = Trainer(job, settings(job.cfg), backend).run()
+weights = [float(p.detach().double().sum()) for p in job.raw.parameters()]
 with open(f"{out}/rank{backend.rank}.json", "w") as fh:
     json.dump({"weights": weights, "history": result.history}, fh)
 backend.close()
@@ -421,7 +431,7 @@ def test_two_processes_with_fewer_validation_samples_than_processes(
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += [str(worker), str(REPO / "configs/finetune/tiny.yaml"), str(path), tiny_pretrained]
     cmd += [str(tmp_path), f"data.cache={tiny_cache[1]}", f"train.run_dir={run}"]
-    cmd += ["train.epochs=2", "train.unfreeze_epoch=1", "logging.console=false"]
+    cmd += ["train.epochs=2", "schedule.unfreeze_epoch=1", "logging.console=false"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = _records(run)
@@ -433,4 +443,5 @@ def test_two_processes_with_fewer_validation_samples_than_processes(
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     # After the unfreeze the encoder's gradients are averaged too: replicas stay identical.
     assert r0["weights"] == r1["weights"]
-    assert r0["history"][1]["val_balanced_accuracy"] == r1["history"][1]["val_balanced_accuracy"]
+    key = "val/balanced_accuracy"
+    assert r0["history"][1][key] == r1["history"][1][key]

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from octtrain.config import ModelConfig
+from octtrain.config.finetune import HeadConfig
+from octtrain.config.sections import ModelConfig
 from octtrain.errors import ConfigError
-from octtrain.finetune_config import HeadConfig
-from octtrain.finetune_model import build_classifier
+from octtrain.models.classifier import build_classifier
 from octtrain.models.heads import AttentivePooler, ClassifierHead
 from octtrain.models.vit3d import encoder_from_config
 

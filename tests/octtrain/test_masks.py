@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from octtrain.config import MaskConfig
-from octtrain.masks import mask_overlay, num_masked, sample_block_mask, sample_masks, step_rng
+from octtrain.config.pretrain import MaskConfig
+from octtrain.data.masks import mask_overlay, num_masked, sample_block_mask, sample_masks, step_rng
 
 GRID = (4, 6, 6)
 

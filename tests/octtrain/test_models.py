@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from octtrain.config import ModelConfig, OptimConfig
-from octtrain.jepa import build_optimizer, build_student, ema_update, jepa_loss, make_target
-from octtrain.models.vit3d import PRESETS, ViT3D, encoder_from_config, sincos_3d
+from octtrain.config.pretrain import OptimConfig
+from octtrain.config.sections import PRESETS, ModelConfig
+from octtrain.models.jepa import build_student, ema_update, jepa_loss, make_target
+from octtrain.models.vit3d import ViT3D, encoder_from_config, sincos_3d
+from octtrain.train.optim import pretrain_optimizer
 
 CFG = ModelConfig(preset="tiny", input_shape=(8, 32, 32), patch=(4, 8, 8))
 
@@ -87,7 +89,7 @@ def test_ema_moves_the_target_towards_the_online_encoder() -> None:
 
 def test_no_weight_decay_on_biases_and_norms() -> None:
     student = build_student(CFG)
-    optimizer = build_optimizer(student, OptimConfig(weight_decay=0.05))
+    optimizer = pretrain_optimizer(student, OptimConfig(weight_decay=0.05))
     decay, plain = optimizer.param_groups
     assert decay["apply_wd"] and not plain["apply_wd"] and plain["weight_decay"] == 0.0
     names = {id(p): n for n, p in student.named_parameters()}

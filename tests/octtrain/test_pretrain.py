@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from octtrain.checkpoint import load_checkpoint
 from octtrain.cli import main
-from octtrain.config import PretrainConfig, load_config
+from octtrain.config.loader import load_config
+from octtrain.config.pretrain import PretrainConfig
 from octtrain.errors import DataError, NonFiniteLossError
-from octtrain.pretrain import run_pretrain
+from octtrain.runtime.checkpoint import load_checkpoint
+from octtrain.train.pretrain import run_pretrain
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "tiny.yaml"
 Cache = tuple[Path, Path]
@@ -59,7 +60,7 @@ def test_tiny_model_loss_goes_down_on_a_fixed_set(tiny_cache: Cache, tmp_path: P
     first = sum(losses[s] for s in range(1, 6)) / 5
     last = sum(losses[s] for s in range(26, 31)) / 5
     assert last < 0.8 * first, (first, last)
-    assert result.checkpoint == str(tmp_path / "run" / "checkpoints" / "step_00000030.pt")
+    assert result.last_checkpoint == str(tmp_path / "run" / "checkpoints" / "step_00000030.pt")
     rec = records(tmp_path / "run")
     assert all(r["train/grad_norm"] > 0 for r in rec if "train/grad_norm" in r)
     assert all(0 <= r["train/data_wait_frac"] <= 1 for r in rec if "train/data_wait_frac" in r)
@@ -70,7 +71,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_cache: Cache, tmp_path: Pa
         "train.max_steps=8",
         "checkpoint.every=4",
         "logging.log_every=1",
-        "train.val_every=4",
+        "validation.every=4",
         "data.num_workers=2",
     ]
     full = tmp_path / "full"
@@ -87,7 +88,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_cache: Cache, tmp_path: Pa
     index = json.loads((full / "checkpoints" / "index.json").read_text())
     val_by_step = {r["step"]: r["val/loss"] for r in records(full) if "val/loss" in r}
     assert sorted(val_by_step) == [4, 8]
-    assert index["best"]["metric"] == min(val_by_step.values())
+    assert index["best"]["score"] == -min(val_by_step.values())  # score: higher is better
     assert index["best"]["step"] == min(val_by_step, key=lambda s: val_by_step[s])
     sa = load_checkpoint(str(full / "checkpoints"))
     sb = load_checkpoint(str(resumed / "checkpoints"))
@@ -113,7 +114,7 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_checkpoints(
         NonFiniteLossError, match=r"step \d+: loss .* Last good checkpoint: .*step_"
     ) as info:
         run_pretrain(cfg)
-    assert "Lower optim.lr" in str(info.value)
+    assert "Lower the learning rate" in str(info.value)
     state = load_checkpoint(str(run / "checkpoints"))
     assert all(torch.isfinite(t).all() for t in state["encoder"].values())
     assert f"step {state['step'] + 1}:" in str(info.value)
@@ -185,8 +186,8 @@ def test_checkpoints_to_gs_and_resume_auto_from_there(
     bucket_dir = f"gs://{gcs_bucket}/pretrain/ck"
     common = [f"checkpoint.dir={bucket_dir}", "checkpoint.every=2", "checkpoint.resume=auto"]
     first = run_pretrain(config(tiny_cache, tmp_path / "a", *common, "train.max_steps=2"))
-    assert first.checkpoint == f"{bucket_dir}/step_00000002.pt"
+    assert first.last_checkpoint == f"{bucket_dir}/step_00000002.pt"
     assert not (tmp_path / "a" / "checkpoints").exists()
     second = run_pretrain(config(tiny_cache, tmp_path / "b", *common, "train.max_steps=4"))
-    assert second.checkpoint == f"{bucket_dir}/step_00000004.pt"
+    assert second.last_checkpoint == f"{bucket_dir}/step_00000004.pt"
     assert sorted(train_losses(tmp_path / "b")) == [3, 4]  # continued, not restarted

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from octtrain.schedules import ema_momentum, warmup_cosine, weight_decay
+from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
 
 LR = {"peak": 1e-3, "warmup_steps": 10, "total_steps": 100, "start": 0.0, "final": 1e-6}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from octtrain.config import LoggingConfig
-from octtrain.tracking import Tracker, format_console
+from octtrain.config.sections import LoggingConfig
+from octtrain.runtime.tracking import Tracker, format_console
 
 
 def test_metrics_go_to_jsonl_and_console_with_wandb_disabled(

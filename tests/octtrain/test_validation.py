@@ -16,18 +16,17 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from octtrain.device import TorchBackend
-from octtrain.validation import (
-    PaddedShard,
-    ValidationError,
-    _check_reduced,
-    padded_loader,
-    predict,
-    shard,
-    steps_per_process,
-)
+from octtrain.data.loaders import PaddedShard, padded_loader, steps_per_process
+from octtrain.data.samplers import shard
+from octtrain.eval.validation import ValidationError, collect, predict
+from octtrain.runtime.backend import TorchBackend
 
 C = 4
+
+
+def _image(batch: dict[str, Any]) -> torch.Tensor:
+    image: torch.Tensor = batch["image"]
+    return image
 
 
 class Items(Dataset[dict[str, Any]]):
@@ -73,7 +72,7 @@ def test_predict_single_process_matches_direct_computation() -> None:
     data = Items(7)
     loader = padded_loader(data, len(data), rank=0, world=1, batch_size=3)
     assert len(loader) == 3  # 7 samples -> 3 full batches of 3, two fillers
-    out = predict(nn.Identity(), loader, backend, n=7, num_classes=C)
+    out = predict(nn.Identity(), loader, backend, n=7, num_classes=C, to_input=_image)
     expected = torch.softmax(torch.stack([data[i]["image"] for i in range(7)]), dim=-1)
     np.testing.assert_allclose(out.probs, expected.numpy(), rtol=1e-6)
     np.testing.assert_array_equal(out.labels, np.arange(7) % C)
@@ -86,16 +85,15 @@ def test_failing_sample_raises_validation_error_and_restores_mode() -> None:
     model.train()
     loader = padded_loader(Items(5, broken=3), 5, rank=0, world=1, batch_size=2)
     with pytest.raises(ValidationError, match="failed on 1 process"):
-        predict(model, loader, backend, n=5, num_classes=C)
+        predict(model, loader, backend, n=5, num_classes=C, to_input=_image)
     assert model.training
 
 
 def test_duplicates_and_losses_break_the_invariant() -> None:
-    table = np.zeros((3, C + 2))
-    table[:, -1] = [1, 2, 0]
-    reduced = np.concatenate([table.ravel(), [0.0]])
+    # A shard that serves sample 1 twice and never sample 2 (the padded-sampler bug).
+    batch = {"index": torch.tensor([0, 1, 1]), "valid": torch.ones(3), "x": torch.ones(3, 1)}
     with pytest.raises(ValidationError, match="1 sample\\(s\\) counted more than once, 1 never"):
-        _check_reduced(reduced, 3, C)
+        collect(lambda b: b["x"], [batch], TorchBackend("cpu"), n=3, width=1)
 
 
 WORKER = textwrap.dedent(
@@ -104,9 +102,10 @@ WORKER = textwrap.dedent(
     import torch
     from torch import nn
     sys.path.insert(0, os.environ["TEST_DIR"])
-    from octtrain.device import TorchBackend
-    from octtrain.validation import ValidationError, padded_loader, predict
-    from tests.octtrain.test_validation import Items, C
+    from octtrain.runtime.backend import TorchBackend
+    from octtrain.data.loaders import padded_loader
+    from octtrain.eval.validation import ValidationError, predict
+    from tests.octtrain.test_validation import Items, C, _image
 
     n, broken_rank = int(sys.argv[1]), int(sys.argv[2])
     backend = TorchBackend("cpu")
@@ -115,7 +114,7 @@ WORKER = textwrap.dedent(
     loader = padded_loader(data, n, backend.rank, backend.world_size, batch_size=2)
     result = {"rank": backend.rank, "batches": len(loader)}
     try:
-        out = predict(nn.Identity(), loader, backend, n=n, num_classes=C)
+        out = predict(nn.Identity(), loader, backend, n=n, num_classes=C, to_input=_image)
         result["labels"] = out.labels.tolist()
         result["argmax"] = out.probs.argmax(axis=1).tolist()
     except ValidationError as exc:

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from octtrain.config import PretrainConfig, load_config
-from octtrain.pretrain import run_pretrain
+from octtrain.config.loader import load_config
+from octtrain.config.pretrain import PretrainConfig
+from octtrain.train.pretrain import run_pretrain
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "tiny.yaml"
 WARMUP = 4
@@ -52,7 +53,7 @@ def test_offline_run_records_train_metrics_first_and_sane_curves(
             "logging.wandb_mode=null",
             "train.max_steps=12",
             "logging.log_every=2",
-            "train.val_every=6",
+            "validation.every=6",
             f"schedule.warmup_steps={WARMUP}",
             "logging.image_every=6",
         ],

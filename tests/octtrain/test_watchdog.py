@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from octtrain.watchdog import StallWatchdog
+from octtrain.runtime.watchdog import StallWatchdog
 
 
 def test_reports_the_phase_once_per_stall() -> None:

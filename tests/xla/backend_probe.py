@@ -17,10 +17,11 @@ import torch
 import torch_xla
 
 from octstage.manifest import load
-from octtrain.config import DataConfig
-from octtrain.data import ManifestDataset, Transform, train_loader, volume_shape
-from octtrain.device import make_backend
-from octtrain.device_xla import XlaBackend
+from octtrain.config.sections import DataConfig
+from octtrain.data.dataset import ManifestDataset, Transform, volume_shape
+from octtrain.data.loaders import train_loader
+from octtrain.runtime.backend import make_backend
+from octtrain.runtime.xla import XlaBackend
 
 RESULT_PREFIX = "XLA-RESULT "
 
@@ -38,11 +39,11 @@ def probe(manifest_path: Path) -> dict[str, Any]:
 
     batch = next(iter(backend.wrap_loader(loader())))
     host_batch = next(iter(loader()))  # same sampler seed: the same samples, left on the host
-    index_sum = backend.all_reduce_sum(batch["index"].sum())
-    image_sum = backend.all_reduce_sum(batch["image"].double().sum())
+    index_sum = backend.reduce_step_sum(batch["index"].sum())
+    image_sum = backend.reduce_step_sum(batch["image"].double().sum())
     weight = torch.randn(4, batch["image"][0].numel()).to(backend.device)
     with backend.autocast():
-        logits = torch.nn.functional.linear(batch["image"].flatten(1), weight)
+        logits = torch.nn.functional.linear(batch["image"].flatten(1).float(), weight)
     backend.barrier()
     backend.sync()
     result = {

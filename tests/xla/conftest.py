@@ -93,7 +93,7 @@ def pretrain(manifest: Path, run_dir: Path, devices: int) -> XlaRun:
         "train.device=xla",
         "train.precision=fp32",
         f"train.max_steps={PRETRAIN_STEPS}",
-        f"train.val_every={VAL_EVERY}",
+        f"validation.every={VAL_EVERY}",
         f"checkpoint.every={VAL_EVERY}",
         "data.batch_size=8",
         "data.num_workers=0",

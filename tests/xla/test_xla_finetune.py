@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from octtrain.checkpoint import load_checkpoint
+from octtrain.runtime.checkpoint import load_checkpoint
 from tests.xla.conftest import FINETUNE_EPOCHS, XlaRun
 
 pytestmark = pytest.mark.xla

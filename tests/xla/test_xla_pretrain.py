@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from octtrain.checkpoint import load_checkpoint
+from octtrain.runtime.checkpoint import load_checkpoint
 from tests.xla.conftest import PRETRAIN_STEPS, VAL_EVERY, XlaRun
 
 pytestmark = pytest.mark.xla

@@ -21,15 +21,17 @@ from typing import Any
 from rich.console import Console
 
 from octstage.manifest import atomic_write_text
-from octtrain import checkpoint as ckpt
-from octtrain import metrics as mt
-from octtrain.data import ManifestDataset, Transform, read_manifest
-from octtrain.device import make_backend
+from octtrain.config.sections import DataConfig
+from octtrain.data.dataset import ManifestDataset, Transform, read_manifest, to_model_input
+from octtrain.data.loaders import padded_loader
+from octtrain.data.splits import check_splits
 from octtrain.errors import CheckpointError, DataError
-from octtrain.finetune_data import check_splits
-from octtrain.finetune_model import classifier_from_state
-from octtrain.report import print_collapse, print_metrics, short, write_confusion_png
-from octtrain.validation import padded_loader, predict
+from octtrain.eval import metrics as mt
+from octtrain.eval.report import print_collapse, print_metrics, short, write_confusion_png
+from octtrain.eval.validation import predict
+from octtrain.models.classifier import classifier_from_state
+from octtrain.runtime import checkpoint as ckpt
+from octtrain.runtime.backend import make_backend
 
 log = logging.getLogger("octtrain")
 console = Console()
@@ -93,10 +95,11 @@ def run_evaluate(
     backend = make_backend(device, str(state["config"]["train"].get("precision", "auto")))
     try:
         model.to(backend.device)  # no data-parallel wrapper: evaluation has no gradients
+        workers = DataConfig(num_workers=num_workers, persistent_workers=False)
         loader = padded_loader(
-            dataset, n, backend.process_index, backend.process_count, batch_size, num_workers
+            dataset, n, backend.process_index, backend.process_count, batch_size, workers
         )
-        preds = predict(model, backend.wrap_loader(loader), backend, n, c)
+        preds = predict(model, backend.wrap_loader(loader), backend, n, c, to_model_input)
     finally:
         backend.close()
     volume = mt.classification_metrics(preds.labels, preds.probs, c)

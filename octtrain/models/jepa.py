@@ -1,4 +1,4 @@
-"""V-JEPA pieces around the models: the trained student, the loss, the EMA target, AdamW groups.
+"""V-JEPA pieces around the models: the trained student, the loss, the EMA target.
 
 The student (context encoder + predictor) is the one module wrapped for data parallelism; the
 target encoder is an EMA copy of the context encoder that is never trained and never wrapped.
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octtrain.config import ModelConfig, OptimConfig
+from octtrain.config.sections import ModelConfig
 from octtrain.models.predictor import Predictor, predictor_from_config
 from octtrain.models.vit3d import ViT3D, encoder_from_config, gather_tokens
 
@@ -72,30 +72,3 @@ def ema_update(target: nn.Module, online: nn.Module, momentum: float) -> None:
     t_params: list[torch.Tensor] = list(target.parameters())
     o_params: list[torch.Tensor] = [p.detach() for p in online.parameters()]
     torch._foreach_lerp_(t_params, o_params, 1.0 - momentum)
-
-
-def no_weight_decay(name: str, param: nn.Parameter) -> bool:
-    """Biases, norm scales and other 1-D parameters are not decayed."""
-    return param.ndim < 2 or name.endswith(".bias")
-
-
-def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with two groups; the decayed one is tagged ``apply_wd`` for the wd schedule."""
-    decay: list[nn.Parameter] = []
-    plain: list[nn.Parameter] = []
-    for name, param in module.named_parameters():
-        if param.requires_grad:
-            (plain if no_weight_decay(name, param) else decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay, "apply_wd": True},
-        {"params": plain, "weight_decay": 0.0, "apply_wd": False},
-    ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-
-
-def set_hyperparameters(optimizer: torch.optim.Optimizer, lr: float, weight_decay: float) -> None:
-    """Apply this step's scheduled learning rate and weight decay."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-        if group.get("apply_wd"):
-            group["weight_decay"] = weight_decay

@@ -33,6 +33,7 @@ import torch_xla.distributed.parallel_loader as pl
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 from torch import nn
+from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla://" for gloo)
 
 MESH_AXIS = "data"
 
@@ -125,6 +126,9 @@ class XlaBackend:
         self.process_index: int = xr.process_index()
         self.process_count: int = xr.process_count()
         self.rank = self.process_index
+        # With ``minibatch`` sharding the per-host shards form one global array: the step's
+        # tensors hold the global batch on every host (one device: the host batch is global).
+        self.step_is_global = True
         self.device_type: str = xr.device_type() or "unknown"
         # auto: bf16 where XLA runs it natively (TPU); XLA:CPU only emulates it, slowly.
         self._bf16 = precision == "bf16" or (precision == "auto" and self.device_type == "TPU")
@@ -152,23 +156,39 @@ class XlaBackend:
     def add_step_closure(self, fn: Callable[..., None], *args: Any) -> None:
         xm.add_step_closure(fn, args=args)
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        # SPMD tensors are global arrays: a sum over the batch dimension already covers every
-        # device and host, so there is nothing left to reduce. Single device: nothing either.
+    def reduce_step_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        # The step's tensors are global arrays (SPMD, minibatch sharding): a sum over the batch
+        # dimension already covers every device and host. Single device: nothing either.
         return tensor.clone()
+
+    def reduce_host_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.detach().cpu().clone()
+        if self.process_count > 1:
+            self._host_group()
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if self.process_count == 1:
+            return obj
+        self._host_group()
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _host_group(self) -> None:
+        # Multi-host SPMD has no XLA-level collective for host values outside a graph;
+        # torch_xla's recipe is a gloo group rendezvousing through "xla://".
+        if not self._gloo_ready:
+            dist.init_process_group("gloo", init_method="xla://")
+            self._gloo_ready = True
 
     def barrier(self) -> None:
         torch_xla.sync()
         xm.wait_device_ops()
         if self.process_count == 1:
             return
-        # Multi-host SPMD has no XLA-level barrier that works outside a graph; torch_xla's
-        # recipe is a gloo group rendezvousing through "xla://".
-        if not self._gloo_ready:
-            from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla://")
-
-            dist.init_process_group("gloo", init_method="xla://")
-            self._gloo_ready = True
+        self._host_group()
         dist.barrier()
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:

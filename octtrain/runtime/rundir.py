@@ -7,15 +7,29 @@ Layout: ``config.yaml`` (every value the run used), ``code_version``, ``metrics.
 from __future__ import annotations
 
 import datetime
+import functools
+import subprocess
 from pathlib import Path
 
 import octtrain
-from octstage import provenance
+
+_CHECKOUT = Path(__file__).resolve().parents[2]
 
 
+@functools.cache
 def code_version() -> str:
-    """octtrain's version plus the git commit of the checkout (shared with octstage's)."""
-    return provenance.code_version(octtrain.__version__)
+    """octtrain's version plus the git commit (and ``-dirty``) when running from a checkout."""
+    try:
+        described = subprocess.run(
+            ["git", "-C", str(_CHECKOUT), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        described = ""
+    return f"{octtrain.__version__}+g{described}" if described else octtrain.__version__
 
 
 def new_run_dir(output_dir: str, name: str, explicit: str | None) -> Path:

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from octtrain.config import LoggingConfig
+from octtrain.config.sections import LoggingConfig
 
 log = logging.getLogger("octtrain")
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from octtrain.config import MaskConfig
+from octtrain.config.pretrain import MaskConfig
 
 
 def num_masked(num_patches: int, ratio: float) -> int:
@@ -57,6 +57,22 @@ def sample_masks(
     context = torch.from_numpy(np.ascontiguousarray(order[:, : n - k]))
     target = torch.from_numpy(np.ascontiguousarray(order[:, n - k :]))
     return context, target
+
+
+class SampleMasker:
+    """One sample's masks, drawn in the loader workers: ``masker(rng)`` returns the context and
+    target patch indices, ``[N - K]`` and ``[K]``, int32 (a quarter of int64's bytes on the wire;
+    the step widens them for ``gather``). A pure function of ``rng``'s seed."""
+
+    def __init__(self, grid: tuple[int, int, int], cfg: MaskConfig) -> None:
+        self.grid, self.cfg = grid, cfg
+        self.n = grid[0] * grid[1] * grid[2]
+        self.k = num_masked(self.n, cfg.ratio)
+
+    def __call__(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        mask = sample_block_mask(self.grid, self.k, self.cfg, rng).reshape(-1)
+        order = np.argsort(mask, kind="stable").astype(np.int32)  # unmasked first, ascending
+        return order[: self.n - self.k], order[self.n - self.k :]
 
 
 def step_rng(seed: int, step: int, stream: int = 0) -> np.random.Generator:

@@ -1,8 +1,9 @@
 """Device backends: one small interface so the training loop never branches on cpu/cuda/xla.
 
 ``make_backend("auto" | "cpu" | "cuda" | "xla", precision)`` returns a ``Backend``. CPU and CUDA
-live here (DDP over gloo / nccl when started by torchrun, read from RANK / WORLD_SIZE /
-LOCAL_RANK); XLA lives in ``octtrain.device_xla`` and is the only place that imports torch_xla.
+live in ``runtime/torch_backend.py`` (DDP over gloo / nccl when started by torchrun); XLA lives in
+``runtime/xla.py``, the only place that imports torch_xla. What is per host and what is global
+(batches, reductions, the resume decision) is decided in ``runtime/hosts.py`` on top of this.
 
 Rules the loop follows so the same code runs on XLA: static shapes, ``drop_last`` for training,
 no ``.item()`` inside a step, and every host-side read of a tensor (logging, NaN checks) through
@@ -12,16 +13,15 @@ no ``.item()`` inside a step, and every host-side read of a tensor (logging, NaN
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from octtrain.errors import BackendError
+from octtrain.runtime.torch_backend import TorchBackend
 
 
 class Backend(Protocol):
@@ -29,7 +29,9 @@ class Backend(Protocol):
 
     ``world_size`` counts data-parallel replicas (devices); ``process_count`` counts host
     processes. They differ under XLA SPMD (one process drives several devices). Each process
-    loads ``global_batch / process_count`` samples per step.
+    loads ``global_batch / process_count`` samples per step. ``step_is_global`` says what the
+    step's tensors hold: the global batch (XLA SPMD, where per-host shards form one global
+    array) or this process's shard (DDP, one process).
     """
 
     kind: str
@@ -38,6 +40,7 @@ class Backend(Protocol):
     world_size: int
     process_index: int
     process_count: int
+    step_is_global: bool
 
     @property
     def is_main(self) -> bool:
@@ -60,8 +63,17 @@ class Backend(Protocol):
         """Call ``fn(*args)`` once the step's tensors are materialised (now, except on XLA)."""
         ...
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum of ``tensor`` over all replicas (returns a new tensor; input unchanged)."""
+    def reduce_step_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the data-parallel group of a device tensor computed from the step's batch
+        (DDP: an all-reduce; SPMD: the tensor is global already). Returns a new tensor."""
+        ...
+
+    def reduce_host_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over processes of a host-local value (a CPU tensor in, a CPU tensor out)."""
+        ...
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Process 0's ``obj`` (picklable), returned on every process."""
         ...
 
     def barrier(self) -> None:
@@ -81,81 +93,6 @@ class Backend(Protocol):
         ...
 
 
-class TorchBackend:
-    """CPU or CUDA, single process or DDP under torchrun (gloo on CPU, nccl on CUDA)."""
-
-    def __init__(self, kind: str, precision: str = "auto") -> None:
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise BackendError("device 'cuda' requested but torch sees no CUDA device")
-        self.kind = kind
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.process_index, self.process_count = self.rank, self.world_size
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if kind == "cuda":
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
-        else:
-            self.device = torch.device("cpu")
-        if self.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group(
-                backend="nccl" if kind == "cuda" else "gloo",
-                timeout=datetime.timedelta(minutes=10),
-            )
-        self._bf16 = precision == "bf16" or (
-            precision == "auto" and kind == "cuda" and torch.cuda.is_bf16_supported()
-        )
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.device)
-        if self.world_size == 1:
-            return model
-        ids = [self.device.index] if self.kind == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
-
-    def wrap_loader(self, loader: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        non_blocking = self.kind == "cuda"
-        for batch in loader:
-            yield {
-                k: v.to(self.device, non_blocking=non_blocking)
-                if isinstance(v, torch.Tensor)
-                else v
-                for k, v in batch.items()
-            }
-
-    def sync(self) -> None:
-        pass
-
-    def add_step_closure(self, fn: Callable[..., None], *args: Any) -> None:
-        fn(*args)
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.clone()
-        if self.world_size > 1:
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
-        return out
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if not self._bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-
-    def compile_count(self) -> int | None:
-        return None
-
-    def close(self) -> None:
-        if self.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def resolve_kind(kind: str) -> str:
     """``auto``: CUDA if visible, XLA if PJRT_DEVICE is set, else CPU."""
     if kind != "auto":
@@ -172,7 +109,7 @@ def make_backend(kind: str, precision: str = "auto") -> Backend:
     kind = resolve_kind(kind)
     if kind == "xla":
         try:
-            from octtrain.device_xla import XlaBackend
+            from octtrain.runtime.xla import XlaBackend
         except ImportError as exc:
             raise BackendError(
                 f"device 'xla' needs torch_xla (the .venv-xla environment): {exc}"

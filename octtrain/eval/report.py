@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from octtrain.finetune_config import LossConfig
-from octtrain.metrics import ClassificationMetrics
+from octtrain.config.finetune import LossConfig
+from octtrain.eval.metrics import ClassificationMetrics
 
 # Long study-group names do not fit a table column or a matrix axis.
 SHORT_NAMES = {

@@ -1,27 +1,33 @@
 """Checkpoints: one file per save in a local folder or under a gs:// prefix, written atomically.
 
 A checkpoint folder holds ``step_XXXXXXXX.pt`` files and ``index.json`` (the saved steps in
-order, their metric, and the best one), so finding the latest or best checkpoint never lists a
-folder or a bucket. The checkpoint is written before the index, so a crash mid-save leaves the
-previous index pointing at complete files. Files outside the last ``keep_last`` and the best are
-deleted only after the new index is in place.
+order, their score, and the best one: the highest score), so finding the latest or best
+checkpoint never lists a folder or a bucket. The checkpoint is written before the index, so a
+crash mid-save leaves the previous index pointing at complete files. Files outside the last
+``keep_last`` and the best are deleted only after the new index is in place.
+
+Storage is fsspec's (local files, or gcsfs for gs://, which honours STORAGE_EMULATOR_HOST); a
+local write goes to a temporary file renamed into place, an object upload is atomic by itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import pickle
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import torch
+from fsspec.implementations.local import LocalFileSystem
 
-from octstage.errors import StorageError
-from octstage.storage import Storage, open_storage
-from octtrain.config import CheckpointConfig
+from octtrain.config.sections import CheckpointConfig
 from octtrain.errors import CheckpointError
 
 INDEX = "index.json"
@@ -38,11 +44,61 @@ def checkpoint_dir(cfg: CheckpointConfig, run_dir: Path | None) -> str | None:
     return None if run_dir is None else str(run_dir / "checkpoints")
 
 
-def _storage(url: str) -> Storage:
+class Folder:
+    """One checkpoint folder (local path or URL): read, write atomically, delete by name."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        # An emulator (STORAGE_EMULATOR_HOST) takes no credentials; without this gcsfs would
+        # first probe the cloud metadata server for them. Nor does it serve the gRPC storage
+        # layout API that gcsfs >= 2025.x queries per bucket (60 s of retries, then a fallback to
+        # plain JSON): switch that probe off before gcsfs is first imported.
+        emulated = self.url.startswith("gs://") and os.environ.get("STORAGE_EMULATOR_HOST")
+        options = {"token": "anon"} if emulated else {}
+        if emulated:
+            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        try:
+            self.fs, self.path = fsspec.core.url_to_fs(self.url, **options)
+        except (ImportError, ValueError) as exc:
+            raise CheckpointError(f"{url}: no storage backend available: {exc}") from exc
+        self.local = isinstance(self.fs, LocalFileSystem)
+
+    def read(self, name: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        try:
+            data: bytes = self.fs.cat_file(f"{self.path}/{name}")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CheckpointError(f"{self.url}/{name}: cannot read: {exc}") from exc
+        return data
+
+    def write(self, name: str, data: bytes) -> None:
+        try:
+            if self.local:
+                _atomic_local_write(Path(self.path) / name, data)
+            else:
+                self.fs.pipe_file(f"{self.path}/{name}", data)
+        except OSError as exc:
+            raise CheckpointError(f"{self.url}/{name}: cannot write: {exc}") from exc
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(f"{self.path}/{name}")
+
+
+def _atomic_local_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        return open_storage(url)
-    except ImportError as exc:
-        raise CheckpointError(f"{url}: no storage backend available: {exc}") from exc
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -59,13 +115,12 @@ class CheckpointManager:
         self.url = url.rstrip("/")
         self.keep_last = keep_last
         self.keep_best = keep_best
-        self.storage = _storage(self.url)
+        self.folder = Folder(self.url)
 
     def index(self) -> dict[str, Any]:
-        """``{"checkpoints": [{"name", "step", "metric"}...], "best": entry | None}``."""
-        try:
-            data = self.storage.read_bytes(INDEX)
-        except StorageError:
+        """``{"checkpoints": [{"name", "step", "score"}...], "best": entry | None}``."""
+        data = self.folder.read(INDEX)
+        if data is None:
             return {"checkpoints": [], "best": None}
         try:
             index: dict[str, Any] = json.loads(data)
@@ -79,33 +134,31 @@ class CheckpointManager:
         return f"{self.url}/{entries[-1]['name']}" if entries else None
 
     def best(self) -> str | None:
-        """URL of the checkpoint with the lowest metric, or None."""
+        """URL of the checkpoint with the highest score, or None."""
         best = self.index()["best"]
         return f"{self.url}/{best['name']}" if best else None
 
-    def save(self, state: dict[str, Any], step: int, metric: float | None = None) -> str:
-        """Write ``state`` as the checkpoint of ``step``; returns its URL."""
+    def save(self, state: dict[str, Any], step: int, score: float | None = None) -> str:
+        """Write ``state`` as the checkpoint of ``step`` (``score``: higher is better, None for
+        a step without validation); returns its URL."""
         name = f"step_{step:08d}.pt"
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        try:
-            self.storage.write_bytes(name, buffer.getvalue())
-        except (StorageError, OSError) as exc:
-            raise CheckpointError(f"{self.url}/{name}: cannot write checkpoint: {exc}") from exc
+        self.folder.write(name, buffer.getvalue())
         index = self.index()
-        entry = {"name": name, "step": step, "metric": metric}
+        entry = {"name": name, "step": step, "score": score}
         entries = [e for e in index["checkpoints"] if e["name"] != name] + [entry]
         best = index["best"]
-        if self.keep_best and metric is not None and (best is None or metric < best["metric"]):
+        if self.keep_best and score is not None and (best is None or score > best["score"]):
             best = entry
         keep = {e["name"] for e in entries[-self.keep_last :]}
         if best is not None:
             keep.add(best["name"])
         new_index = {"checkpoints": [e for e in entries if e["name"] in keep], "best": best}
-        self.storage.write_bytes(INDEX, json.dumps(new_index, indent=1).encode())
+        self.folder.write(INDEX, json.dumps(new_index, indent=1).encode())
         for e in entries:
             if e["name"] not in keep:
-                self.storage.delete(e["name"])
+                self.folder.delete(e["name"])
         return f"{self.url}/{name}"
 
 
@@ -150,10 +203,9 @@ def load_checkpoint(url: str) -> dict[str, Any]:
         if latest is None:
             raise CheckpointError(f"{url}: no checkpoint found (no {INDEX} or it is empty)")
         folder, name = _split(latest)
-    try:
-        data = _storage(folder).read_bytes(name)
-    except (StorageError, OSError) as exc:
-        raise CheckpointError(f"{folder}/{name}: cannot read checkpoint: {exc}") from exc
+    data = Folder(folder).read(name)
+    if data is None:
+        raise CheckpointError(f"{folder}/{name}: cannot read checkpoint: no such file")
     try:
         state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:

@@ -24,3 +24,13 @@ def effective_rank(features: torch.Tensor) -> float:
     p = s / s.sum().clamp_min(1e-12)
     entropy = -(p * torch.log(p.clamp_min(1e-12))).sum()
     return float(torch.exp(entropy))
+
+
+def representation_alarm(erank: float, min_rank: float) -> str | None:
+    """A message when features have (nearly) collapsed to one direction, else None."""
+    if erank < min_rank:
+        return (
+            f"representation collapse: feature effective rank {erank:.2f} < {min_rank} "
+            "(every input maps to nearly the same features)"
+        )
+    return None

@@ -1,0 +1,143 @@
+"""YAML + dotted overrides -> typed, validated config dataclasses, and back to plain data.
+
+``load_config(PretrainConfig, "configs/pretrain/tiny.yaml", ["train.max_steps=20"])`` reads the
+YAML, applies overrides (values parsed with ``yaml.safe_load``) and converts every value to its
+annotated type; an unknown key raises ``ConfigError`` naming the dotted key. Every section checks
+itself when built (``__post_init__``), so a bad value fails before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from octtrain.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
+    """Build dataclass ``cls`` from nested plain data, converting values to the annotated types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or '<root>'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{path}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key {dotted!r} (known here: {sorted(names)})")
+        kwargs[key] = _convert(value, hints[key], dotted)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        if path and not str(exc).startswith(path):
+            raise ConfigError(f"{path.rstrip('.')}: {exc}") from None
+        raise
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(value, inner[0], path)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path + ".")  # type: ignore[arg-type]
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], path) for v in value)
+        if len(value) != len(args):
+            raise ConfigError(f"{path}: expected {len(args)} values, got {list(value)}")
+        return tuple(_convert(v, a, path) for v, a in zip(value, args, strict=True))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        # YAML 1.1 reads "1e-3" as a string; accept any numeric spelling.
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: expected a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{path}: unsupported config type {tp!r}")
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one ``dotted.key=value`` override to nested plain data (value via yaml.safe_load)."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {override!r} is not of the form dotted.key=value")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {part!r} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
+
+
+def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> T:
+    """Read ``yaml_path`` (None: defaults only), apply dotted overrides, build and validate."""
+    data: dict[str, Any] = {}
+    if yaml_path is not None:
+        try:
+            text = Path(yaml_path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{yaml_path}: cannot read config: {exc.strerror or exc}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{yaml_path}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{yaml_path}: top level must be a mapping")
+        data = loaded or {}
+    for override in overrides:
+        apply_override(data, override)
+    try:
+        return from_dict(cls, data)
+    except ConfigError as exc:
+        where = f"{yaml_path}: " if yaml_path is not None else ""
+        raise ConfigError(f"{where}{exc}") from None
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """Plain, YAML-safe data for a config (tuples become lists); ``from_dict`` inverts it."""
+    return _plain(dataclasses.asdict(config))  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_yaml(config: Any) -> str:
+    """The resolved config as YAML, in field order."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)

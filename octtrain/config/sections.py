@@ -1,0 +1,249 @@
+"""The config sections pretraining and finetuning share: model, data, train, validation, logging,
+checkpoint. One frozen dataclass each, validated when built.
+
+A run counts in one unit: optimizer steps for pretraining (``train.max_steps``), epochs of the
+training split for finetuning (``train.epochs``). ``validation.every`` and ``checkpoint.every``
+count in that unit. The job configs (``config/pretrain.py``, ``config/finetune.py``) compose these
+sections with their own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from octtrain.errors import ConfigError
+
+WANDB_MODES = ("online", "offline", "disabled")
+DEVICES = ("auto", "cpu", "cuda", "xla")
+PRECISIONS = ("auto", "bf16", "fp32")
+ATTENTIONS = ("auto", "sdpa", "blocked", "flash", "math")
+
+
+def check(ok: bool, message: str) -> None:
+    """Raise ``ConfigError(message)`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def _positive(name: str, values: tuple[int, ...], n: int = 3) -> None:
+    check(len(values) == n and all(v > 0 for v in values), f"{name} must be {n} positive ints")
+
+
+def none_if_blank(value: str | None) -> str | None:
+    """None for YAML null and for the strings careless overrides produce ("", "None", "null"):
+    such a value must never become a folder or a bucket named "None"."""
+    if value is None or value.strip() in ("", "None", "none", "null"):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Encoder and predictor sizes."""
+
+    embed_dim: int
+    depth: int
+    num_heads: int
+    pred_dim: int
+    pred_depth: int
+    pred_heads: int
+
+
+PRESETS: dict[str, Preset] = {
+    # Unit tests and the demo: thousands of parameters, a step in milliseconds on a CPU core.
+    "tiny": Preset(embed_dim=48, depth=2, num_heads=3, pred_dim=24, pred_depth=1, pred_heads=2),
+    # A small model that still learns something on 2 CPU cores in a minute or two.
+    "small": Preset(embed_dim=96, depth=4, num_heads=4, pred_dim=48, pred_depth=2, pred_heads=4),
+    # The sizes the users trained: ~29M and ~90M encoder parameters.
+    "vit29m": Preset(embed_dim=512, depth=9, num_heads=8, pred_dim=256, pred_depth=6, pred_heads=8),
+    "vit90m": Preset(
+        embed_dim=768, depth=12, num_heads=12, pred_dim=384, pred_depth=12, pred_heads=12
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The 3D ViT encoder and predictor: a named preset, optionally with some sizes overridden.
+
+    ``input_shape`` (D, H, W) is what the model sees after cropping; None means the cache's
+    volume shape, resolved from the manifest when the run starts. ``attention`` picks the kernel
+    (``auto``: the best the backend has, see models/attention.py); ``activation_checkpointing``
+    recomputes each block's activations in the backward pass instead of keeping them.
+    """
+
+    preset: str = "tiny"
+    input_shape: tuple[int, int, int] | None = None
+    patch: tuple[int, int, int] = (4, 16, 16)
+    embed_dim: int | None = None
+    depth: int | None = None
+    num_heads: int | None = None
+    pred_dim: int | None = None
+    pred_depth: int | None = None
+    pred_heads: int | None = None
+    mlp_ratio: float = 4.0
+    drop_path: float = 0.0
+    attention: str = "auto"
+    attention_block: int = 1024  # query rows per block for the blocked attention
+    activation_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        check(self.preset in PRESETS, f"preset {self.preset!r} unknown (known: {list(PRESETS)})")
+        _positive("patch", self.patch)
+        if self.input_shape is not None:
+            _positive("input_shape", self.input_shape)
+            bad = [s % p for s, p in zip(self.input_shape, self.patch, strict=True)]
+            check(
+                not any(bad),
+                f"input_shape {list(self.input_shape)} is not divisible by patch "
+                f"{list(self.patch)}; choose a crop or patch size that divides it",
+            )
+        for name in ("embed_dim", "depth", "num_heads", "pred_dim", "pred_depth", "pred_heads"):
+            value = getattr(self, name)
+            check(value is None or value > 0, f"{name} must be positive or null, got {value}")
+        check(self.mlp_ratio > 0, "mlp_ratio must be positive")
+        check(0.0 <= self.drop_path < 1.0, "drop_path must be in [0, 1)")
+        check(self.attention in ATTENTIONS, f"attention must be one of {ATTENTIONS}")
+        check(self.attention_block > 0, "attention_block must be positive")
+
+    def sizes(self) -> Preset:
+        """The preset with any explicitly set sizes replacing the preset's."""
+        base = PRESETS[self.preset]
+        fields = Preset.__dataclass_fields__
+        given = {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
+        return Preset(**{k: given.get(k, getattr(base, k)) for k in fields})
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Cheap, per-sample augmentations (train split only): crops and flips in the loader
+    workers on uint8, brightness/contrast on the device where the volume becomes float."""
+
+    random_crop: bool = True  # random crop of input_shape from the volume; centre crop if False
+    flip_w: float = 0.5  # probability of a left-right flip (laterality mirror)
+    flip_d: float = 0.0  # probability of reversing the B-scan order
+    brightness: float = 0.1  # additive shift, uniform in [-b, b] (image range is [-1, 1])
+    contrast: float = 0.1  # multiplicative factor, uniform in [1 - c, 1 + c]
+
+    def __post_init__(self) -> None:
+        for name in ("flip_w", "flip_d"):
+            check(0.0 <= getattr(self, name) <= 1.0, f"{name} must be a probability")
+        check(self.brightness >= 0 and 0 <= self.contrast < 1, "brightness/contrast out of range")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the volumes come from and how they are loaded (batch_size is global)."""
+
+    manifest: str | None = None
+    cache: str | None = None  # cache root; None means the manifest's folder
+    train_split: str = "train"
+    val_split: str = "val"
+    batch_size: int = 8
+    num_workers: int = 2
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    pin_memory: bool = False
+    max_samples: int | None = None  # use only the first N volumes of each split (fast start)
+    balanced_sampling: bool = False  # finetuning: draw with equal class probability
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+    def __post_init__(self) -> None:
+        check(self.batch_size > 0, "batch_size must be positive")
+        check(self.num_workers >= 0, "num_workers must be >= 0")
+        check(self.prefetch_factor > 0, "prefetch_factor must be positive")
+        check(self.max_samples is None or self.max_samples > 0, "max_samples must be positive")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The loop: its length (steps or epochs), device, precision, watchdog and run folder."""
+
+    max_steps: int | None = None  # pretraining: optimizer steps
+    epochs: int | None = None  # finetuning: passes over the training split
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"  # auto: bf16 autocast on CUDA (when supported) and TPU, else fp32
+    stall_timeout_s: float = 300.0  # watchdog: report when no step finished for this long
+    cpu_threads: int = 0  # torch intra-op threads on CPU; 0: the cores left after data workers
+    output_dir: str = "runs"
+    name: str | None = None  # None: the job's name (pretrain, finetune)
+    run_dir: str | None = None  # exact run folder; None means <output_dir>/<name>-<timestamp>
+
+    def __post_init__(self) -> None:
+        check(self.max_steps is None or self.max_steps > 0, "max_steps must be positive")
+        check(self.epochs is None or self.epochs > 0, "epochs must be positive")
+        check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
+        check(self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}")
+        check(self.stall_timeout_s > 0, "stall_timeout_s must be positive")
+        check(self.cpu_threads >= 0, "cpu_threads must be >= 0")
+        object.__setattr__(self, "run_dir", none_if_blank(self.run_dir))
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """When to validate (in the run's unit) and the alarms that judge what validation sees."""
+
+    every: int = 0  # 0: pretraining never validates, finetuning only after its last epoch
+    batches: int | None = None  # cap on validation batches per process; None = whole split
+    batch_size: int | None = None  # per process; None: the training batch per process
+    continue_on_failure: bool = True  # a failing validation is logged and counted, not fatal
+    collapse_max_share: float = 0.8  # finetuning: alarm when one class takes more than this
+    collapse_min_rank: float = 1.5  # pretraining: alarm when feature effective rank falls below
+    participant_level: bool = True  # finetuning: also participant-averaged probabilities
+
+    def __post_init__(self) -> None:
+        check(self.every >= 0, "every must be >= 0")
+        check(self.batches is None or self.batches > 0, "batches must be positive")
+        check(self.batch_size is None or self.batch_size > 0, "batch_size must be positive")
+        check(0.0 < self.collapse_max_share <= 1.0, "collapse_max_share must be in (0, 1]")
+        check(self.collapse_min_rank >= 0, "collapse_min_rank must be >= 0")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """W&B (or nothing), the local JSON-lines log and the console, all fed the same metrics."""
+
+    wandb_mode: str | None = None  # None: $WANDB_MODE, else "offline"
+    wandb_project: str = "octtrain"
+    wandb_entity: str | None = None
+    wandb_group: str | None = None
+    log_every: int = 10  # steps; the first step and the last are always logged
+    image_every: int = 0  # steps between input/mask/representation images; 0 disables
+    console: bool = True
+
+    def __post_init__(self) -> None:
+        check(
+            self.wandb_mode is None or self.wandb_mode in WANDB_MODES,
+            f"wandb_mode must be one of {WANDB_MODES} or null, got {self.wandb_mode!r}",
+        )
+        check(self.log_every > 0, "log_every must be positive")
+        check(self.image_every >= 0, "image_every must be >= 0")
+
+    def resolved_wandb_mode(self) -> str:
+        """The config's mode, else $WANDB_MODE, else offline (records locally, syncs later)."""
+        mode = self.wandb_mode or os.environ.get("WANDB_MODE") or "offline"
+        check(mode in WANDB_MODES, f"WANDB_MODE must be one of {WANDB_MODES}, got {mode!r}")
+        return mode
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and how often to checkpoint (in the run's unit); ``dir`` None/empty means
+    <run_dir>/checkpoints. The last step/epoch is always saved."""
+
+    dir: str | None = None  # local folder or gs://bucket/prefix
+    every: int = 500
+    keep_last: int = 3
+    keep_best: bool = True  # also keep the checkpoint with the best validation score
+    resume: str | None = None  # None: fresh start; "auto": latest in dir if any; else a file URL
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dir", none_if_blank(self.dir))
+        object.__setattr__(self, "resume", none_if_blank(self.resume))
+        check(self.every > 0, "every must be positive")
+        check(self.keep_last > 0, "keep_last must be positive")
+        if self.dir is not None and self.dir.startswith("gs://"):
+            bucket = self.dir[len("gs://") :].split("/")[0]
+            check(bucket not in ("", "None", "none", "null"), f"dir {self.dir!r} has no bucket")

@@ -1,0 +1,1 @@
+"""Manifest-fed volumes: the dataset, samplers, loaders, splits and masks."""

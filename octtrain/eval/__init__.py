@@ -1,0 +1,1 @@
+"""Judging models: metrics, exact-once validation, collapse, selection, evaluate, reports."""

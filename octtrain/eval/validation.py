@@ -1,0 +1,144 @@
+"""Validation that neither lies nor hangs, on one process or many, for every job.
+
+What goes wrong with the usual recipe (DistributedSampler + mean of per-rank metrics):
+
+* the sampler pads the split with duplicates so every rank gets the same count, and those
+  duplicates count twice (balanced accuracy inflated on small splits);
+* a rank with fewer (or zero) batches leaves the others waiting in a collective forever;
+* the mean of per-rank accuracies is not the accuracy.
+
+What this module does instead (with ``data/loaders.py``'s padded shards):
+
+* **reduce sums, indexed by sample**: a job's ``rows_fn`` turns a device batch into one row per
+  sample (probabilities and label, or a loss and pooled features); ``collect`` adds
+  ``[row, 1] * valid`` into row ``index`` of an ``(n, width + 1)`` table, and one step-sum
+  reduction (``Backend.reduce_step_sum``) gives every process every sample's row. The count
+  column must then be exactly 1 in every row - the exact-once invariant, checked, so a duplicate
+  or a lost sample is an error, not a silently wrong number;
+* **failures are agreed on**: a process whose local loop raises logs the traceback, zeroes its
+  contribution and still joins the reductions with a failure flag (a host sum), so no process
+  hangs and all of them see the same outcome.
+
+No ``.item()`` runs inside the loop; batches arrive through ``Backend.wrap_loader`` like training
+batches, so under SPMD they are global arrays sharded over the devices.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from octtrain.errors import OcttrainError
+from octtrain.runtime.backend import Backend
+
+log = logging.getLogger(__name__)
+
+LABEL_KEY = "label"  # octtrain.data.dataset.ManifestDataset's item layout
+
+
+class ValidationError(OcttrainError):
+    """Validation failed on at least one process, or broke the exact-once invariant."""
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Every validation sample's probabilities and label, in dataset order."""
+
+    probs: npt.NDArray[np.float64]  # (n, C)
+    labels: npt.NDArray[np.int64]  # (n,)
+
+    @property
+    def nll(self) -> float:
+        """Mean negative log-likelihood of the true class (the unweighted validation loss)."""
+        if not self.labels.size:
+            return math.nan
+        p = self.probs[np.arange(self.labels.size), self.labels]
+        return float(-np.log(np.clip(p, 1e-12, None)).mean())
+
+
+RowsFn = Callable[[dict[str, Any]], torch.Tensor]
+
+
+def collect(
+    rows_fn: RowsFn,
+    batches: Iterable[dict[str, Any]],
+    backend: Backend,
+    n: int,
+    width: int,
+    models: Sequence[nn.Module] = (),
+) -> npt.NDArray[np.float64]:
+    """Every sample's row ``(n, width)``, exactly once across processes, on every process.
+
+    ``models`` are put in eval mode for the pass and restored after. Raises ``ValidationError``
+    (on every process alike) when any process failed or the exact-once check does not hold.
+    """
+    table = torch.zeros(n, width + 1, device=backend.device)
+    failed = False
+    modes = [m.training for m in models]
+    for m in models:
+        m.eval()
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                with backend.autocast():
+                    rows = rows_fn(batch)
+                valid = batch["valid"].float()[:, None]
+                counted = torch.cat([rows.float(), torch.ones_like(valid)], dim=1) * valid
+                table.index_add_(0, batch["index"].long(), counted)
+                backend.sync()
+    except Exception:  # noqa: BLE001 - any local failure must still reach the reductions below
+        log.error(
+            "validation failed on process %d; joining the reduction with a failure flag:\n%s",
+            backend.process_index,
+            traceback.format_exc(),
+        )
+        table.zero_()
+        failed = True
+    finally:
+        for m, mode in zip(models, modes, strict=True):
+            m.train(mode)
+    reduced = backend.reduce_step_sum(table).cpu().double().numpy()
+    failures = int(backend.reduce_host_sum(torch.tensor([float(failed)]))[0])
+    if failures:
+        raise ValidationError(f"validation failed on {failures} process(es); see the log above")
+    counts = reduced[:, -1]
+    if not np.allclose(counts, 1.0):
+        dup = int((counts > 1.5).sum())
+        lost = int((counts < 0.5).sum())
+        raise ValidationError(
+            f"validation broke the exact-once invariant: {dup} sample(s) counted more than once, "
+            f"{lost} never counted (of {n})"
+        )
+    return np.asarray(reduced[:, :-1], dtype=np.float64)
+
+
+def predict(
+    model: nn.Module,
+    batches: Iterable[dict[str, Any]],
+    backend: Backend,
+    n: int,
+    num_classes: int,
+    to_input: Callable[[dict[str, Any]], torch.Tensor],
+) -> Predictions:
+    """A classifier's probabilities for every sample, exactly once across processes.
+
+    ``model`` should be the unwrapped module (no DDP hooks: a forward pass must not issue
+    collectives that a process with fewer real samples would not match).
+    """
+
+    def rows(batch: dict[str, Any]) -> torch.Tensor:
+        probs = torch.softmax(model(to_input(batch)).float(), dim=-1)
+        return torch.cat([probs, batch[LABEL_KEY].float()[:, None]], dim=1)
+
+    table = collect(rows, batches, backend, n, num_classes + 1, models=[model])
+    labels = np.rint(table[:, num_classes]).astype(np.int64)
+    return Predictions(probs=table[:, :num_classes], labels=labels)

@@ -1,0 +1,112 @@
+"""What is per host and what is global: the one place a pod and a laptop differ.
+
+* **Batches.** ``data.batch_size`` is global. Each process loads ``global / process_count``
+  samples (``local_batch``). The step then sees either that shard (DDP: one process, one
+  replica) or the global batch (XLA SPMD: the hosts' shards form one global array); the sizes of
+  buffers filled inside the step come from ``step_batch``, never from the per-host batch.
+* **Randomness.** Everything random in a step (augmentations, masks) is a pure function of the
+  run's seed, shared by all hosts, and of the sample's position in the global sampling order
+  (``data/samplers.py``), so it is drawn in the loader workers of whichever host loads the
+  sample, and every host agrees on it without communicating.
+* **Reductions.** A sum of values computed in the step goes through ``reduce_step_sum`` (an
+  all-reduce under DDP, nothing under SPMD, where the value is already global); a sum of
+  host-local values (a failure flag, a count made on the host) through ``reduce_host_sum``.
+  ``gather_step_rows`` assembles per-sample rows of the whole global batch on every process.
+* **Decisions.** Whether and from where to resume is decided on process 0 and broadcast, and the
+  checkpoint is read there and broadcast, so no process can start fresh while another resumes,
+  even when only process 0 can see the checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from octtrain.config.sections import CheckpointConfig
+from octtrain.errors import CheckpointError, ConfigError
+from octtrain.runtime import checkpoint as ckpt
+from octtrain.runtime.backend import Backend
+
+log = logging.getLogger("octtrain")
+
+
+def local_batch(global_batch: int, backend: Backend) -> int:
+    """Samples this process loads per step; ConfigError when the global batch does not split
+    over the processes, or a process's share over its devices."""
+    if global_batch % backend.process_count:
+        raise ConfigError(
+            f"data.batch_size {global_batch} is not divisible by the "
+            f"{backend.process_count} processes"
+        )
+    per_host = global_batch // backend.process_count
+    devices_per_host = max(1, backend.world_size // backend.process_count)
+    if backend.step_is_global and per_host % devices_per_host:
+        raise ConfigError(
+            f"data.batch_size {global_batch} gives {per_host} samples per host, which do not "
+            f"split over its {devices_per_host} devices"
+        )
+    return per_host
+
+
+def step_batch(global_batch: int, backend: Backend) -> int:
+    """Rows of the batch tensors the step sees: global under SPMD, this process's under DDP."""
+    return global_batch if backend.step_is_global else local_batch(global_batch, backend)
+
+
+def gather_step_rows(backend: Backend, rows: torch.Tensor) -> npt.NDArray[np.float64]:
+    """Every process's 2-D ``rows`` (filled inside steps, same shape everywhere) as one array.
+
+    Under SPMD ``rows`` already holds the global batch's rows. Under DDP each process writes its
+    rows into its own slot of a zero table and one all-reduce assembles it, in process order.
+    """
+    if backend.step_is_global or backend.process_count == 1:
+        return rows.detach().cpu().double().numpy()
+    table = torch.zeros(backend.process_count, *rows.shape, device=rows.device)
+    table[backend.process_index] = rows
+    reduced = backend.reduce_step_sum(table).cpu().double().numpy()
+    return reduced.reshape(-1, rows.shape[-1])
+
+
+def mean_over_replicas(backend: Backend, value: torch.Tensor) -> float:
+    """The mean over data-parallel replicas of a per-replica mean (e.g. a step's loss)."""
+    if backend.step_is_global:
+        return float(value.detach().cpu())
+    total = backend.reduce_step_sum(value.detach().reshape(1))
+    return float(total.cpu()[0]) / backend.world_size
+
+
+def any_host(backend: Backend, flag: bool) -> bool:
+    """True on every process when ``flag`` is true on any (a failure every process must see)."""
+    return bool(backend.reduce_host_sum(torch.tensor([1.0 if flag else 0.0]))[0] > 0)
+
+
+def decide_resume(cfg: CheckpointConfig, directory: str | None, backend: Backend) -> str | None:
+    """The checkpoint to resume from (or None), decided on process 0 and broadcast."""
+    url = ckpt.resume_url(cfg, directory) if backend.is_main else None
+    decided: str | None = backend.broadcast_object(url)
+    return decided
+
+
+def load_once(url: str, backend: Backend) -> dict[str, Any]:
+    """Checkpoint ``url`` read on process 0 and broadcast, so every process resumes from the
+    same bytes even when only process 0 can read the folder."""
+    if backend.process_count == 1:
+        return ckpt.load_checkpoint(url)
+    payload: bytes | str | None = None
+    if backend.is_main:
+        try:
+            buffer = io.BytesIO()
+            torch.save(ckpt.load_checkpoint(url), buffer)
+            payload = buffer.getvalue()
+        except CheckpointError as exc:
+            payload = str(exc)  # every process must raise, not only process 0
+    payload = backend.broadcast_object(payload)
+    if not isinstance(payload, bytes):
+        raise CheckpointError(str(payload))
+    state: dict[str, Any] = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    return state

@@ -1,0 +1,105 @@
+"""CPU and CUDA: one process, or DDP under torchrun (gloo on CPU, nccl on CUDA).
+
+Started by torchrun, the process reads RANK / WORLD_SIZE / LOCAL_RANK; each process is one
+replica and one host-side loader, so the step sees this process's shard of the global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from octtrain.errors import BackendError
+
+
+class TorchBackend:
+    """CPU or CUDA, single process or DDP under torchrun (gloo on CPU, nccl on CUDA)."""
+
+    def __init__(self, kind: str, precision: str = "auto") -> None:
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise BackendError("device 'cuda' requested but torch sees no CUDA device")
+        self.kind = kind
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.process_index, self.process_count = self.rank, self.world_size
+        self.step_is_global = False
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if kind == "cuda":
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        else:
+            self.device = torch.device("cpu")
+        if self.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group(
+                backend="nccl" if kind == "cuda" else "gloo",
+                timeout=datetime.timedelta(minutes=10),
+            )
+        self._bf16 = precision == "bf16" or (
+            precision == "auto" and kind == "cuda" and torch.cuda.is_bf16_supported()
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.device)
+        if self.world_size == 1:
+            return model
+        ids = [self.device.index] if self.kind == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def wrap_loader(self, loader: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        non_blocking = self.kind == "cuda"
+        for batch in loader:
+            yield {
+                k: v.to(self.device, non_blocking=non_blocking)
+                if isinstance(v, torch.Tensor)
+                else v
+                for k, v in batch.items()
+            }
+
+    def sync(self) -> None:
+        pass
+
+    def add_step_closure(self, fn: Callable[..., None], *args: Any) -> None:
+        fn(*args)
+
+    def reduce_step_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.clone()
+        if self.world_size > 1:
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
+    def reduce_host_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.reduce_step_sum(tensor.to(self.device)).cpu()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if not self._bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def compile_count(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,431 @@
+"""The one training skeleton: pretraining and finetuning are ``Job``s plugged into ``Trainer``.
+
+A job owns what differs: its model and optimizer, the batches, one training step, what an epoch's
+end adds (finetuning's epoch metrics) and validation. The trainer owns everything else, once:
+
+* the run folder, the tracker (W&B + metrics.jsonl + console) and the stall watchdog, which
+  names the phase it waited in (data or compute);
+* resume: decided on process 0, read there and broadcast (``runtime/hosts.py``), and applied
+  before the job wraps its model for data parallelism;
+* the prefetch thread and the data-wait timing;
+* the non-finite guard and train logging, one step behind: the host reads step ``t``'s loss and
+  grad norm after step ``t + 1`` was launched, so it never waits for the device that is still
+  running. Before any validation or checkpoint the pending checks are flushed, so a NaN at a
+  step that saves stops the run before the save, and the last checkpoint stays the last good
+  one. The first step and the last are always logged;
+* the collapse monitor: feature spread and effective rank of the step's features (rows drawn
+  from every sample, not one), and the alarms (console banner + tracker alert) that the job's
+  validation or epoch metrics raise;
+* validation and checkpoint timing, in the run's unit (steps or epochs), the best checkpoint by
+  the validation score (higher is better), early stopping, and counting failed validations.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from octtrain.config.sections import (
+    CheckpointConfig,
+    LoggingConfig,
+    TrainConfig,
+    ValidationConfig,
+)
+from octtrain.data.loaders import Prefetcher
+from octtrain.errors import NonFiniteLossError
+from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
+from octtrain.eval.report import print_collapse
+from octtrain.eval.selection import EarlyStopping
+from octtrain.eval.validation import ValidationError
+from octtrain.runtime import checkpoint as ckpt
+from octtrain.runtime import hosts
+from octtrain.runtime.backend import Backend
+from octtrain.runtime.rundir import code_version, new_run_dir, write_run_info
+from octtrain.runtime.tracking import Tracker
+from octtrain.runtime.watchdog import StallWatchdog
+
+log = logging.getLogger("octtrain")
+console = Console(stderr=True)
+
+MONITOR_ROWS = 1024  # feature rows the collapse monitor looks at per logged step
+
+
+@dataclass
+class StepResult:
+    """One training step's device tensors (read on the host one step later) and host values."""
+
+    loss: torch.Tensor  # scalar: mean over the step's batch
+    grad_norm: torch.Tensor  # before clipping, before zeroing
+    features: torch.Tensor | None = None  # [B, N, D]: what the collapse monitor looks at
+    host: dict[str, float] = field(default_factory=dict)  # lr, weight decay, EMA momentum...
+
+
+@dataclass
+class Evaluation:
+    """What a validation found: metrics (logged under ``val/``), the selection score (higher is
+    better; None: no selection), and an alarm message when something collapsed."""
+
+    metrics: dict[str, float]
+    score: float | None = None
+    alarm: str | None = None
+    images: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class Settings:
+    """The config sections the skeleton reads (shared by every job)."""
+
+    train: TrainConfig
+    validation: ValidationConfig
+    logging: LoggingConfig
+    checkpoint: CheckpointConfig
+    config: dict[str, Any]  # the whole resolved config, for the run folder and W&B
+    config_yaml: str
+    patience: int = 0  # early stopping on the validation score; 0 never stops
+    min_delta: float = 0.0
+
+
+class Job(Protocol):
+    """What differs between pretraining and finetuning."""
+
+    kind: str  # "pretrain" | "finetune" (W&B job type, log lines)
+    steps_per_unit: int  # optimizer steps per unit of the run (1, or steps per epoch)
+    total_steps: int
+    global_batch: int  # samples per optimizer step, all processes together
+    validates_last: bool  # validate after the last unit even when validation.every is 0
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore weights, optimizer and the job's own state (before ``start``)."""
+        ...
+
+    def state(self, step: int) -> dict[str, Any]:
+        """Everything a resume needs (CPU tensors)."""
+        ...
+
+    def start(self, start_step: int) -> Iterable[dict[str, Any]]:
+        """Wrap the model for the backend; this process's host batches from ``start_step``."""
+        ...
+
+    def before_step(self, step: int) -> None:
+        """Changes that happen at a step (finetuning thaws the encoder at an epoch start)."""
+        ...
+
+    def train_step(self, batch: dict[str, Any], step: int) -> StepResult:
+        """One optimizer step on a device batch; static shapes, no host reads."""
+        ...
+
+    def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
+        """Metrics of the unit just finished (logged before validation) and an alarm."""
+        ...
+
+    def validate(self, unit: int) -> Evaluation:
+        """Validation over the whole split, counted once across processes."""
+        ...
+
+    def images(self, batch: dict[str, Any], result: StepResult) -> dict[str, np.ndarray]:
+        """Pictures of this step (inputs, masks, representations); may be empty."""
+        ...
+
+
+@dataclass
+class RunResult:
+    run_dir: Path | None
+    steps: int  # the last step trained
+    last_loss: float | None
+    last_checkpoint: str | None
+    best_checkpoint: str | None
+    best_unit: int | None
+    best_score: float | None
+    stopped_early: bool
+    validation_failures: int
+    history: list[dict[str, float]]  # per unit: end-of-unit metrics and validation metrics
+
+
+@dataclass
+class _Pending:
+    step: int
+    result: StepResult
+    host: dict[str, float]
+    log: bool
+
+
+class Trainer:
+    """Runs a ``Job`` as configured by ``Settings`` on ``backend``."""
+
+    def __init__(self, job: Job, settings: Settings, backend: Backend) -> None:
+        self.job, self.s, self.backend = job, settings, backend
+        self.run_dir: Path | None = None
+        if backend.is_main:
+            name = settings.train.name or job.kind
+            self.run_dir = new_run_dir(settings.train.output_dir, name, settings.train.run_dir)
+            write_run_info(self.run_dir, settings.config_yaml, code_version())
+        # Other processes know the run folder only when it is explicit (train.run_dir).
+        known = self.run_dir or (Path(settings.train.run_dir) if settings.train.run_dir else None)
+        self.ckpt_dir = ckpt.checkpoint_dir(settings.checkpoint, known)
+        self.ckpt: ckpt.CheckpointManager | None = None
+        if backend.is_main and self.ckpt_dir is not None:
+            c = settings.checkpoint
+            self.ckpt = ckpt.CheckpointManager(self.ckpt_dir, c.keep_last, c.keep_best)
+        self.tracker = Tracker(
+            settings.logging,
+            self.run_dir,
+            enabled=backend.is_main,
+            config={**settings.config, "code_version": code_version()},
+            job_type=job.kind,
+            run_name=self.run_dir.name if self.run_dir else None,
+        )
+        self.stopper = EarlyStopping(settings.patience, settings.min_delta)
+        self.result = RunResult(self.run_dir, 0, None, None, None, None, None, False, 0, [])
+        self.start_step = 0
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._window = {"wait": 0.0, "time": 0.0, "n": 0.0}
+
+    # --- resume and checkpoints ----------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Resume as ``checkpoint.resume`` says, identically on every process."""
+        url = hosts.decide_resume(self.s.checkpoint, self.ckpt_dir, self.backend)
+        if url is None:
+            return
+        state = hosts.load_once(url, self.backend)
+        self.job.load_state(state)
+        loop = state.get("loop", {})
+        self.start_step = int(state["step"])
+        self.stopper.best = float(loop.get("best", self.stopper.best))
+        self.stopper.bad = int(loop.get("bad", 0))
+        self.result.best_unit = loop.get("best_unit")
+        self.result.best_score = loop.get("best_score")
+        self.result.last_checkpoint = url
+        log.info("resumed from %s at step %d", url, self.start_step)
+
+    def _save(self, step: int, score: float | None) -> None:
+        if self.ckpt is not None:
+            state = self.job.state(step)
+            state["step"] = step
+            state["code_version"] = code_version()
+            state["loop"] = {
+                "best": self.stopper.best,
+                "bad": self.stopper.bad,
+                "best_unit": self.result.best_unit,
+                "best_score": self.result.best_score,
+            }
+            self.result.last_checkpoint = self.ckpt.save(ckpt.to_cpu(state), step, score)
+            log.info("checkpoint %s", self.result.last_checkpoint)
+        self.backend.barrier()
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Resume if asked, train to the end (or early stop), return where things went."""
+        exit_code = 1
+        watchdog = StallWatchdog(self.s.train.stall_timeout_s, self._report_stall)
+        prefetcher: Prefetcher | None = None
+        try:
+            self.resume()
+            prefetcher = Prefetcher(self.job.start(self.start_step))
+            batches = iter(self.backend.wrap_loader(prefetcher))
+            watchdog.start()
+            self._loop(batches, watchdog)
+            exit_code = 0
+        except NonFiniteLossError as exc:
+            self.tracker.alert("non-finite loss", str(exc))
+            raise
+        finally:
+            watchdog.stop()
+            if prefetcher is not None:
+                prefetcher.close()
+            self.tracker.summary(
+                {
+                    "best_unit": self.result.best_unit,
+                    "best_score": self.result.best_score,
+                    "validation_failures": self.result.validation_failures,
+                }
+            )
+            self.tracker.close(exit_code)
+        if self.ckpt is not None:
+            self.result.best_checkpoint = self.ckpt.best()
+        return self.result
+
+    def _loop(self, batches: Iterator[dict[str, Any]], watchdog: StallWatchdog) -> None:
+        job, s = self.job, self.s
+        last_end = time.perf_counter()
+        for step in range(self.start_step, job.total_steps):
+            done = step + 1
+            job.before_step(step)
+            watchdog.set_phase("data")
+            t0 = time.perf_counter()
+            batch = next(batches)
+            wait = time.perf_counter() - t0
+            watchdog.set_phase("compute")
+            result = job.train_step(batch, step)
+            self.backend.sync()  # launch the step; the host goes on without waiting for it
+            self._check_pending(before=done)  # the previous step's values: ready or nearly
+            now = time.perf_counter()
+            self._window["wait"] += wait
+            self._window["time"] += now - last_end
+            self._window["n"] += 1
+            last_end = now
+            log_now = done % s.logging.log_every == 0 or step == self.start_step
+            log_now = log_now or done == job.total_steps
+            host = self._timing(done) if log_now else {}
+            self._pending.append(_Pending(done, result, host, log_now))
+            every = s.logging.image_every
+            if every and (done % every == 0 or step == self.start_step):
+                self._check_pending()
+                self.tracker.log_images(job.images(batch, result), done)
+            watchdog.step_done(done)
+            paused = time.perf_counter()
+            stop = self._unit_end(done, watchdog)
+            last_end += time.perf_counter() - paused  # step times exclude validation, saves
+            if stop:
+                break
+        self._check_pending()
+
+    def _unit_end(self, done: int, watchdog: StallWatchdog) -> bool:
+        """Epoch/step-unit bookkeeping after step ``done``: True to stop early."""
+        job, s = self.job, self.s
+        if done % job.steps_per_unit and done != job.total_steps:
+            return False
+        unit = -(-done // job.steps_per_unit)
+        last = done == job.total_steps
+        every = s.validation.every
+        validate = bool(every and unit % every == 0) or (
+            last and (bool(every) or job.validates_last)
+        )
+        save = unit % s.checkpoint.every == 0 or last or validate
+        self._check_pending()  # a non-finite step stops here, before anything is saved
+        record: dict[str, float] = {"unit": float(unit)}
+        watchdog.set_phase("end of epoch")
+        metrics, alarm = job.end_of_unit(unit)
+        if metrics:
+            record |= metrics
+            self.tracker.log(metrics, unit)  # train metrics before validation starts
+        if alarm:
+            self._alarm(alarm)
+        score = None
+        if validate:
+            watchdog.set_phase("validation")
+            score, val = self._validate(unit)
+            record |= val
+        watchdog.set_phase("checkpoint")
+        if save:
+            self._save(done, score)
+        self.result.history.append(record)
+        self.result.steps = done
+        watchdog.step_done(done)  # validation and saving are not a stall of training
+        if self.stopper.should_stop:
+            self.result.stopped_early = True
+            log.info(
+                "early stopping after %s %d: the validation score did not improve for %d "
+                "validations",
+                "epoch" if job.steps_per_unit > 1 else "step",
+                unit,
+                s.patience,
+            )
+            return True
+        return False
+
+    def _validate(self, unit: int) -> tuple[float | None, dict[str, float]]:
+        start = time.perf_counter()
+        try:
+            ev = self.job.validate(unit)
+        except ValidationError as exc:
+            self.result.validation_failures += 1
+            self.tracker.log({"val/failures": self.result.validation_failures}, unit)
+            self.tracker.alert("validation failed", f"unit {unit}: {exc}")
+            if not self.s.validation.continue_on_failure:
+                raise
+            return None, {"val_failed": 1.0}
+        metrics = {**ev.metrics, "val/time_s": time.perf_counter() - start}
+        self.tracker.log(metrics, unit)
+        if ev.images:
+            self.tracker.log_images(ev.images, unit)
+        if ev.alarm:
+            self._alarm(ev.alarm)
+        if ev.score is not None and self.stopper.update(ev.score):
+            self.result.best_unit, self.result.best_score = unit, ev.score
+        return ev.score, metrics
+
+    # --- host-side reads, one step behind --------------------------------------------------------
+
+    def _check_pending(self, before: int | None = None) -> None:
+        while self._pending and (before is None or self._pending[0].step < before):
+            self._host_check(self._pending.popleft())
+
+    def _host_check(self, p: _Pending) -> None:
+        value, norm = float(p.result.loss), float(p.result.grad_norm)
+        if not (np.isfinite(value) and np.isfinite(norm)):
+            where = self.result.last_checkpoint or "none written yet"
+            raise NonFiniteLossError(
+                f"step {p.step}: loss {value}, grad norm {norm}; stopping. Last good checkpoint: "
+                f"{where}. Lower the learning rate, raise the warmup or check the inputs."
+            )
+        self.result.last_loss = value
+        if not p.log:
+            return
+        metrics = {"train/loss": value, "train/grad_norm": norm, **p.result.host, **p.host}
+        if p.result.features is not None:
+            rows = monitor_rows(p.result.features)
+            metrics["train/feat_std"] = feature_std(rows)
+            metrics["train/feat_erank"] = effective_rank(rows)
+            alarm = representation_alarm(
+                metrics["train/feat_erank"], self.s.validation.collapse_min_rank
+            )
+            if alarm:
+                self._alarm(f"train, step {p.step}: {alarm}")
+        self.tracker.log(metrics, p.step)
+
+    def _timing(self, done: int) -> dict[str, float]:
+        w, batch = self._window, self.job.global_batch
+        host = {
+            "train/data_wait_s": w["wait"] / w["n"],
+            "train/data_wait_frac": w["wait"] / max(w["time"], 1e-9),
+            "train/step_time_s": w["time"] / w["n"],
+            "train/samples_per_s": batch * w["n"] / max(w["time"], 1e-9),
+            "train/samples": float(done * batch),
+        }
+        compiles = self.backend.compile_count()
+        if compiles is not None:
+            host["train/compile_count"] = float(compiles)
+        self._window = {"wait": 0.0, "time": 0.0, "n": 0.0}
+        return host
+
+    # --- alarms --------------------------------------------------------------------------------
+
+    def _alarm(self, message: str) -> None:
+        if self.backend.is_main:  # every process computed the same verdict; one speaks
+            if self.s.logging.console:
+                print_collapse(console, message)
+            self.tracker.alert("collapse", message)
+
+    def _report_stall(self, phase: str, idle: float, step: int) -> None:
+        waiting = {
+            "data": "data (blocked on the DataLoader: workers, disk or cache reads)",
+            "compute": "compute (forward/backward/optimizer, or a graph compile on XLA)",
+            "validation": "validation (its loader or its forward passes)",
+            "checkpoint": "a checkpoint write",
+            "end of epoch": "the end-of-epoch metrics reduction",
+        }.get(phase, phase)
+        self.tracker.alert(
+            "training stalled",
+            f"no step finished for {idle:.0f} s after step {step}; the loop waits for {waiting}",
+        )
+
+
+def monitor_rows(features: torch.Tensor, rows: int = MONITOR_ROWS) -> torch.Tensor:
+    """Up to ``rows`` feature rows on the host, the same number from every sample of the batch
+    (evenly spaced tokens), so the indicators describe the batch and not its first volume."""
+    b, n, d = features.shape
+    per_sample = max(1, min(n, rows // max(b, 1)))
+    idx = torch.linspace(0, n - 1, per_sample).round().long()
+    picked = features.detach()[:, idx.to(features.device)].float().cpu()
+    return picked.reshape(-1, d)

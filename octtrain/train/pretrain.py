@@ -1,0 +1,264 @@
+"""``octtrain pretrain``: V-JEPA pretraining of the 3D ViT, as a job of the training skeleton.
+
+What is pretraining's own: the student (context encoder + predictor) and its EMA target; the
+step (masks come with the batch, sampled in the loader workers; the student predicts the masked
+patches' layer-normed target features; AdamW with the scheduled lr and weight decay; grad norm
+before clipping; then the EMA update); and validation (per-sample loss with fixed masks and the
+pooled target features of every validation volume, counted once across processes, judged for
+collapse by their effective rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from octstage.manifest import Manifest
+from octtrain.config.loader import to_dict, to_yaml
+from octtrain.config.pretrain import PretrainConfig
+from octtrain.data.dataset import (
+    ManifestDataset,
+    Transform,
+    read_manifest,
+    to_model_input,
+    volume_shape,
+)
+from octtrain.data.loaders import padded_loader, train_loader
+from octtrain.data.masks import SampleMasker, mask_overlay
+from octtrain.errors import CheckpointError, ConfigError, DataError
+from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
+from octtrain.eval.validation import collect
+from octtrain.models.jepa import build_student, ema_update, jepa_loss, make_target, target_features
+from octtrain.runtime import checkpoint as ckpt
+from octtrain.runtime import hosts
+from octtrain.runtime.backend import Backend, cpu_threads, make_backend
+from octtrain.train.loop import Evaluation, RunResult, Settings, StepResult, Trainer
+from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
+from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
+
+
+def resolve(cfg: PretrainConfig, manifest: Manifest) -> PretrainConfig:
+    """Fill ``model.input_shape`` from the cache and check the splits can feed this config."""
+    train = manifest.split(cfg.data.train_split)
+    if not train:
+        raise DataError(f"the manifest has no volumes in split {cfg.data.train_split!r}")
+    val = manifest.split(cfg.data.val_split)
+    if cfg.validation.every and not val:
+        raise DataError(
+            f"validation.every={cfg.validation.every} but split {cfg.data.val_split!r} is empty; "
+            "set validation.every=0 or data.val_split"
+        )
+    shape = volume_shape(train + val)
+    wanted = cfg.model.input_shape or shape
+    if any(w > s for w, s in zip(wanted, shape, strict=True)):
+        raise DataError(f"model.input_shape {list(wanted)} exceeds the cached shape {list(shape)}")
+    try:
+        model = dataclasses.replace(cfg.model, input_shape=wanted)
+    except ConfigError as exc:
+        raise ConfigError(f"model: {exc} (cached volumes are {list(shape)})") from None
+    return dataclasses.replace(cfg, model=model)
+
+
+def settings(cfg: PretrainConfig) -> Settings:
+    """The skeleton's view of a pretraining config."""
+    return Settings(
+        train=cfg.train,
+        validation=cfg.validation,
+        logging=cfg.logging,
+        checkpoint=cfg.checkpoint,
+        config=to_dict(cfg),
+        config_yaml=to_yaml(cfg),
+    )
+
+
+class PretrainJob:
+    """The V-JEPA student, its EMA target and optimizer, and the data of one process."""
+
+    kind = "pretrain"
+    steps_per_unit = 1
+    validates_last = False
+
+    def __init__(self, cfg: PretrainConfig, manifest: Manifest, backend: Backend) -> None:
+        assert cfg.model.input_shape is not None and cfg.data.manifest is not None
+        self.cfg, self.backend = cfg, backend
+        self.total_steps = cfg.max_steps
+        self.global_batch = cfg.data.batch_size
+        self.schedule_steps = cfg.schedule.total_steps or cfg.max_steps
+        self.local_batch = hosts.local_batch(cfg.data.batch_size, backend)
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every replica
+        self.raw = build_student(cfg.model).to(backend.device)
+        self.student: torch.nn.Module = self.raw
+        self.grid = self.raw.encoder.grid
+        self.target = make_target(self.raw.encoder)
+        self.optimizer = pretrain_optimizer(self.raw, cfg.optim)
+        self.params = [p for p in self.raw.parameters() if p.requires_grad]
+
+        root = Path(cfg.data.cache) if cfg.data.cache else Path(cfg.data.manifest).parent
+        shape, masker = cfg.model.input_shape, SampleMasker(self.grid, cfg.mask)
+        self.train_set = ManifestDataset(
+            manifest,
+            root,
+            cfg.data.train_split,
+            Transform(shape, cfg.data.augment),
+            cfg.data.max_samples,
+            masker=masker,
+        )
+        self.val_set = ManifestDataset(
+            manifest, root, cfg.data.val_split, Transform(shape, None), cfg.data.max_samples, masker
+        )
+        self.val_loader: DataLoader[dict[str, Any]] | None = None
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def state(self, step: int) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "kind": "pretrain",
+            "encoder": self.raw.encoder.state_dict(),
+            "predictor": self.raw.predictor.state_dict(),
+            "target_encoder": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": {"step": step},  # schedules are pure functions of the step
+            "rng": ckpt.rng_state(),
+            "config": to_dict(self.cfg),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        saved = state["config"]["model"]
+        current = to_dict(self.cfg)["model"]
+        if saved != current:
+            diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+            raise CheckpointError(f"the checkpoint's model config differs from this run's: {diff}")
+        self.raw.encoder.load_state_dict(state["encoder"])
+        self.raw.predictor.load_state_dict(state["predictor"])
+        self.target.load_state_dict(state["target_encoder"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        ckpt.set_rng_state(state["rng"])
+
+    # --- training ------------------------------------------------------------------------------
+
+    def start(self, start_step: int) -> DataLoader[dict[str, Any]]:
+        self.student = self.backend.wrap_model(self.raw)
+        b = self.backend
+        return train_loader(
+            self.train_set,
+            self.cfg.data,
+            self.local_batch,
+            b.process_index,
+            b.process_count,
+            self.cfg.train.seed,
+            start_step=start_step,
+        )
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def hyperparameters(self, step: int) -> dict[str, float]:
+        cfg, total = self.cfg, self.schedule_steps
+        return {
+            "train/lr": warmup_cosine(
+                step,
+                peak=cfg.optim.lr,
+                warmup_steps=cfg.schedule.warmup_steps,
+                total_steps=total,
+                start=cfg.schedule.start_lr,
+                final=cfg.schedule.final_lr,
+            ),
+            "train/weight_decay": weight_decay(
+                step,
+                total_steps=total,
+                start=cfg.optim.weight_decay,
+                end=cfg.optim.weight_decay_end,
+            ),
+            "train/ema_momentum": ema_momentum(
+                step, total_steps=total, start=cfg.schedule.ema_start, end=cfg.schedule.ema_end
+            ),
+        }
+
+    def train_step(self, batch: dict[str, Any], step: int) -> StepResult:
+        hyper = self.hyperparameters(step)
+        set_hyperparameters(self.optimizer, hyper["train/lr"], hyper["train/weight_decay"])
+        x = to_model_input(batch)  # uint8 -> [-1, 1] with the intensity jitter, on the device
+        context_idx, target_idx = batch["context_idx"].long(), batch["target_idx"].long()
+        self.student.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.backend.autocast():
+            prediction = self.student(x, context_idx, target_idx)
+            target, tokens = target_features(self.target, x, target_idx)
+        loss = jepa_loss(prediction, target, self.cfg.optim.loss).mean()
+        loss.backward()  # type: ignore[no-untyped-call]
+        grads = [p.grad for p in self.params if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping, before zeroing
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
+        self.optimizer.step()
+        ema_update(self.target, self.raw.encoder, hyper["train/ema_momentum"])
+        return StepResult(loss.detach(), grad_norm.detach(), tokens.detach(), hyper)
+
+    def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
+        return {}, None
+
+    def images(self, batch: dict[str, Any], result: StepResult) -> dict[str, np.ndarray]:
+        volume = batch["image"][0, 0].float().cpu().numpy() / 127.5 - 1.0
+        target_idx = batch["target_idx"][0].cpu().numpy()
+        strip = mask_overlay(volume, target_idx, self.grid, self.cfg.model.patch)
+        return {"train/input_mask": strip}
+
+    # --- validation ----------------------------------------------------------------------------
+
+    def validation_size(self) -> int:
+        """Validation volumes used: the split, or the first ``validation.batches`` batches'
+        worth of every process (the same samples at every validation)."""
+        n, cap = len(self.val_set), self.cfg.validation.batches
+        batch = self.cfg.validation.batch_size or self.local_batch
+        return n if cap is None else min(n, cap * batch * self.backend.process_count)
+
+    def validate(self, unit: int) -> Evaluation:
+        b, n = self.backend, self.validation_size()
+        if self.val_loader is None:  # built once: its persistent workers serve every validation
+            batch = self.cfg.validation.batch_size or self.local_batch
+            self.val_loader = padded_loader(
+                self.val_set, n, b.process_index, b.process_count, batch, self.cfg.data
+            )
+        dim = self.raw.encoder.embed_dim
+
+        def rows(batch: dict[str, Any]) -> torch.Tensor:
+            x = to_model_input(batch)
+            ctx, tgt = batch["context_idx"].long(), batch["target_idx"].long()
+            prediction = self.raw(x, ctx, tgt)
+            target, tokens = target_features(self.target, x, tgt)
+            loss = jepa_loss(prediction, target, self.cfg.optim.loss)
+            pooled = tokens.float().mean(dim=1)
+            return torch.cat([loss[:, None], pooled, batch["label"].float()[:, None]], dim=1)
+
+        table = collect(rows, b.wrap_loader(self.val_loader), b, n, dim + 2, models=[self.raw])
+        loss = float(table[:, 0].mean()) if n else math.nan
+        features = torch.from_numpy(table[:, 1 : 1 + dim])
+        erank = effective_rank(features)
+        metrics = {
+            "val/loss": loss,
+            "val/samples": float(n),
+            "val/feat_std": feature_std(features),
+            "val/feat_erank": erank,
+        }
+        alarm = representation_alarm(erank, self.cfg.validation.collapse_min_rank)
+        return Evaluation(metrics, score=-loss, alarm=None if alarm is None else f"val: {alarm}")
+
+
+def run_pretrain(cfg: PretrainConfig) -> RunResult:
+    """Pretrain as configured; returns where the run went. Raises OcttrainError subclasses."""
+    manifest = read_manifest(cfg.data.manifest)
+    cfg = resolve(cfg, manifest)
+    backend = make_backend(cfg.train.device, cfg.train.precision)
+    if backend.kind == "cpu":
+        torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
+    try:
+        return Trainer(PretrainJob(cfg, manifest, backend), settings(cfg), backend).run()
+    finally:
+        backend.close()
