@@ -65,7 +65,7 @@ class StepResult:
 
     loss: torch.Tensor  # scalar: mean over the step's batch
     grad_norm: torch.Tensor  # before clipping, before zeroing
-    features: torch.Tensor | None = None  # [B, N, D]: what the collapse monitor looks at
+    features: torch.Tensor | None = None  # [rows, D] from ``monitor_rows``, inside the step
     host: dict[str, float] = field(default_factory=dict)  # lr, weight decay, EMA momentum...
 
 
@@ -372,9 +372,11 @@ class Trainer:
         self.result.last_loss = value
         if not p.log:
             return
-        metrics = {"train/loss": value, "train/grad_norm": norm, **p.result.host, **p.host}
+        # Logged: the mean over replicas (under DDP each process holds its own shard's loss).
+        loss = hosts.mean_over_replicas(self.backend, p.result.loss)
+        metrics = {"train/loss": loss, "train/grad_norm": norm, **p.result.host, **p.host}
         if p.result.features is not None:
-            rows = monitor_rows(p.result.features)
+            rows = p.result.features.cpu().float()  # a transfer; selecting here would be a graph
             metrics["train/feat_std"] = feature_std(rows)
             metrics["train/feat_erank"] = effective_rank(rows)
             alarm = representation_alarm(
@@ -422,10 +424,12 @@ class Trainer:
 
 
 def monitor_rows(features: torch.Tensor, rows: int = MONITOR_ROWS) -> torch.Tensor:
-    """Up to ``rows`` feature rows on the host, the same number from every sample of the batch
-    (evenly spaced tokens), so the indicators describe the batch and not its first volume."""
+    """Up to ``rows`` feature rows of ``[B, N, D]`` features, the same number from every sample
+    of the batch (evenly spaced tokens), so the indicators describe the batch and not its first
+    volume. Called inside the step, so on XLA the selection is part of the step's graph and the
+    host later only copies the result."""
     b, n, d = features.shape
     per_sample = max(1, min(n, rows // max(b, 1)))
     idx = torch.linspace(0, n - 1, per_sample).round().long()
-    picked = features.detach()[:, idx.to(features.device)].float().cpu()
+    picked = features.detach()[:, idx.to(features.device)]
     return picked.reshape(-1, d)

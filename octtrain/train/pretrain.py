@@ -38,7 +38,14 @@ from octtrain.models.jepa import build_student, ema_update, jepa_loss, make_targ
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
-from octtrain.train.loop import Evaluation, RunResult, Settings, StepResult, Trainer
+from octtrain.train.loop import (
+    Evaluation,
+    RunResult,
+    Settings,
+    StepResult,
+    Trainer,
+    monitor_rows,
+)
 from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
 from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
 
@@ -199,7 +206,7 @@ class PretrainJob:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
         self.optimizer.step()
         ema_update(self.target, self.raw.encoder, hyper["train/ema_momentum"])
-        return StepResult(loss.detach(), grad_norm.detach(), tokens.detach(), hyper)
+        return StepResult(loss.detach(), grad_norm.detach(), monitor_rows(tokens), hyper)
 
     def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
         return {}, None

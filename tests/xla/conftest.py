@@ -137,7 +137,7 @@ def finetune_spmd(
         "train.device=xla",
         "train.precision=bf16",
         f"train.epochs={FINETUNE_EPOCHS}",
-        "train.unfreeze_epoch=1",
+        "schedule.unfreeze_epoch=1",
         "early_stopping.patience=100",
         "data.batch_size=8",
         "data.num_workers=0",

@@ -1,0 +1,187 @@
+"""Every guard of the one training skeleton, proven in one place.
+
+A scripted ``Job`` (the skeleton's plug-in interface, not a mock of a dependency) drives the real
+``Trainer``: it says what each step returns, where it stalls and what validation finds, so each
+test pins one decision the skeleton owns for pretraining and finetuning alike. Each test was
+checked to fail with its guard removed (see the note on issue 9).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from octtrain.config.sections import (
+    CheckpointConfig,
+    LoggingConfig,
+    TrainConfig,
+    ValidationConfig,
+)
+from octtrain.errors import NonFiniteLossError
+from octtrain.runtime.backend import make_backend
+from octtrain.train.loop import Evaluation, Settings, StepResult, Trainer, monitor_rows
+
+
+@dataclass
+class ScriptedJob:
+    """A job whose steps and validations follow a script (1-based step numbers)."""
+
+    total_steps: int
+    kind: str = "pretrain"
+    steps_per_unit: int = 1
+    global_batch: int = 2
+    validates_last: bool = False
+    nan_at: int | None = None
+    stall_at: int | None = None
+    stall_s: float = 0.0
+    collapsed_features: bool = False
+    val_alarm: str | None = None
+    loaded: list[int] = field(default_factory=list)
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.loaded.append(int(state["w"]))
+
+    def state(self, step: int) -> dict[str, Any]:
+        return {"w": torch.tensor(step)}
+
+    def start(self, start_step: int) -> Iterator[dict[str, Any]]:
+        return ({"x": torch.tensor(i)} for i in itertools.count(start_step))
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def train_step(self, batch: dict[str, Any], step: int) -> StepResult:
+        done = step + 1
+        if done == self.stall_at:
+            time.sleep(self.stall_s)
+        loss = math.nan if done == self.nan_at else 1.0 / done
+        if self.collapsed_features:  # every token of every sample the same vector
+            features = torch.ones(2, 16, 8)
+        else:
+            features = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(done))
+        rows = monitor_rows(features)
+        return StepResult(torch.tensor(loss), torch.tensor(float(done)), rows, {"lr": 0.1})
+
+    def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
+        return {}, None
+
+    def validate(self, unit: int) -> Evaluation:
+        return Evaluation({"val/loss": 1.0 / unit}, score=float(unit), alarm=self.val_alarm)
+
+    def images(self, batch: dict[str, Any], result: StepResult) -> dict[str, np.ndarray]:
+        return {}
+
+
+def settings(run: Path, **sections: Any) -> Settings:
+    return Settings(
+        train=sections.get("train", TrainConfig(max_steps=8, run_dir=str(run))),
+        validation=sections.get("validation", ValidationConfig()),
+        logging=sections.get("logging", LoggingConfig(wandb_mode="disabled", log_every=100)),
+        checkpoint=sections.get("checkpoint", CheckpointConfig(every=2)),
+        config={},
+        config_yaml="",
+    )
+
+
+def records(run: Path) -> list[dict[str, Any]]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def train(job: ScriptedJob, s: Settings) -> Any:
+    backend = make_backend("cpu")
+    try:
+        return Trainer(job, s, backend).run()
+    finally:
+        backend.close()
+
+
+def test_first_and_last_steps_are_logged_whatever_log_every_says(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(ScriptedJob(total_steps=7), settings(run))
+    steps = [r["step"] for r in records(run) if "train/loss" in r]
+    assert steps == [1, 7]
+
+
+def test_a_nan_at_a_step_that_saves_stops_before_the_save(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError, match=r"step 4: .*step_00000002\.pt"):
+        train(ScriptedJob(total_steps=8, nan_at=4), settings(run))
+    index = json.loads((run / "checkpoints" / "index.json").read_text())
+    assert [e["step"] for e in index["checkpoints"]] == [2]  # step 4 never saved
+    alerts = [r for r in records(run) if r.get("event") == "alert"]
+    assert alerts and alerts[0]["title"] == "non-finite loss"
+
+
+def test_resume_auto_continues_after_the_last_good_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError):
+        train(ScriptedJob(total_steps=8, nan_at=5), settings(run))
+    job = ScriptedJob(total_steps=8)
+    again = settings(run, checkpoint=CheckpointConfig(every=2, resume="auto"))
+    result = train(job, again)
+    assert job.loaded == [4] and result.steps == 8
+    assert min(r["step"] for r in records(run)[-3:] if "train/loss" in r) >= 5
+
+
+def test_a_stall_reaches_the_log_with_its_phase(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, train=TrainConfig(max_steps=3, run_dir=str(run), stall_timeout_s=0.3))
+    train(ScriptedJob(total_steps=3, stall_at=2, stall_s=1.5), s)
+    alerts = [r for r in records(run) if r.get("event") == "alert"]
+    assert [a["title"] for a in alerts] == ["training stalled"]
+    assert "after step 1" in alerts[0]["text"] and "compute" in alerts[0]["text"]
+
+
+def test_collapse_in_training_features_raises_an_alarm(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, logging=LoggingConfig(wandb_mode="disabled", log_every=1, console=False))
+    train(ScriptedJob(total_steps=2, collapsed_features=True), s)
+    alerts = [r for r in records(run) if r.get("event") == "alert"]
+    assert alerts and all(a["title"] == "collapse" for a in alerts)
+    assert "train, step 1" in alerts[0]["text"]
+
+
+def test_a_validation_alarm_reaches_the_log(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=4))
+    train(ScriptedJob(total_steps=4, val_alarm="val: one class takes 100%"), s)
+    alerts = [r for r in records(run) if r.get("event") == "alert"]
+    assert [a["text"] for a in alerts] == ["val: one class takes 100%"]
+
+
+def test_the_best_checkpoint_is_the_highest_score(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=2))
+    result = train(ScriptedJob(total_steps=6), s)
+    assert result.best_unit == 6 and result.best_checkpoint.endswith("step_00000006.pt")
+
+
+def test_a_blank_run_dir_is_a_timestamped_folder_never_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = settings(tmp_path, train=TrainConfig(max_steps=1, run_dir=" ", output_dir="runs"))
+    result = train(ScriptedJob(total_steps=1), s)
+    assert result.run_dir.parent == Path("runs") or result.run_dir.parent.name == "runs"
+    assert result.run_dir.name.startswith("pretrain-")
+    assert not list(tmp_path.rglob("None"))
+
+
+def test_the_collapse_monitor_samples_every_sample_of_the_batch() -> None:
+    features = torch.zeros(4, 2048, 3)
+    for b in range(4):
+        features[b, :, 0] = b  # each sample's tokens carry its index
+    rows = monitor_rows(features)
+    assert rows.shape[0] <= 1024
+    assert sorted(set(rows[:, 0].tolist())) == [0.0, 1.0, 2.0, 3.0]
