@@ -1,13 +1,17 @@
-"""Run by torchrun in test_distributed.py: one rank of a 2-process gloo pretraining run.
+"""Run by torchrun in the multi-process tests: one rank (one simulated host) of a gloo
+pretraining run.
 
-Writes ``<out>/rank<r>.json`` with the sample indices of its first batches (from the exact loader
-the run uses) and a checksum of its final weights, then the run itself trains.
+``{rank}`` in an override becomes this process's rank, so each simulated host can have its own
+local folder (``checkpoint.dir=/tmp/x/host{rank}``), as on a pod where each host has its own
+disk. Writes ``<out>/rank<r>.json`` with the sample indices of its first batches (from the exact
+loader the run uses; skipped with POD_PEEK=0), a checksum of its final weights and its result.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +27,8 @@ from octtrain.train.pretrain import PretrainJob, resolve, settings
 
 def main(config_path: str, out: str, overrides: list[str]) -> None:
     torch.set_num_threads(1)
+    rank = os.environ.get("RANK", "0")
+    overrides = [o.replace("{rank}", rank) for o in overrides]
     cfg = load_config(PretrainConfig, config_path, overrides)
     assert cfg.data.manifest is not None
     manifest = load(cfg.data.manifest)
@@ -30,9 +36,11 @@ def main(config_path: str, out: str, overrides: list[str]) -> None:
     backend = make_backend("cpu")
     try:
         job = PretrainJob(cfg, manifest, backend)
-        batches = iter(job.start(0))  # the loader the run itself builds
-        seen = [next(batches)["index"].tolist() for _ in range(4)]
-        del batches
+        seen = []
+        if os.environ.get("POD_PEEK", "1") == "1":
+            batches = iter(job.start(0))  # the loader the run itself builds
+            seen = [next(batches)["index"].tolist() for _ in range(4)]
+            del batches
         result = Trainer(job, settings(cfg), backend).run()
         digest = hashlib.sha256()
         for tensor in job.raw.state_dict().values():
@@ -44,6 +52,8 @@ def main(config_path: str, out: str, overrides: list[str]) -> None:
             "weights": digest.hexdigest(),
             "run_dir": str(result.run_dir) if result.run_dir else None,
             "checkpoint": result.last_checkpoint,
+            "steps": result.steps,
+            "last_loss": result.last_loss,
         }
         Path(out, f"rank{backend.rank}.json").write_text(json.dumps(record))
     finally:

@@ -1,0 +1,199 @@
+"""The pod on this machine: each simulated host is a real process (torchrun, gloo on CPU) running
+the real training code, with its own local folders where a pod's hosts have their own disks.
+
+What is real: the processes, the collectives, the loaders, sharding, checkpoint files and the
+CLI. What is simulated: hosts are processes on one machine, and a TPU host's several chips are one
+replica here (the XLA tier covers several devices per process, tests/xla).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from octstage import manifest as mf
+
+ROOT = Path(__file__).resolve().parents[2]
+PRETRAIN_TINY = ROOT / "configs" / "pretrain" / "tiny.yaml"
+FINETUNE_TINY = ROOT / "configs" / "finetune" / "tiny.yaml"
+WORKER = ROOT / "tests" / "octtrain" / "ddp_worker.py"
+
+pytestmark = pytest.mark.slow
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
+
+
+def torchrun(args: list[str], timeout: int = 600, **extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    return subprocess.run(
+        cmd + args, env=env(**extra), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def records(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in records(run) if "train/loss" in r}
+
+
+def pretrain(out: Path, manifest: Path, *overrides: str, **extra: str) -> list[dict[str, Any]]:
+    """A 2-host pretraining run through ddp_worker.py; each rank's record."""
+    out.mkdir(parents=True)
+    args = [str(WORKER), str(PRETRAIN_TINY), str(out), f"data.manifest={manifest}"]
+    proc = torchrun([*args, "data.batch_size=8", "logging.log_every=1", *overrides], **extra)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_resume_where_only_host_0_has_the_checkpoint_reproduces_both_hosts(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    manifest = tiny_cache[0]
+    # Each host checkpoints to its own local disk; only process 0 writes, so host 1's is empty.
+    common = ["schedule.total_steps=8", "checkpoint.every=4", "validation.every=4"]
+    full = pretrain(
+        tmp_path / "full",
+        manifest,
+        *common,
+        "train.max_steps=8",
+        f"train.run_dir={tmp_path}/full/run",
+        f"checkpoint.dir={tmp_path}/full/host{{rank}}",
+        POD_PEEK="0",
+    )
+    pretrain(
+        tmp_path / "half",
+        manifest,
+        *common,
+        "train.max_steps=4",
+        f"train.run_dir={tmp_path}/half/run",
+        f"checkpoint.dir={tmp_path}/half/host{{rank}}",
+        POD_PEEK="0",
+    )
+    assert (tmp_path / "half" / "host0" / "step_00000004.pt").is_file()
+    assert not (tmp_path / "half" / "host1").exists()
+    resumed = pretrain(
+        tmp_path / "resumed",
+        manifest,
+        *common,
+        "train.max_steps=8",
+        f"train.run_dir={tmp_path}/resumed/run",
+        f"checkpoint.dir={tmp_path}/half/host{{rank}}",
+        "checkpoint.resume=auto",
+        POD_PEEK="0",
+    )
+    # Both hosts resumed at step 4 (a host starting at 0 would run 8 steps and hang the other),
+    # and both end with the uninterrupted run's weights.
+    assert [r["steps"] for r in resumed] == [8, 8]
+    assert resumed[0]["weights"] == resumed[1]["weights"] == full[0]["weights"]
+    a, b = losses(tmp_path / "full" / "run"), losses(tmp_path / "resumed" / "run")
+    assert sorted(b) == [5, 6, 7, 8]
+    assert [a[s] for s in range(5, 9)] == [b[s] for s in range(5, 9)]  # mean over both hosts
+
+
+def test_pretraining_validation_with_an_empty_host(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    original = mf.load(tiny_cache[0])
+    first_val = next(v for v in original.volumes if v.split == "val")
+    volumes = tuple(v for v in original.volumes if v.split != "val" or v is first_val)
+    manifest = tmp_path / "manifest.json"
+    mf.write(dataclasses.replace(original, volumes=volumes), manifest)
+    run = tmp_path / "run"
+    pretrain(
+        tmp_path / "out",
+        manifest,
+        f"data.cache={tiny_cache[1]}",
+        f"train.run_dir={run}",
+        "train.max_steps=4",
+        "validation.every=2",
+        "validation.batch_size=3",
+    )
+    val = [r for r in records(run) if "val/loss" in r]
+    assert [r["val/samples"] for r in val] == [1.0, 1.0]  # host 1 held only filler rows
+
+
+def test_pretrain_finetune_evaluate_as_two_processes_through_the_cli(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    manifest = str(tiny_cache[0])
+    cli = ["-m", "octtrain.cli"]
+    pre, fine, out = tmp_path / "pretrain", tmp_path / "finetune", tmp_path / "eval"
+    proc = torchrun(
+        [
+            *cli,
+            "pretrain",
+            "--config",
+            str(PRETRAIN_TINY),
+            "--manifest",
+            manifest,
+            f"train.run_dir={pre}",
+            "train.max_steps=4",
+            "checkpoint.every=4",
+            "validation.every=2",
+            "validation.batch_size=3",
+            "logging.log_every=1",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    val = [r for r in records(pre) if "val/loss" in r]
+    assert [r["val/samples"] for r in val] == [8.0, 8.0]  # 8 val volumes, uneven batches of 3
+    assert [r["step"] for r in records(pre) if "train/loss" in r] == [1, 2, 3, 4]
+
+    proc = torchrun(
+        [
+            *cli,
+            "finetune",
+            "--config",
+            str(FINETUNE_TINY),
+            "--manifest",
+            manifest,
+            "--init",
+            str(pre / "checkpoints"),
+            f"train.run_dir={fine}",
+            "train.epochs=2",
+            "validation.batch_size=3",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    val = [r for r in records(fine) if "val/balanced_accuracy" in r]
+    assert [r["val/samples"] for r in val] == [8, 8]
+
+    proc = torchrun(
+        [
+            *cli,
+            "evaluate",
+            "--checkpoint",
+            str(fine / "checkpoints"),
+            "--manifest",
+            manifest,
+            "--split",
+            "test",
+            "--out",
+            str(out),
+            "--batch-size",
+            "3",
+            "--device",
+            "cpu",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = json.loads((out / "metrics-test.json").read_text())
+    assert metrics["volume"]["num_samples"] == 8  # the 8 test volumes, each once over both hosts
+    assert len({p["zarr_path"] for p in metrics["predictions"]}) == 8
