@@ -190,7 +190,9 @@ class FinetuneJob:
     def load_state(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "finetune":
             raise DataError("resume: not a finetuning checkpoint (kind != 'finetune')")
-        if not frozen_at(self.cfg, int(state["epoch"])):
+        # The saved optimizer has the groups of the last epoch trained (0-based epoch - 1):
+        # thaw first only if that epoch was unfrozen; before_step thaws at the next epoch start.
+        if not frozen_at(self.cfg, int(state["epoch"]) - 1):
             unfreeze(self.raw, self.optimizer, self.cfg.optim, self.depth)
         self.raw.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -445,3 +445,29 @@ def test_two_processes_with_fewer_validation_samples_than_processes(
     assert r0["weights"] == r1["weights"]
     key = "val/balanced_accuracy"
     assert r0["history"][1][key] == r1["history"][1][key]
+
+
+@pytest.mark.parametrize("epoch", [1, 2])  # resumed into the thaw, and after it
+def test_resume_reproduces_the_uninterrupted_epochs(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path, epoch: int
+) -> None:
+    manifest = tiny_cache[0]
+    common = ["train.epochs=3", "schedule.unfreeze_epoch=1", "checkpoint.keep_last=3"]
+    common += ["logging.log_every=1"]
+    full = tmp_path / "full"
+    run_finetune(finetune_config(manifest, full, *common), tiny_pretrained)
+    saved = full / "checkpoints" / f"step_{4 * epoch:08d}.pt"  # 32 volumes / batch 8
+    resumed = tmp_path / "resumed"
+    result = run_finetune(
+        finetune_config(manifest, resumed, *common, f"checkpoint.resume={saved}"),
+        tiny_pretrained,
+    )
+    assert [h["unit"] for h in result.history] == [float(e) for e in range(epoch + 1, 4)]
+    a, b = _records(full), _records(resumed)
+    steps_a = {r["step"]: r["train/loss"] for r in a if "train/loss" in r}
+    steps_b = {r["step"]: r["train/loss"] for r in b if "train/loss" in r}
+    assert sorted(steps_b) == list(range(4 * epoch + 1, 13))
+    assert [steps_a[s] for s in steps_b] == list(steps_b.values())
+    for key in ("train_epoch/loss", "val/loss", "val/balanced_accuracy"):
+        epochs_a = {r["step"]: r[key] for r in a if key in r and r["step"] > epoch}
+        assert epochs_a == {r["step"]: r[key] for r in b if key in r}, key

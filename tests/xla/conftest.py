@@ -32,6 +32,8 @@ RUN_TIMEOUT_S = 600
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 PRETRAIN_STEPS = 12
 VAL_EVERY = 6
+VAL_BATCH = 6  # per host; splits over the two devices of the mesh
+VAL_VOLUMES = 8  # the tiny cache's val split
 FINETUNE_EPOCHS = 4
 
 
@@ -95,6 +97,7 @@ def pretrain(manifest: Path, run_dir: Path, devices: int) -> XlaRun:
         f"train.max_steps={PRETRAIN_STEPS}",
         f"validation.every={VAL_EVERY}",
         f"checkpoint.every={VAL_EVERY}",
+        f"validation.batch_size={VAL_BATCH}",  # 8 volumes: a batch of 6, one of 2 + 4 fillers
         "data.batch_size=8",
         "data.num_workers=0",
         "logging.log_every=1",
