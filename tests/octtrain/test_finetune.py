@@ -471,3 +471,41 @@ def test_resume_reproduces_the_uninterrupted_epochs(
     for key in ("train_epoch/loss", "val/loss", "val/balanced_accuracy"):
         epochs_a = {r["step"]: r[key] for r in a if key in r and r["step"] > epoch}
         assert epochs_a == {r["step"]: r[key] for r in b if key in r}, key
+
+
+class SimulatedSpmdHost(TorchBackend):
+    """Host 0 of a 4-host, 16-chip SPMD pod, as the step sees it: this host loads its quarter of
+    the global batch, the step gets the whole global batch, and values computed in the step are
+    already global (no all-reduce). What host 0 broadcasts it keeps."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.process_index, self.process_count, self.world_size = 0, 4, 16
+        self.rank, self.step_is_global = 0, True
+
+    def reduce_step_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.clone()
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # SPMD shards the batch, it does not wrap the model
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj
+
+
+def test_a_pod_host_steps_on_the_global_batch_and_counts_every_sample(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    manifest = tiny_cache[0]
+    cfg = finetune_config(manifest, tmp_path, "data.batch_size=16")
+    job = FinetuneJob(cfg, mf.load(manifest), tiny_pretrained, SimulatedSpmdHost())
+    host_batch = next(iter(job.start(0)))
+    assert len(host_batch["label"]) == 4  # this host's quarter
+    # The step sees the pod's global batch: the four hosts' shards (here this one four times).
+    step_batch = {
+        k: torch.cat([v] * 4) if isinstance(v, torch.Tensor) else v for k, v in host_batch.items()
+    }
+    for step in range(job.steps_per_unit):
+        job.train_step(step_batch, step)
+    metrics, _ = job.end_of_unit(1)
+    assert metrics["train_epoch/samples"] == len(job.train_set) == 32
