@@ -20,19 +20,29 @@ LOSSES = ("l1", "mse")
 
 @dataclass(frozen=True)
 class MaskConfig:
-    """V-JEPA multi-block 3D masks: blocks are drawn until exactly ratio * N patches are masked."""
+    """V-JEPA masks: blocks drawn until exactly ratio * N patches are masked, from two
+    generators (V-JEPA's short-range and long-range blocks), each sample using one of them.
+
+    Blocks are tubes through the whole depth (B-scan) axis by default, as V-JEPA's run through
+    the whole temporal axis: a block that covered only some B-scans would leave the same (h, w)
+    position visible in a neighbouring B-scan, a copy shortcut (``data/masks.py`` measures it).
+    """
 
     ratio: float = 0.75
-    spatial_scale: tuple[float, float] = (0.1, 0.3)  # block area as a fraction of H x W patches
+    short_scale: tuple[float, float] = (0.1, 0.2)  # short-range block area, fraction of H x W
+    long_scale: tuple[float, float] = (0.5, 0.7)  # long-range block area, fraction of H x W
+    long_share: float = 0.5  # probability that a sample's mask comes from the long-range one
     aspect_ratio: tuple[float, float] = (0.75, 1.5)  # block height / width
-    depth_scale: tuple[float, float] = (0.5, 1.0)  # block depth as a fraction of D patches
+    depth_scale: tuple[float, float] = (1.0, 1.0)  # block depth as a fraction of D patches
 
     def __post_init__(self) -> None:
         check(0.0 < self.ratio < 1.0, "ratio must be in (0, 1)")
-        for name in ("spatial_scale", "aspect_ratio", "depth_scale"):
+        for name in ("short_scale", "long_scale", "aspect_ratio", "depth_scale"):
             lo, hi = getattr(self, name)
             check(0 < lo <= hi, f"{name} must be 0 < low <= high")
-        check(self.spatial_scale[1] <= 1 and self.depth_scale[1] <= 1, "scales must be <= 1")
+        for name in ("short_scale", "long_scale", "depth_scale"):
+            check(getattr(self, name)[1] <= 1, f"{name} must be <= 1")
+        check(0.0 <= self.long_share <= 1.0, "long_share must be in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -64,13 +74,16 @@ class ScheduleConfig:
     final_lr: float = 1e-6
     total_steps: int | None = None  # length of the cosine; None means train.max_steps
     ema_start: float = 0.998
-    ema_end: float = 1.0
+    ema_end: float = 0.9999  # below 1, so the target never freezes (V-JEPA 2: 0.99925 constant)
 
     def __post_init__(self) -> None:
         check(self.warmup_steps >= 0, "warmup_steps must be >= 0")
         check(self.start_lr >= 0 and self.final_lr >= 0, "start_lr and final_lr must be >= 0")
         check(self.total_steps is None or self.total_steps > 0, "total_steps must be positive")
-        check(0 <= self.ema_start <= self.ema_end <= 1, "need 0 <= ema_start <= ema_end <= 1")
+        check(
+            0 <= self.ema_start <= self.ema_end < 1,
+            "need 0 <= ema_start <= ema_end < 1 (at 1 the target stops learning)",
+        )
 
 
 @dataclass(frozen=True)

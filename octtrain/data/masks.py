@@ -1,8 +1,11 @@
 """Multi-block 3D masks with a fixed number of masked patches (pure, numpy RNG in, tensors out).
 
-V-JEPA masks several random 3D blocks of the patch grid and predicts them from the rest. Here
-blocks are drawn one after another until exactly ``K = round(ratio * N)`` patches are masked
-(the last block is cut in raster order), so every batch has the same shapes:
+V-JEPA masks several random blocks of the patch grid, tubes through the whole temporal axis,
+from two generators (short-range: small blocks; long-range: large ones), and predicts them from
+the rest. Here the depth (B-scan) axis plays time: blocks run through every B-scan by default,
+each sample's mask comes from one of the two generators, and blocks are drawn one after another
+until exactly ``K = round(ratio * N)`` patches are masked (the last block is cut in raster
+order), so every batch has the same shapes:
 ``context [B, N - K]`` and ``target [B, K]`` index tensors. Static shapes keep XLA from
 recompiling and let the whole batch go through the encoder at once.
 """
@@ -29,8 +32,9 @@ def sample_block_mask(
     gd, gh, gw = grid
     masked = np.zeros(grid, dtype=bool)
     count = 0
+    scale = cfg.long_scale if rng.random() < cfg.long_share else cfg.short_scale
     while count < k:
-        area = rng.uniform(*cfg.spatial_scale) * gh * gw
+        area = rng.uniform(*scale) * gh * gw
         aspect = math.exp(rng.uniform(math.log(cfg.aspect_ratio[0]), math.log(cfg.aspect_ratio[1])))
         bh = min(gh, max(1, round(math.sqrt(area * aspect))))
         bw = min(gw, max(1, round(math.sqrt(area / aspect))))
@@ -40,10 +44,23 @@ def sample_block_mask(
         w0 = int(rng.integers(0, gw - bw + 1))
         block = np.zeros(grid, dtype=bool)
         block[d0 : d0 + bd, h0 : h0 + bh, w0 : w0 + bw] = True
-        new = np.flatnonzero(block & ~masked)[: k - count]
+        # Cut the last block column by column (all depths of one (h, w) before the next), so
+        # at most one column is masked in only some B-scans.
+        hh, ww, dd = np.nonzero((block & ~masked).transpose(1, 2, 0))
+        new = np.ravel_multi_index((dd, hh, ww), grid)[: k - count]
         masked.flat[new] = True
         count += len(new)
     return masked
+
+
+def copy_shortcut_share(masked: np.ndarray) -> float:
+    """Share of masked patches whose (h, w) position is visible in another depth layer of the
+    same sample: what the predictor could copy instead of infer. ``masked [D, H, W]`` bool."""
+    total = int(masked.sum())
+    if total == 0:
+        return 0.0
+    visible_somewhere = np.any(~masked, axis=0, keepdims=True)  # [1, H, W]: seen in some layer
+    return float((masked & visible_somewhere).sum() / total)
 
 
 def sample_masks(

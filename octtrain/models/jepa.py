@@ -40,10 +40,11 @@ def build_student(cfg: ModelConfig) -> JepaStudent:
 
 
 def make_target(encoder: ViT3D) -> ViT3D:
-    """The EMA target: a frozen copy of the context encoder."""
+    """The EMA target: a frozen copy of the context encoder, in eval mode for good (no drop
+    path: its features are the regression targets)."""
     target = copy.deepcopy(encoder)
     target.requires_grad_(False)
-    return target
+    return target.eval()
 
 
 @torch.no_grad()

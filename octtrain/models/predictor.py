@@ -43,7 +43,8 @@ class Predictor(nn.Module):
         self.proj = nn.Linear(pred_dim, embed_dim)
         self.apply(init_weights)
         rescale_blocks(self.blocks)
-        nn.init.trunc_normal_(self.mask_token, std=0.02)
+        # Zero, as in V-JEPA: every masked position starts as its position embedding alone.
+        nn.init.zeros_(self.mask_token)
 
     def forward(
         self, context: torch.Tensor, context_idx: torch.Tensor, target_idx: torch.Tensor

@@ -33,6 +33,8 @@ from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.masks import SampleMasker, mask_overlay
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
+from octtrain.eval.pictures import pca_rgb
+from octtrain.eval.probe import knn_balanced_accuracy
 from octtrain.eval.validation import collect
 from octtrain.models.jepa import build_student, ema_update, jepa_loss, make_target, target_features
 from octtrain.runtime import checkpoint as ckpt
@@ -215,7 +217,11 @@ class PretrainJob:
         volume = batch["image"][0, 0].float().cpu().numpy() / 127.5 - 1.0
         target_idx = batch["target_idx"][0].cpu().numpy()
         strip = mask_overlay(volume, target_idx, self.grid, self.cfg.model.patch)
-        return {"train/input_mask": strip}
+        with torch.no_grad():  # the EMA encoder's view of the same volume
+            one = {k: batch[k][:1] for k in ("image", "gain", "shift")}
+            tokens = self.target(to_model_input(one))[0].float().cpu().numpy()
+        features = pca_rgb(tokens, self.grid, self.cfg.model.patch)
+        return {"train/input_mask": strip, "train/target_features_pca": features}
 
     # --- validation ----------------------------------------------------------------------------
 
@@ -254,8 +260,13 @@ class PretrainJob:
             "val/feat_std": feature_std(features),
             "val/feat_erank": erank,
         }
+        # Selection by a k-NN probe of the pooled target features on the labels: a collapsed
+        # encoder can win on loss, never on the probe. No labels to probe: no selection.
+        knn = knn_balanced_accuracy(table[:, 1 : 1 + dim], np.rint(table[:, 1 + dim]))
+        metrics["val/knn_balanced_accuracy"] = knn
         alarm = representation_alarm(erank, self.cfg.validation.collapse_min_rank)
-        return Evaluation(metrics, score=-loss, alarm=None if alarm is None else f"val: {alarm}")
+        score = None if math.isnan(knn) else knn
+        return Evaluation(metrics, score=score, alarm=None if alarm is None else f"val: {alarm}")
 
 
 def run_pretrain(cfg: PretrainConfig) -> RunResult:

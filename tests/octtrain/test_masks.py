@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from octtrain.config.pretrain import MaskConfig
-from octtrain.data.masks import mask_overlay, num_masked, sample_block_mask, sample_masks, step_rng
+from octtrain.data.masks import (
+    copy_shortcut_share,
+    mask_overlay,
+    num_masked,
+    sample_block_mask,
+    sample_masks,
+    step_rng,
+)
 
 GRID = (4, 6, 6)
 
@@ -73,3 +80,36 @@ def test_mask_overlay_marks_masked_patches_red() -> None:
     assert image.shape == (16, 32, 3) and image.dtype == np.uint8
     assert image[0, 0, 0] > image[0, 0, 1]  # masked patch: red tint
     assert image[0, 8, 0] == image[0, 8, 1]  # unmasked: grey
+
+
+def test_default_masks_leave_no_copy_shortcut_across_b_scans() -> None:
+    # The users' grid at 64x384x384 with patch [4,16,16]: 16 B-scan layers of 24 x 24 patches.
+    grid, rng = (16, 24, 24), np.random.default_rng(0)
+    k = num_masked(16 * 24 * 24, 0.75)
+
+    def share(cfg: MaskConfig) -> float:
+        return float(
+            np.mean([copy_shortcut_share(sample_block_mask(grid, k, cfg, rng)) for _ in range(40)])
+        )
+
+    old = MaskConfig(depth_scale=(0.5, 1.0))  # the former default: blocks through some B-scans
+    assert share(old) > 0.3  # the reported 52%
+    assert share(MaskConfig()) < 0.01  # tubes: at most one column cut short per sample
+
+
+def test_both_mask_generators_are_used_with_their_own_scales() -> None:
+    grid, rng = (4, 24, 24), np.random.default_rng(0)
+    k = num_masked(4 * 24 * 24, 0.5)
+    only_short = MaskConfig(0.5, long_share=0.0)
+    only_long = MaskConfig(0.5, long_share=1.0)
+
+    def edge(cfg: MaskConfig) -> float:
+        """Masked/visible borders per masked patch in the first layer (smaller blocks: more)."""
+        values = []
+        for _ in range(30):
+            m = sample_block_mask(grid, k, cfg, rng)[0]
+            borders = (m[1:] != m[:-1]).sum() + (m[:, 1:] != m[:, :-1]).sum()
+            values.append(borders / m.sum())
+        return float(np.mean(values))
+
+    assert edge(only_short) > 1.3 * edge(only_long)

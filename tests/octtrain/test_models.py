@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from octtrain.config.pretrain import OptimConfig
+from octtrain.config.pretrain import OptimConfig, ScheduleConfig
 from octtrain.config.sections import PRESETS, ModelConfig
 from octtrain.models.jepa import build_student, ema_update, jepa_loss, make_target
 from octtrain.models.vit3d import ViT3D, encoder_from_config, sincos_3d
@@ -98,3 +98,20 @@ def test_no_weight_decay_on_biases_and_norms() -> None:
     assert any(n.endswith("norm1.weight") for n in plain_names)
     assert any(n.endswith("qkv.bias") for n in plain_names)
     assert len(decay["params"]) + len(plain["params"]) == len(list(student.parameters()))
+
+
+def test_target_encoder_stays_in_eval_mode_and_mask_token_starts_at_zero() -> None:
+    cfg = ModelConfig(preset="tiny", input_shape=(8, 32, 32), patch=(4, 8, 8), drop_path=0.1)
+    student = build_student(cfg)
+    target = make_target(student.encoder)
+    student.train()
+    assert not target.training and not any(m.training for m in target.modules())
+    assert torch.count_nonzero(student.predictor.mask_token) == 0
+    x = torch.randn(2, 1, 8, 32, 32)
+    assert torch.equal(target(x), target(x))  # no drop path, no dropout: deterministic
+
+
+def test_ema_never_reaches_one() -> None:
+    assert ScheduleConfig().ema_end < 1.0
+    with pytest.raises(ValueError, match="ema_end < 1"):
+        ScheduleConfig(ema_end=1.0)

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import cv2
 import pytest
 import torch
 
@@ -86,10 +87,10 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_cache: Cache, tmp_path: Pa
     val_b = [r["val/loss"] for r in records(resumed) if "val/loss" in r]
     assert val_a == val_b
     index = json.loads((full / "checkpoints" / "index.json").read_text())
-    val_by_step = {r["step"]: r["val/loss"] for r in records(full) if "val/loss" in r}
-    assert sorted(val_by_step) == [4, 8]
-    assert index["best"]["score"] == -min(val_by_step.values())  # score: higher is better
-    assert index["best"]["step"] == min(val_by_step, key=lambda s: val_by_step[s])
+    knn = {r["step"]: r["val/knn_balanced_accuracy"] for r in records(full) if "val/loss" in r}
+    assert sorted(knn) == [4, 8]
+    assert index["best"]["score"] == max(knn.values())  # the k-NN probe, not the loss
+    assert index["best"]["step"] == max(knn, key=lambda s: (knn[s], -s))
     sa = load_checkpoint(str(full / "checkpoints"))
     sb = load_checkpoint(str(resumed / "checkpoints"))
     for key in ("encoder", "predictor", "target_encoder"):
@@ -191,3 +192,13 @@ def test_checkpoints_to_gs_and_resume_auto_from_there(
     second = run_pretrain(config(tiny_cache, tmp_path / "b", *common, "train.max_steps=4"))
     assert second.last_checkpoint == f"{bucket_dir}/step_00000004.pt"
     assert sorted(train_losses(tmp_path / "b")) == [3, 4]  # continued, not restarted
+
+
+def test_representation_pictures_from_the_first_step(tiny_cache: Cache, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run_pretrain(config(tiny_cache, run, "train.max_steps=2", "logging.image_every=1000"))
+    logged = [r["images"] for r in records(run) if "images" in r]
+    assert logged and logged[0]["train/target_features_pca"].endswith("_00000001.png")
+    picture = cv2.imread(str(run / logged[0]["train/target_features_pca"]))
+    assert picture.shape == (32, 32 * 2, 3)  # 2 layers of 4x4 patches of 8x8 pixels
+    assert picture.reshape(-1, 3).std(axis=0).max() > 10  # not one flat colour
