@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from octstage.manifest import Manifest
 from octtrain.config.finetune import FinetuneConfig
-from octtrain.config.loader import to_dict, to_yaml
+from octtrain.config.loader import to_dict
 from octtrain.data.dataset import (
     ManifestDataset,
     Transform,
@@ -59,18 +59,8 @@ def frozen_at(cfg: FinetuneConfig, epoch: int) -> bool:
 
 
 def settings(cfg: FinetuneConfig) -> Settings:
-    """The skeleton's view of a finetuning config."""
-    es = cfg.early_stopping
-    return Settings(
-        train=cfg.train,
-        validation=cfg.validation,
-        logging=cfg.logging,
-        checkpoint=cfg.checkpoint,
-        config=to_dict(cfg),
-        config_yaml=to_yaml(cfg),
-        patience=es.patience,
-        min_delta=es.min_delta,
-    )
+    """The skeleton's view of a finetuning config: early stopping on the validation score."""
+    return Settings.of(cfg, cfg.early_stopping.patience, cfg.early_stopping.min_delta)
 
 
 def initial_encoder(

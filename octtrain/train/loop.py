@@ -34,6 +34,9 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from octtrain.config.finetune import FinetuneConfig
+from octtrain.config.loader import to_dict, to_yaml
+from octtrain.config.pretrain import PretrainConfig
 from octtrain.config.sections import (
     CheckpointConfig,
     LoggingConfig,
@@ -92,6 +95,22 @@ class Settings:
     config_yaml: str
     patience: int = 0  # early stopping on the validation score; 0 never stops
     min_delta: float = 0.0
+
+    @classmethod
+    def of(
+        cls, cfg: PretrainConfig | FinetuneConfig, patience: int = 0, min_delta: float = 0.0
+    ) -> Settings:
+        """The skeleton's view of a job's config."""
+        return cls(
+            train=cfg.train,
+            validation=cfg.validation,
+            logging=cfg.logging,
+            checkpoint=cfg.checkpoint,
+            config=to_dict(cfg),
+            config_yaml=to_yaml(cfg),
+            patience=patience,
+            min_delta=min_delta,
+        )
 
 
 class Job(Protocol):

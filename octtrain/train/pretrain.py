@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from octstage.manifest import Manifest
-from octtrain.config.loader import to_dict, to_yaml
+from octtrain.config.loader import to_dict
 from octtrain.config.pretrain import PretrainConfig
 from octtrain.data.dataset import (
     ManifestDataset,
@@ -75,15 +75,8 @@ def resolve(cfg: PretrainConfig, manifest: Manifest) -> PretrainConfig:
 
 
 def settings(cfg: PretrainConfig) -> Settings:
-    """The skeleton's view of a pretraining config."""
-    return Settings(
-        train=cfg.train,
-        validation=cfg.validation,
-        logging=cfg.logging,
-        checkpoint=cfg.checkpoint,
-        config=to_dict(cfg),
-        config_yaml=to_yaml(cfg),
-    )
+    """The skeleton's view of a pretraining config (no early stopping)."""
+    return Settings.of(cfg)
 
 
 class PretrainJob:
