@@ -78,3 +78,20 @@ def test_evaluate_refuses_other_classes_and_missing_checkpoints(
         resolve_checkpoint(str(tmp_path / "empty"))
     code = main(["evaluate", "--checkpoint", str(tmp_path / "nope.pt"), "--manifest", str(path)])
     assert code == 2
+
+
+def test_evaluate_raises_the_collapse_alarm(
+    tiny_cache: tuple[Path, Path], tiny_finetuned: RunResult, tmp_path: Path
+) -> None:
+    assert tiny_finetuned.best_checkpoint is not None
+    result = run_evaluate(
+        tiny_finetuned.best_checkpoint,
+        str(tiny_cache[0]),
+        split="test",
+        out=str(tmp_path / "out"),
+        device="cpu",
+        max_share=0.2,  # 8 volumes over 4 classes: some class always takes >= 25%
+    )
+    assert result.collapse is not None and "prediction collapse" in result.collapse
+    assert result.metrics_json is not None
+    assert json.loads(result.metrics_json.read_text())["collapse"] == result.collapse

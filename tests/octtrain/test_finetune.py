@@ -509,3 +509,18 @@ def test_a_pod_host_steps_on_the_global_batch_and_counts_every_sample(
         job.train_step(step_batch, step)
     metrics, _ = job.end_of_unit(1)
     assert metrics["train_epoch/samples"] == len(job.train_set) == 32
+
+
+def test_prediction_collapse_alarm_and_grad_norm_in_finetuning(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    # 8 validation volumes over 4 classes: some class always takes >= 25% of the predictions.
+    share = "validation.collapse_max_share=0.2"
+    cfg = finetune_config(tiny_cache[0], tmp_path / "run", "train.epochs=1", share)
+    result = run_finetune(cfg, tiny_pretrained)
+    assert result.run_dir is not None
+    records = _records(result.run_dir)
+    alerts = [r["text"] for r in records if r.get("event") == "alert" and r["title"] == "collapse"]
+    assert any(a.startswith("val, epoch 1: prediction collapse") for a in alerts), alerts
+    norms = [r["train/grad_norm"] for r in records if "train/grad_norm" in r]
+    assert norms and all(n > 0 for n in norms)  # measured before zero_grad

@@ -134,13 +134,17 @@ def test_resume_auto_continues_after_the_last_good_checkpoint(tmp_path: Path) ->
     assert min(r["step"] for r in records(run)[-3:] if "train/loss" in r) >= 5
 
 
-def test_a_stall_reaches_the_log_with_its_phase(tmp_path: Path) -> None:
+def test_a_stall_reaches_the_console_and_the_log_with_its_phase(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     run = tmp_path / "run"
     s = settings(run, train=TrainConfig(max_steps=3, run_dir=str(run), stall_timeout_s=0.3))
-    train(ScriptedJob(total_steps=3, stall_at=2, stall_s=1.5), s)
+    with caplog.at_level("WARNING", logger="octtrain"):
+        train(ScriptedJob(total_steps=3, stall_at=2, stall_s=1.5), s)
     alerts = [r for r in records(run) if r.get("event") == "alert"]
     assert [a["title"] for a in alerts] == ["training stalled"]
     assert "after step 1" in alerts[0]["text"] and "compute" in alerts[0]["text"]
+    assert any("training stalled" in m and "compute" in m for m in caplog.messages)
 
 
 def test_collapse_in_training_features_raises_an_alarm(tmp_path: Path) -> None:
