@@ -13,19 +13,27 @@ from octtrain.eval.metrics import balanced_accuracy, confusion_matrix
 
 
 def knn_balanced_accuracy(
-    features: npt.NDArray[np.floating], labels: npt.NDArray[np.integer], k: int = 10
+    features: npt.NDArray[np.floating], labels: npt.NDArray[np.integer], k: int | None = None
 ) -> float:
-    """Leave-one-out k-NN (cosine similarity, majority vote, ties to the nearest) balanced
-    accuracy over the classes present; nan with fewer than two classes or two samples."""
+    """Leave-one-out k-NN balanced accuracy over the classes present; nan with fewer than two
+    classes or two samples.
+
+    Cosine similarity of the *centred* features (pooled transformer features share a large
+    common direction that would otherwise dominate every similarity), majority vote, ties to the
+    nearest. ``k`` None: half the smallest class, at most 10, so a small validation split is not
+    outvoted by the other classes."""
     y = np.asarray(labels, dtype=np.int64)
     known = y >= 0  # unlabelled volumes (label -1) neither vote nor count
     y, x = y[known], np.asarray(features, dtype=np.float64)[known]
     present = np.unique(y)
     if len(present) < 2 or len(y) < 2:
         return math.nan
+    x = x - x.mean(axis=0, keepdims=True)
     x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     sim = x @ x.T
     np.fill_diagonal(sim, -np.inf)  # leave each sample out of its own vote
+    if k is None:
+        k = min(10, max(1, int(np.bincount(y)[present].min()) // 2))
     k = min(k, len(y) - 1)
     nearest = np.argsort(-sim, axis=1, kind="stable")[:, :k]
     num_classes = int(y.max()) + 1

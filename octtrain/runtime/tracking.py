@@ -35,6 +35,8 @@ CONSOLE_KEYS = (
     "samples_per_s",
     "compile_count",
     "balanced_accuracy",
+    "knn_balanced_accuracy",
+    "feat_erank",
 )
 
 
