@@ -11,7 +11,10 @@ the object (local: size + mtime; bucket: size + the listed hashes). When the fin
 unchanged the SHA1 gives the cache key directly, so an unchanged source is neither re-read nor
 decoded; anything else is streamed and hashed again (hashing is cheap, decoding is not).
 
-Exit codes: 0 nothing rejected, 1 something rejected (manifest still written), 2 refused.
+Failures of the machine (I/O errors, a missing decoder, a dead worker) are reported under the
+category ``environment`` and retried on the next run; only deterministic verdicts are stored.
+
+Exit codes (the manifest is written for 0, 1 and 3; see ``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,15 @@ from octstage.qc import write_qc_sheet
 from octstage.storage import LocalStorage, ObjectInfo, Storage, open_storage
 
 console = Console(stderr=True)
+EXIT_CODES = """\
+exit codes:
+  0  every listed source is in the manifest
+  1  the manifest was written; some sources were excluded for deterministic reasons only
+     (layout, labels, header, participant ID, truncation, radial scans...)
+  2  refused or failed (bad arguments, unreadable inventory, another build running...), or
+     --max-reject-share exceeded: the share of listed sources left out is larger than allowed
+  3  the manifest was written, but some volumes are missing for environmental reasons (I/O
+     error, missing decoder, dead worker): run the same command again to retry only those"""
 INDEX_NAME = "source-index.json"
 INDEX_SAVE_SECONDS = 20.0
 
@@ -114,10 +126,16 @@ def run_build(
     scheduler: str | None = None,
     inventory: str | None = None,
     json_out: Path | None = None,
+    max_reject_share: float | None = None,
 ) -> int:
-    """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc."""
+    """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc.
+
+    Returns the exit code of ``EXIT_CODES``.
+    """
     if workers < 1 and scheduler is None:
         raise OctstageError(f"--workers must be at least 1, got {workers}")
+    if max_reject_share is not None and not 0.0 <= max_reject_share <= 1.0:
+        raise OctstageError(f"--max-reject-share must be in [0, 1], got {max_reject_share}")
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
@@ -163,7 +181,21 @@ def run_build(
         stats = summary(state.tally, volumes, state.rejected.items(), seconds, len(label_problems))
         _write_outputs(source, out, manifest, config, volumes, rejects, stats, json_out)
     _print_summary(stats)
-    return 1 if rejects else 0
+    return exit_code(stats, len(objects), max_reject_share)
+
+
+def exit_code(stats: dict[str, Any], listed: int, max_reject_share: float | None) -> int:
+    """The exit code of a finished build (``EXIT_CODES``); prints why when it is 2."""
+    left_out = stats["rejected"]
+    if max_reject_share is not None and listed and left_out / listed > max_reject_share:
+        console.print(
+            f"[bold red]build-cache: {left_out} of {listed} sources left out "
+            f"({left_out / listed:.1%}), more than --max-reject-share {max_reject_share:.1%}"
+        )
+        return 2
+    if stats["environment"]:
+        return 3
+    return 1 if left_out else 0
 
 
 @dataclass
@@ -297,6 +329,7 @@ def _print_summary(stats: dict[str, Any]) -> None:
         ("sources read + hashed", stats["read"]),
         ("no SHA1 in inventory", stats["unverified"]),
         ("rejected", stats["rejected"]),
+        ("  of them retried next run (environment)", stats["environment"]),
         *((f"  {reason}", n) for reason, n in stats["rejected_by_reason"].items()),
         *((f"  device {device}", n) for device, n in stats["by_device"].items()),
         ("label-table problems", stats["label_problems"]),

@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from octstage.buildtask import Outcome, Task, run_task
+from octstage.buildtask import Outcome, Task, environment, run_task
 from octstage.errors import OctstageError
 
 SCHEDULER_TIMEOUT = "20s"
@@ -49,7 +49,8 @@ def execute(
             try:
                 outcome: Outcome = future.result()
             except Exception as exc:  # noqa: BLE001 - a dead worker costs one file, not the build
-                outcome = Outcome(task.name, None, reason=f"error: worker failed: {exc!r}")
+                reason = environment(f"worker failed: {exc!r}")
+                outcome = Outcome(task.name, None, reason=reason)
             future.release()  # the worker may drop the result now: nothing accumulates
             advance(outcome)
             yield outcome

@@ -27,6 +27,8 @@ RECORD_FORMAT = "octstage-record/1"
 DEFAULT_INVENTORY = "_octstage/inventory.json"
 # Where the layout puts OCT volumes under a dataset root, most specific first.
 OCT_PREFIXES = ("retinal_oct/structural_oct/", "structural_oct/")
+# The category of a failure of the machine, not the bytes: retried next run, never stored.
+ENVIRONMENT = "environment"
 
 
 def cache_key(source_sha1: str, config: BuildConfig) -> str:
@@ -268,6 +270,7 @@ def summary(
         "participants": len({v.participant_id for v in volumes}),
         "rejected": sum(reasons.values()),
         "rejected_by_reason": dict(sorted(reasons.items())),
+        ENVIRONMENT: reasons.get(ENVIRONMENT, 0),
         "by_device": dict(sorted(devices.items())),
         "label_problems": label_problems,
         "seconds": round(seconds, 3),

@@ -39,3 +39,9 @@ class MirrorError(OctstageError):
 
 class VerificationError(OctstageError):
     """Stored bytes do not match their recorded checksum."""
+
+
+class DicomEnvironmentError(DicomError):
+    """A file could not be read or decoded because of this machine, not because of its bytes
+    (no decoder plugin for its transfer syntax, an I/O error on a network disk): a later run may
+    succeed, so this verdict is reported but never remembered."""

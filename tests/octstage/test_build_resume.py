@@ -6,6 +6,7 @@ module's loopback dask cluster (``scheduler``).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -13,12 +14,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pydicom
 import pydicom.data
 import pytest
+from pydicom.pixels.decoders.base import get_decoder
+from pydicom.uid import RLELossless
 
 from octstage import manifest as mf
 from octstage import volumestore
@@ -180,3 +185,75 @@ def _wait_until_gone(session: int) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("processes of the killed build are still running")
+
+
+# ---- failures of the machine: reported, retried, never remembered ---------------------------
+
+
+@pytest.fixture
+def in_process() -> Iterator[str]:
+    """A dask cluster whose worker is a thread of this process, so a monkeypatched decoder or
+    disk is what the task really sees (the shared cluster's workers are other processes)."""
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+    ) as local:
+        yield str(local.scheduler_address)
+
+
+def _compressed_victim(built: Built, cache: Path) -> mf.Volume:
+    """A compressed volume whose record is dropped, so the next build must decode it again."""
+    victim = next(v for v in built.manifest.volumes if v.transfer_syntax == RLELossless)
+    (cache / "records" / f"{victim.cache_key}.json").unlink()
+    return victim
+
+
+def _assert_retried(built: Built, cache: Path, victim: mf.Volume, scheduler: str) -> None:
+    """After the fault is gone, the next run builds the volume: nothing of the fault was kept."""
+    assert not (cache / "rejects" / f"{victim.source_sha1}.json").exists()
+    code, summary = build(built.src, cache, scheduler=scheduler)
+    assert code == built.code == 1  # back to the deterministic exclusions only
+    assert (summary["built"], summary["environment"]) == (1, 0)
+    m = mf.load(cache / "manifest.json")
+    assert m.volumes == built.manifest.volumes and rejected(m) == rejected(built.manifest)
+
+
+def test_missing_decoder_plugin_is_retried_next_run(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: str
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    victim = _compressed_victim(built, cache)
+    # What pydicom sees when pylibjpeg-rle is not installed: the plugin is not available.
+    decoder = get_decoder(RLELossless)
+    available = {k: v for k, v in decoder._available.items() if k != "pylibjpeg"}
+    monkeypatch.setattr(decoder, "_available", available)
+    monkeypatch.setattr(decoder, "_unavailable", {"pylibjpeg": ("pylibjpeg-rle",)})
+    code, summary = build(built.src, cache, scheduler=in_process)
+    assert code == 3  # volumes missing for a reason a re-run may fix
+    assert summary["environment"] == 1 and summary["rejected_by_reason"]["environment"] == 1
+    reason = rejected(mf.load(cache / "manifest.json"))[victim.source_path]
+    assert reason.startswith("environment: DICOM: no decoder for RLE Lossless"), reason
+    monkeypatch.undo()  # the plugin is installed again
+    _assert_retried(built, cache, victim, in_process)
+
+
+def test_io_error_while_reading_is_retried_next_run(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: str
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    victim = _compressed_victim(built, cache)
+    real = pydicom.dcmread
+
+    def flaky(fp: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("stop_before_pixels"):  # the full read of the pixels fails
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fp, *args, **kwargs)
+
+    monkeypatch.setattr(pydicom, "dcmread", flaky)
+    code, summary = build(built.src, cache, scheduler=in_process)
+    assert code == 3 and summary["environment"] == 1
+    reason = rejected(mf.load(cache / "manifest.json"))[victim.source_path]
+    assert reason == "environment: DICOM: I/O error: Input/output error", reason
+    monkeypatch.undo()
+    _assert_retried(built, cache, victim, in_process)
