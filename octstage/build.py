@@ -14,7 +14,10 @@ decoded; anything else is streamed and hashed again (hashing is cheap, decoding 
 Failures of the machine (I/O errors, a missing decoder, a dead worker) are reported under the
 category ``environment`` and retried on the next run; only deterministic verdicts are stored.
 
-Exit codes (the manifest is written for 0, 1 and 3; see ``EXIT_CODES``).
+Exit codes (``exit_code``; documented in ``octstage build-cache --help``): 0 clean, 1 expected
+exclusions only, 2 refused or more left out than ``--max-reject-share``, 3 volumes missing for
+environmental reasons (a re-run retries them). The manifest is written unless the run was
+refused.
 """
 
 from __future__ import annotations
@@ -59,15 +62,7 @@ from octstage.qc import write_qc_sheet
 from octstage.storage import LocalStorage, ObjectInfo, Storage, open_storage
 
 console = Console(stderr=True)
-EXIT_CODES = """\
-exit codes:
-  0  every listed source is in the manifest
-  1  the manifest was written; some sources were excluded for deterministic reasons only
-     (layout, labels, header, participant ID, truncation, radial scans...)
-  2  refused or failed (bad arguments, unreadable inventory, another build running...), or
-     --max-reject-share exceeded: the share of listed sources left out is larger than allowed
-  3  the manifest was written, but some volumes are missing for environmental reasons (I/O
-     error, missing decoder, dead worker): run the same command again to retry only those"""
+
 INDEX_NAME = "source-index.json"
 INDEX_SAVE_SECONDS = 20.0
 
@@ -130,7 +125,7 @@ def run_build(
 ) -> int:
     """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc.
 
-    Returns the exit code of ``EXIT_CODES``.
+    Returns the exit code of ``exit_code``.
     """
     if workers < 1 and scheduler is None:
         raise OctstageError(f"--workers must be at least 1, got {workers}")
@@ -185,7 +180,7 @@ def run_build(
 
 
 def exit_code(stats: dict[str, Any], listed: int, max_reject_share: float | None) -> int:
-    """The exit code of a finished build (``EXIT_CODES``); prints why when it is 2."""
+    """The exit code of a finished build (see the module doc); prints why when it is 2."""
     left_out = stats["rejected"]
     if max_reject_share is not None and listed and left_out / listed > max_reject_share:
         console.print(

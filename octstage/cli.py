@@ -1,7 +1,9 @@
 """The ``octstage`` command: one subcommand per pipeline step, each a single ``run_*`` call.
 
 Exit codes: 0 success, 1 the step finished but something was rejected or below a threshold,
-2 the step was refused or failed (the message says which file and why).
+2 the step was refused or failed (the message says which file and why), 3 (build-cache only)
+volumes are missing for reasons of the machine and a re-run retries them. Each subcommand's
+``--help`` lists its own codes (``EXIT_CODES``), so a script can rely on them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,31 @@ from rich.logging import RichHandler
 from octstage.errors import OctstageError
 
 console = Console(stderr=True)
+
+_REFUSED = "  2  refused or failed: bad arguments, unreadable input, an unexpected error"
+# What each subcommand's run_* really returns, shown by its --help.
+EXIT_CODES: dict[str, str] = {
+    "synth": f"exit codes:\n  0  the dataset was written\n{_REFUSED}",
+    "audit-ids": "exit codes:\n  0  the report was written\n"
+    "  1  the share of labelled participants with verified OCT is below --min-overlap\n" + _REFUSED,
+    "build-cache": """\
+exit codes:
+  0  every listed source is in the manifest
+  1  the manifest was written; some sources were excluded for deterministic reasons only
+     (layout, labels, header, participant ID, truncation, radial scans...)
+  2  refused or failed (bad arguments, unreadable inventory, another build running...), or
+     more than --max-reject-share of the listed sources left out (manifest still written)
+  3  the manifest was written, but some volumes are missing for environmental reasons (I/O
+     error, missing decoder, dead worker): run the same command again to retry only those""",
+    "mirror": "exit codes:\n  0  every object copied (or already there) and verified\n"
+    "  1  some objects failed to copy or could not be verified (no source SHA1): see the report\n"
+    "  2  refused or failed: bad arguments, empty source, too many deletions, overlapping\n"
+    "     source and destination, an unexpected error",
+    "stage": "exit codes:\n  0  every volume downloaded and verified\n"
+    "  1  some volumes failed (listed in the report)\n" + _REFUSED,
+    "verify": "exit codes:\n  0  every volume matches the manifest, nothing extra, schema valid\n"
+    "  1  volumes missing, changed or extra, or the manifest breaks the schema\n" + _REFUSED,
+}
 
 
 def _synth(a: argparse.Namespace) -> int:
@@ -58,6 +85,7 @@ def _build(a: argparse.Namespace) -> int:
         scheduler=a.scheduler,
         inventory=a.inventory,
         json_out=Path(a.json) if a.json else None,
+        max_reject_share=a.max_reject_share,
     )
 
 
@@ -102,7 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     def add(
         name: str, fn: Callable[[argparse.Namespace], int], help: str
     ) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help)
+        sp = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=EXIT_CODES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sp.set_defaults(func=fn)
         return sp
 
@@ -162,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--inventory", help="source inventory JSON (from mirror) to check each file's SHA1"
     )
     s.add_argument("--json", metavar="OUT", help="write the build summary as JSON here")
+    s.add_argument(
+        "--max-reject-share",
+        type=float,
+        metavar="F",
+        help="exit 2 when more than this share (0..1) of the listed sources is left out",
+    )
 
     s = add("verify", _verify, "Recompute every cached volume's checksum against the manifest.")
     s.add_argument("manifest", help="manifest JSON")
@@ -207,6 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except OctstageError as exc:
         console.print(f"[bold red]octstage {args.command}: {exc}")
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a crash must not read as exit 1 ("rejections")
+        if args.verbose:
+            console.print_exception()
+        console.print(f"[bold red]octstage {args.command}: unexpected {type(exc).__name__}: {exc}")
         return 2
 
 
