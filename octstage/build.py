@@ -55,7 +55,7 @@ from octstage.buildplan import (
 )
 from octstage.buildtask import Task, load_record, load_reject
 from octstage.config import BuildConfig
-from octstage.errors import OctstageError, StorageError
+from octstage.errors import ObjectNotFoundError, OctstageError, StorageError
 from octstage.labels import STUDY_GROUPS, Participant, read_participants
 from octstage.provenance import code_version
 from octstage.qc import write_qc_sheet
@@ -65,6 +65,10 @@ console = Console(stderr=True)
 
 INDEX_NAME = "source-index.json"
 INDEX_SAVE_SECONDS = 20.0
+# The manifest header (config) and the summary say how source bytes were checked.
+SOURCE_VERIFICATION = "source_verification"
+SHA1_INVENTORY = "sha1-inventory"
+_SKIP = " (pass --no-verify-sources to build without checking sources)"
 
 
 @dataclass
@@ -122,6 +126,7 @@ def run_build(
     inventory: str | None = None,
     json_out: Path | None = None,
     max_reject_share: float | None = None,
+    verify_sources: bool = True,
 ) -> int:
     """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc.
 
@@ -131,6 +136,8 @@ def run_build(
         raise OctstageError(f"--workers must be at least 1, got {workers}")
     if max_reject_share is not None and not 0.0 <= max_reject_share <= 1.0:
         raise OctstageError(f"--max-reject-share must be in [0, 1], got {max_reject_share}")
+    if inventory is not None and not verify_sources:
+        raise OctstageError("--inventory and --no-verify-sources contradict each other")
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
@@ -138,7 +145,8 @@ def run_build(
         participants, label_problems = read_participants(str(labels))
         storage = open_storage(source)
         objects = _list_oct(storage)
-        inventory_entries = _load_inventory(storage, inventory)
+        inventory_entries = _load_inventory(storage, inventory) if verify_sources else None
+        verification = "none" if inventory_entries is None else SHA1_INVENTORY
         index = SourceIndex.load(out / INDEX_NAME)
         fingerprints = {o.name: fingerprint(storage, o) for o in objects}
 
@@ -149,7 +157,7 @@ def run_build(
             if isinstance(verdict, str):
                 state.rejected[obj.name] = verdict
                 continue
-            if inventory_entries is not None and verdict.expected_sha1 is None:
+            if verdict.expected_sha1 is None:  # no inventory, or no SHA1 in it
                 state.tally.unverified += 1
             known = _reuse(out, config, verdict, index.sha1(obj.name, fingerprints[obj.name]))
             if known is None:
@@ -174,6 +182,7 @@ def run_build(
         rejects = tuple(mf.Rejected(n, r) for n, r in sorted(state.rejected.items()))
         seconds = time.monotonic() - started
         stats = summary(state.tally, volumes, state.rejected.items(), seconds, len(label_problems))
+        stats[SOURCE_VERIFICATION] = verification
         _write_outputs(source, out, manifest, config, volumes, rejects, stats, json_out)
     _print_summary(stats)
     return exit_code(stats, len(objects), max_reject_share)
@@ -262,7 +271,9 @@ def _write_outputs(
         code_version=version,
         cache_version=mf.CACHE_VERSION,
         config_hash=config.params_hash(),
-        config=config.as_dict(),
+        # How sources were checked travels with the manifest (in ``config``: the published
+        # header schema has no other free-form place); config_hash stays the parameters' hash.
+        config={**config.as_dict(), SOURCE_VERIFICATION: stats[SOURCE_VERIFICATION]},
         counts=mf.count_summary(volumes, len(rejects)),
     )
     mf.write(mf.Manifest(header, STUDY_GROUPS, volumes, rejects), manifest)
@@ -277,21 +288,31 @@ def _list_oct(storage: Storage) -> list[ObjectInfo]:
 
 
 def _load_inventory(storage: Storage, inventory: str | None) -> dict[str, InventoryEntry] | None:
-    """The inventory named by ``--inventory`` (path or URL), else the one beside the source."""
+    """The inventory named by ``--inventory`` (path or URL), else the one beside the source;
+    None only when there is none beside the source. One that exists but cannot be read or
+    parsed stops the build: treating it as absent would silently skip every SHA1 check."""
     if inventory is None:
+        where = f"{storage.url}/{DEFAULT_INVENTORY}"
         try:
             data = storage.read_bytes(DEFAULT_INVENTORY)
-        except StorageError:
+        except ObjectNotFoundError:
+            console.print(f"[yellow]build-cache: no source inventory at {where}: SHA1s unchecked")
             return None
-        where = f"{storage.url}/{DEFAULT_INVENTORY}"
+        except StorageError as exc:
+            raise OctstageError(f"{where}: cannot read the source inventory: {exc}{_SKIP}") from exc
     else:
-        parent, _, name = inventory.rstrip("/").rpartition("/")
-        data = open_storage(parent or ".").read_bytes(name)
         where = inventory
+        parent, _, name = inventory.rstrip("/").rpartition("/")
+        try:
+            data = open_storage(parent or ".").read_bytes(name)
+        except StorageError as exc:
+            raise OctstageError(f"{where}: cannot read the source inventory: {exc}{_SKIP}") from exc
     try:
         return parse_inventory(json.loads(data), where)
-    except ValueError as exc:
-        raise OctstageError(f"{where}: not JSON: {exc}") from exc
+    except ValueError as exc:  # also bytes that are not UTF-8
+        raise OctstageError(f"{where}: source inventory is not JSON: {exc}{_SKIP}") from exc
+    except OctstageError as exc:
+        raise OctstageError(f"{exc}{_SKIP}") from exc
 
 
 @contextmanager
@@ -322,7 +343,8 @@ def _print_summary(stats: dict[str, Any]) -> None:
         ("built (decoded)", stats["built"]),
         ("reused (no decode)", stats["reused"]),
         ("sources read + hashed", stats["read"]),
-        ("no SHA1 in inventory", stats["unverified"]),
+        ("source verification", stats[SOURCE_VERIFICATION]),
+        ("no SHA1 to check against", stats["unverified"]),
         ("rejected", stats["rejected"]),
         ("  of them retried next run (environment)", stats["environment"]),
         *((f"  {reason}", n) for reason, n in stats["rejected_by_reason"].items()),

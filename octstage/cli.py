@@ -86,6 +86,7 @@ def _build(a: argparse.Namespace) -> int:
         inventory=a.inventory,
         json_out=Path(a.json) if a.json else None,
         max_reject_share=a.max_reject_share,
+        verify_sources=not a.no_verify_sources,
     )
 
 
@@ -194,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--scheduler", help="address of an existing dask scheduler (tcp://host:port)")
     s.add_argument(
         "--inventory", help="source inventory JSON (from mirror) to check each file's SHA1"
+    )
+    s.add_argument(
+        "--no-verify-sources",
+        action="store_true",
+        help="do not read a source inventory (an unreadable one otherwise stops the build); "
+        'the manifest records "source_verification": "none"',
     )
     s.add_argument("--json", metavar="OUT", help="write the build summary as JSON here")
     s.add_argument(

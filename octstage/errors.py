@@ -29,6 +29,10 @@ class StorageError(OctstageError):
     """A storage backend failed (missing object, refused name, remote error)."""
 
 
+class ObjectNotFoundError(StorageError):
+    """The object does not exist (as opposed to a backend that failed to say)."""
+
+
 class UnsafePathError(StorageError):
     """An object name would escape its destination folder (``..``, absolute path)."""
 
