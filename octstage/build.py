@@ -50,6 +50,7 @@ from octstage.buildplan import (
     parse_inventory,
     precheck,
     sha1_mismatch,
+    software_versions,
     summary,
     volume_entry,
 )
@@ -261,6 +262,7 @@ def _write_outputs(
         "code_version": version,
         "config_hash": config.params_hash(),
         "config": config.as_dict(),
+        "software": software_versions(),  # part of every cache key (buildplan.cache_key)
     }
     mf.atomic_write_text(out / "build-config.json", json.dumps(resolved, indent=1) + "\n")
     if json_out is not None:

@@ -14,6 +14,7 @@ that says nothing about the bytes (I/O error, no decoder installed for the synta
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import struct
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
+from importlib import metadata
 from typing import BinaryIO
 
 import numpy as np
@@ -52,6 +54,34 @@ DECODERS: dict[str, str] = {
     JPEGBaseline8Bit: "pillow",
     JPEGExtended12Bit: "pillow",
 }
+
+# Every distribution that can decode pixels here (pydicom's own decoders and the plugins it may
+# pick); a new version may decode the same bytes differently, so all go into the cache key.
+DECODER_PACKAGES = (
+    "pydicom",
+    "pylibjpeg",
+    "pylibjpeg-openjpeg",
+    "pylibjpeg-rle",
+    "pylibjpeg-libjpeg",
+    "pillow",
+    "python-gdcm",
+    "pyjpegls",
+)
+
+
+def decoder_versions() -> dict[str, str]:
+    """The installed version of each of ``DECODER_PACKAGES`` (``"absent"`` if not installed)."""
+    return {name: _installed(name) for name in DECODER_PACKAGES}
+
+
+@functools.cache
+def _installed(distribution: str) -> str:
+    # Cached: a metadata lookup scans sys.path, and the cache key is computed per source file.
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
 
 # What pydicom and its decoder plugins raise on damaged or unexpected input.
 _READ_ERRORS = (
