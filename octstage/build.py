@@ -58,6 +58,7 @@ from octstage.buildtask import Task, load_record, load_reject
 from octstage.config import BuildConfig
 from octstage.errors import ObjectNotFoundError, OctstageError, StorageError
 from octstage.labels import STUDY_GROUPS, Participant, read_participants
+from octstage.progress import interval
 from octstage.provenance import code_version
 from octstage.qc import write_qc_sheet
 from octstage.storage import LocalStorage, ObjectInfo, Storage, open_storage
@@ -128,6 +129,7 @@ def run_build(
     json_out: Path | None = None,
     max_reject_share: float | None = None,
     verify_sources: bool = True,
+    progress_seconds: float | None = None,
 ) -> int:
     """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc.
 
@@ -137,6 +139,7 @@ def run_build(
         raise OctstageError(f"--workers must be at least 1, got {workers}")
     if max_reject_share is not None and not 0.0 <= max_reject_share <= 1.0:
         raise OctstageError(f"--max-reject-share must be in [0, 1], got {max_reject_share}")
+    every = interval(progress_seconds)  # checked before any work starts
     if inventory is not None and not verify_sources:
         raise OctstageError("--inventory and --no-verify-sources contradict each other")
     started = time.monotonic()
@@ -167,7 +170,7 @@ def run_build(
                 state.add(obj.name, known, reused=True)
 
         saved = time.monotonic()
-        for outcome in execute(tasks, workers, scheduler, console):
+        for outcome in execute(tasks, workers, scheduler, console, every):
             state.tally.read += outcome.read
             state.tally.decoded += outcome.decoded
             if outcome.sha1 is not None:

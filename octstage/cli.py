@@ -87,6 +87,7 @@ def _build(a: argparse.Namespace) -> int:
         json_out=Path(a.json) if a.json else None,
         max_reject_share=a.max_reject_share,
         verify_sources=not a.no_verify_sources,
+        progress_seconds=a.progress_seconds,
     )
 
 
@@ -108,6 +109,7 @@ def _mirror(a: argparse.Namespace) -> int:
         transfers=a.transfers,
         checkers=a.checkers,
         json_out=Path(a.json) if a.json else None,
+        progress_seconds=a.progress_seconds,
     )
 
 
@@ -203,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         'the manifest records "source_verification": "none"',
     )
     s.add_argument("--json", metavar="OUT", help="write the build summary as JSON here")
+    _progress_option(s)
     s.add_argument(
         "--max-reject-share",
         type=float,
@@ -228,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--transfers", type=int, default=32, help="parallel file transfers")
     s.add_argument("--checkers", type=int, default=64, help="parallel checkers")
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")
+    _progress_option(s)
 
     s = add(
         "stage",
@@ -239,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--transfers", type=int, default=16, help="parallel downloads")
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")
     return p
+
+
+def _progress_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress-seconds",
+        type=float,
+        metavar="S",
+        help="when stderr is not a terminal, print a progress line every S seconds "
+        "(default: $OCTSTAGE_PROGRESS_SECONDS, else 30; 0 = every update)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from octstage import manifest as mf
 from octstage import volumestore
 from octstage.build import INDEX_NAME
 from octstage.config import BuildConfig
+from octstage.errors import ConfigError
 from octstage.synth import write_oct_dicom
 from octstage.verify import verify
 from tests.octstage.build_helpers import (
@@ -257,3 +259,28 @@ def test_io_error_while_reading_is_retried_next_run(
     assert reason == "environment: DICOM: I/O error: Input/output error", reason
     monkeypatch.undo()
     _assert_retried(built, cache, victim, in_process)
+
+
+def test_without_a_terminal_progress_lines_are_printed(
+    built: Built,
+    tmp_path: Path,
+    scheduler: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    for volume in built.manifest.volumes[:3]:  # three volumes to build again, the rest reused
+        (cache / "records" / f"{volume.cache_key}.json").unlink()
+    monkeypatch.setenv("OCTSTAGE_PROGRESS_SECONDS", "0")  # captured stderr is no terminal
+    build(built.src, cache, scheduler=scheduler)
+    err = capsys.readouterr().err.splitlines()
+    lines = [ln for ln in err if re.match(r"build-cache: \d+/", ln)]
+    assert [ln.split(",")[0] for ln in lines] == [
+        "build-cache: 1/3 (33%)",
+        "build-cache: 2/3 (67%)",
+        "build-cache: 3/3 (100%)",
+    ]
+    assert "ok 3 rejected 0" in lines[-1]
+    monkeypatch.setenv("OCTSTAGE_PROGRESS_SECONDS", "soon")
+    with pytest.raises(ConfigError, match="OCTSTAGE_PROGRESS_SECONDS"):
+        build(built.src, cache, scheduler=scheduler)
