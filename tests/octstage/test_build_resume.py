@@ -29,6 +29,7 @@ from pydicom.uid import RLELossless
 from octstage import manifest as mf
 from octstage import volumestore
 from octstage.build import INDEX_NAME
+from octstage.buildtask import REJECT_FORMAT, load_reject, reject_path
 from octstage.config import BuildConfig
 from octstage.errors import ConfigError
 from octstage.synth import write_oct_dicom
@@ -284,3 +285,18 @@ def test_without_a_terminal_progress_lines_are_printed(
     monkeypatch.setenv("OCTSTAGE_PROGRESS_SECONDS", "soon")
     with pytest.raises(ConfigError, match="OCTSTAGE_PROGRESS_SECONDS"):
         build(built.src, cache, scheduler=scheduler)
+
+
+def test_rejections_stored_before_verdicts_were_classified_are_decided_again(
+    tmp_path: Path,
+) -> None:
+    """An older store could hold an environment failure as if it were a verdict: ignore it."""
+    sha1 = "a" * 40
+    name = "retinal_oct/structural_oct/heidelberg_spectralis/1001/1001_spectralis_mac_r_1.2.dcm"
+    path = reject_path(tmp_path, sha1)
+    path.parent.mkdir(parents=True)
+    old = {"sha1": sha1, "cache_version": mf.CACHE_VERSION, "reason": "DICOM: decode failed"}
+    path.write_text(json.dumps({**old, "header": None}))
+    assert load_reject(tmp_path, sha1, name) is None
+    path.write_text(json.dumps({**old, "header": None, "format": REJECT_FORMAT}))
+    assert load_reject(tmp_path, sha1, name) == "DICOM: decode failed"
