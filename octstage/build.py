@@ -11,7 +11,13 @@ the object (local: size + mtime; bucket: size + the listed hashes). When the fin
 unchanged the SHA1 gives the cache key directly, so an unchanged source is neither re-read nor
 decoded; anything else is streamed and hashed again (hashing is cheap, decoding is not).
 
-Exit codes: 0 nothing rejected, 1 something rejected (manifest still written), 2 refused.
+Failures of the machine (I/O errors, a missing decoder, a dead worker) are reported under the
+category ``environment`` and retried on the next run; only deterministic verdicts are stored.
+
+Exit codes (``exit_code``; documented in ``octstage build-cache --help``): 0 clean, 1 expected
+exclusions only, 2 refused or more left out than ``--max-reject-share``, 3 volumes missing for
+environmental reasons (a re-run retries them). The manifest is written unless the run was
+refused.
 """
 
 from __future__ import annotations
@@ -44,20 +50,27 @@ from octstage.buildplan import (
     parse_inventory,
     precheck,
     sha1_mismatch,
+    software_versions,
     summary,
     volume_entry,
 )
 from octstage.buildtask import Task, load_record, load_reject
 from octstage.config import BuildConfig
-from octstage.errors import OctstageError, StorageError
+from octstage.errors import ObjectNotFoundError, OctstageError, StorageError
 from octstage.labels import STUDY_GROUPS, Participant, read_participants
+from octstage.progress import interval
 from octstage.provenance import code_version
 from octstage.qc import write_qc_sheet
 from octstage.storage import LocalStorage, ObjectInfo, Storage, open_storage
 
 console = Console(stderr=True)
+
 INDEX_NAME = "source-index.json"
 INDEX_SAVE_SECONDS = 20.0
+# The manifest header (config) and the summary say how source bytes were checked.
+SOURCE_VERIFICATION = "source_verification"
+SHA1_INVENTORY = "sha1-inventory"
+_SKIP = " (pass --no-verify-sources to build without checking sources)"
 
 
 @dataclass
@@ -114,10 +127,21 @@ def run_build(
     scheduler: str | None = None,
     inventory: str | None = None,
     json_out: Path | None = None,
+    max_reject_share: float | None = None,
+    verify_sources: bool = True,
+    progress_seconds: float | None = None,
 ) -> int:
-    """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc."""
+    """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc.
+
+    Returns the exit code of ``exit_code``.
+    """
     if workers < 1 and scheduler is None:
         raise OctstageError(f"--workers must be at least 1, got {workers}")
+    if max_reject_share is not None and not 0.0 <= max_reject_share <= 1.0:
+        raise OctstageError(f"--max-reject-share must be in [0, 1], got {max_reject_share}")
+    every = interval(progress_seconds)  # checked before any work starts
+    if inventory is not None and not verify_sources:
+        raise OctstageError("--inventory and --no-verify-sources contradict each other")
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
@@ -125,7 +149,8 @@ def run_build(
         participants, label_problems = read_participants(str(labels))
         storage = open_storage(source)
         objects = _list_oct(storage)
-        inventory_entries = _load_inventory(storage, inventory)
+        inventory_entries = _load_inventory(storage, inventory) if verify_sources else None
+        verification = "none" if inventory_entries is None else SHA1_INVENTORY
         index = SourceIndex.load(out / INDEX_NAME)
         fingerprints = {o.name: fingerprint(storage, o) for o in objects}
 
@@ -136,7 +161,7 @@ def run_build(
             if isinstance(verdict, str):
                 state.rejected[obj.name] = verdict
                 continue
-            if inventory_entries is not None and verdict.expected_sha1 is None:
+            if verdict.expected_sha1 is None:  # no inventory, or no SHA1 in it
                 state.tally.unverified += 1
             known = _reuse(out, config, verdict, index.sha1(obj.name, fingerprints[obj.name]))
             if known is None:
@@ -145,7 +170,7 @@ def run_build(
                 state.add(obj.name, known, reused=True)
 
         saved = time.monotonic()
-        for outcome in execute(tasks, workers, scheduler, console):
+        for outcome in execute(tasks, workers, scheduler, console, every):
             state.tally.read += outcome.read
             state.tally.decoded += outcome.decoded
             if outcome.sha1 is not None:
@@ -161,9 +186,24 @@ def run_build(
         rejects = tuple(mf.Rejected(n, r) for n, r in sorted(state.rejected.items()))
         seconds = time.monotonic() - started
         stats = summary(state.tally, volumes, state.rejected.items(), seconds, len(label_problems))
+        stats[SOURCE_VERIFICATION] = verification
         _write_outputs(source, out, manifest, config, volumes, rejects, stats, json_out)
     _print_summary(stats)
-    return 1 if rejects else 0
+    return exit_code(stats, len(objects), max_reject_share)
+
+
+def exit_code(stats: dict[str, Any], listed: int, max_reject_share: float | None) -> int:
+    """The exit code of a finished build (see the module doc); prints why when it is 2."""
+    left_out = stats["rejected"]
+    if max_reject_share is not None and listed and left_out / listed > max_reject_share:
+        console.print(
+            f"[bold red]build-cache: {left_out} of {listed} sources left out "
+            f"({left_out / listed:.1%}), more than --max-reject-share {max_reject_share:.1%}"
+        )
+        return 2
+    if stats["environment"]:
+        return 3
+    return 1 if left_out else 0
 
 
 @dataclass
@@ -225,6 +265,7 @@ def _write_outputs(
         "code_version": version,
         "config_hash": config.params_hash(),
         "config": config.as_dict(),
+        "software": software_versions(),  # part of every cache key (buildplan.cache_key)
     }
     mf.atomic_write_text(out / "build-config.json", json.dumps(resolved, indent=1) + "\n")
     if json_out is not None:
@@ -235,7 +276,9 @@ def _write_outputs(
         code_version=version,
         cache_version=mf.CACHE_VERSION,
         config_hash=config.params_hash(),
-        config=config.as_dict(),
+        # How sources were checked travels with the manifest (in ``config``: the published
+        # header schema has no other free-form place); config_hash stays the parameters' hash.
+        config={**config.as_dict(), SOURCE_VERIFICATION: stats[SOURCE_VERIFICATION]},
         counts=mf.count_summary(volumes, len(rejects)),
     )
     mf.write(mf.Manifest(header, STUDY_GROUPS, volumes, rejects), manifest)
@@ -250,21 +293,31 @@ def _list_oct(storage: Storage) -> list[ObjectInfo]:
 
 
 def _load_inventory(storage: Storage, inventory: str | None) -> dict[str, InventoryEntry] | None:
-    """The inventory named by ``--inventory`` (path or URL), else the one beside the source."""
+    """The inventory named by ``--inventory`` (path or URL), else the one beside the source;
+    None only when there is none beside the source. One that exists but cannot be read or
+    parsed stops the build: treating it as absent would silently skip every SHA1 check."""
     if inventory is None:
+        where = f"{storage.url}/{DEFAULT_INVENTORY}"
         try:
             data = storage.read_bytes(DEFAULT_INVENTORY)
-        except StorageError:
+        except ObjectNotFoundError:
+            console.print(f"[yellow]build-cache: no source inventory at {where}: SHA1s unchecked")
             return None
-        where = f"{storage.url}/{DEFAULT_INVENTORY}"
+        except StorageError as exc:
+            raise OctstageError(f"{where}: cannot read the source inventory: {exc}{_SKIP}") from exc
     else:
-        parent, _, name = inventory.rstrip("/").rpartition("/")
-        data = open_storage(parent or ".").read_bytes(name)
         where = inventory
+        parent, _, name = inventory.rstrip("/").rpartition("/")
+        try:
+            data = open_storage(parent or ".").read_bytes(name)
+        except StorageError as exc:
+            raise OctstageError(f"{where}: cannot read the source inventory: {exc}{_SKIP}") from exc
     try:
         return parse_inventory(json.loads(data), where)
-    except ValueError as exc:
-        raise OctstageError(f"{where}: not JSON: {exc}") from exc
+    except ValueError as exc:  # also bytes that are not UTF-8
+        raise OctstageError(f"{where}: source inventory is not JSON: {exc}{_SKIP}") from exc
+    except OctstageError as exc:
+        raise OctstageError(f"{exc}{_SKIP}") from exc
 
 
 @contextmanager
@@ -295,8 +348,10 @@ def _print_summary(stats: dict[str, Any]) -> None:
         ("built (decoded)", stats["built"]),
         ("reused (no decode)", stats["reused"]),
         ("sources read + hashed", stats["read"]),
-        ("no SHA1 in inventory", stats["unverified"]),
+        ("source verification", stats[SOURCE_VERIFICATION]),
+        ("no SHA1 to check against", stats["unverified"]),
         ("rejected", stats["rejected"]),
+        ("  of them retried next run (environment)", stats["environment"]),
         *((f"  {reason}", n) for reason, n in stats["rejected_by_reason"].items()),
         *((f"  device {device}", n) for device, n in stats["by_device"].items()),
         ("label-table problems", stats["label_problems"]),

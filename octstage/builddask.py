@@ -18,21 +18,29 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from octstage.buildtask import Outcome, Task, run_task
+from octstage.buildtask import Outcome, Task, environment, run_task
 from octstage.errors import OctstageError
+from octstage.progress import DEFAULT_SECONDS, LineProgress
 
 SCHEDULER_TIMEOUT = "20s"
 
 
 def execute(
-    tasks: list[Task], workers: int, scheduler: str | None, console: Console
+    tasks: list[Task],
+    workers: int,
+    scheduler: str | None,
+    console: Console,
+    progress_seconds: float = DEFAULT_SECONDS,
 ) -> Iterator[Outcome]:
-    """Run tasks on dask with at most ~2 per worker thread in flight; yield outcomes as they end."""
+    """Run tasks on dask with at most ~2 per worker thread in flight; yield outcomes as they end.
+
+    Progress is a bar on a terminal, else a plain line every ``progress_seconds``.
+    """
     if not tasks:
         return
     with (
         dask_client(workers, scheduler) as (dd, client),
-        _progress(len(tasks), console) as advance,
+        _progress(len(tasks), console, progress_seconds) as advance,
     ):
         window = max(2, 2 * sum(client.nthreads().values()))
         pending = iter(tasks)
@@ -49,7 +57,8 @@ def execute(
             try:
                 outcome: Outcome = future.result()
             except Exception as exc:  # noqa: BLE001 - a dead worker costs one file, not the build
-                outcome = Outcome(task.name, None, reason=f"error: worker failed: {exc!r}")
+                reason = environment(f"worker failed: {exc!r}")
+                outcome = Outcome(task.name, None, reason=reason)
             future.release()  # the worker may drop the result now: nothing accumulates
             advance(outcome)
             yield outcome
@@ -108,18 +117,30 @@ def local_cluster(workers: int) -> Iterator[Any]:
 
 
 @contextmanager
-def _progress(total: int, console: Console) -> Iterator[Any]:
+def _progress(total: int, console: Console, seconds: float) -> Iterator[Any]:
+    counts = {"built": 0, "rejected": 0}
+
+    def count(outcome: Outcome) -> str:
+        counts["built" if outcome.record is not None else "rejected"] += 1
+        return f"ok {counts['built']} rejected {counts['rejected']}"
+
+    if not console.is_terminal:  # a log file or pipe: rich's bar would print nothing there
+        lines = LineProgress(console, "build-cache", seconds)
+
+        def line(outcome: Outcome) -> None:
+            detail = count(outcome)
+            done = counts["built"] + counts["rejected"]
+            lines.update(done, total, detail, final=done == total)
+
+        yield line
+        return
     columns = (TextColumn("build-cache"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(
         *columns, TextColumn("{task.description}"), console=console, transient=True
     ) as bar:
         job = bar.add_task("", total=total)
-        counts = {"built": 0, "rejected": 0}
 
         def advance(outcome: Outcome) -> None:
-            counts["built" if outcome.record is not None else "rejected"] += 1
-            bar.update(
-                job, advance=1, description=f"ok {counts['built']} rejected {counts['rejected']}"
-            )
+            bar.update(job, advance=1, description=count(outcome))
 
         yield advance

@@ -1,6 +1,6 @@
 """The pure half of ``build-cache``: cache keys, what to do with each source file, records,
-manifest entries and the summary. No I/O here; ``octstage.build`` and ``octstage.buildtask``
-do the reading and writing.
+manifest entries and the summary. No I/O here (beyond looking up installed package versions
+for the cache key); ``octstage.build`` and ``octstage.buildtask`` do the reading and writing.
 
 A file's fate is decided in the cheapest order: its path (layout, folder vs file-name ID), its
 label, the source inventory (size, SHA1), and only then its bytes (header, PatientID, pixels).
@@ -16,22 +16,38 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from octstage import dicom, normalize
 from octstage.config import BuildConfig
 from octstage.errors import OctstageError
 from octstage.ids import Reason, parse_oct_path, resolve
 from octstage.labels import Participant
 from octstage.manifest import Normalization, Volume
+from octstage.provenance import config_hash
 
 INVENTORY_FORMAT = "octstage-inventory/1"
 RECORD_FORMAT = "octstage-record/1"
 DEFAULT_INVENTORY = "_octstage/inventory.json"
 # Where the layout puts OCT volumes under a dataset root, most specific first.
 OCT_PREFIXES = ("retinal_oct/structural_oct/", "structural_oct/")
+# The category of a failure of the machine, not the bytes: retried next run, never stored.
+ENVIRONMENT = "environment"
 
 
-def cache_key(source_sha1: str, config: BuildConfig) -> str:
-    """Same source bytes + same parameters (incl. the cache version) = same key = same volume."""
-    return hashlib.sha256(f"{source_sha1}:{config.params_hash()}".encode()).hexdigest()[:32]
+def software_versions() -> dict[str, str]:
+    """What, besides the parameters, decides a cached volume's values: pydicom and every
+    decoder plugin's version, OpenCV's, and the hand-bumped preprocessing code version."""
+    return {**dicom.decoder_versions(), **normalize.preprocess_versions()}
+
+
+def cache_key(
+    source_sha1: str, config: BuildConfig, software: Mapping[str, str] | None = None
+) -> str:
+    """Same source bytes + same parameters (incl. the cache version) + same decoding and
+    preprocessing software (``software_versions``) = same key = same volume. A new decoder
+    version therefore rebuilds volumes instead of mixing two decoders' output in one cache."""
+    versions = software_versions() if software is None else software
+    text = f"{source_sha1}:{config.params_hash()}:{config_hash(dict(versions))}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -268,6 +284,7 @@ def summary(
         "participants": len({v.participant_id for v in volumes}),
         "rejected": sum(reasons.values()),
         "rejected_by_reason": dict(sorted(reasons.items())),
+        ENVIRONMENT: reasons.get(ENVIRONMENT, 0),
         "by_device": dict(sorted(devices.items())),
         "label_problems": label_problems,
         "seconds": round(seconds, 3),

@@ -11,6 +11,11 @@ cache so a re-run needs no decoding:
   the same cache version. A rejection decided by the bytes alone (unreadable, truncated, radial
   grid...) is stored as its reason; one that depends on where the file sits (PatientID or eye
   disagreeing with the path) is stored as the two header values and decided again every run.
+
+Only deterministic verdicts are stored. A failure of the machine rather than of the bytes (an
+I/O error, no decoder installed for the syntax, a worker that died, an unexpected exception, a
+source rewritten while read) is reported with the category ``environment`` and tried again on
+the next run: remembering it would make a passing fault permanent.
 """
 
 from __future__ import annotations
@@ -28,17 +33,28 @@ from pathlib import Path
 import cv2
 
 from octstage import volumestore
-from octstage.buildplan import Record, cache_key, header_verdict, sha1_mismatch
+from octstage.buildplan import ENVIRONMENT, Record, cache_key, header_verdict, sha1_mismatch
 from octstage.config import BuildConfig
 from octstage.dicom import read_header, read_volume
-from octstage.errors import DicomError, OctstageError
+from octstage.errors import DicomEnvironmentError, DicomError, OctstageError, UnsafePathError
 from octstage.ids import parse_oct_path
 from octstage.manifest import CACHE_VERSION, atomic_write_text
 from octstage.normalize import normalize_volume, scaled_spacing
 from octstage.storage import LocalStorage, Storage, check_name, open_storage
 
 _READ_CHUNK = 4 << 20
-CHANGED = "source changed: rewritten while this build read it (run the build again)"
+CHANGED = f"{ENVIRONMENT}: source changed: rewritten while this build read it (run it again)"
+# Stored rejections of another format (older ones could hold environment failures) are ignored.
+REJECT_FORMAT = "octstage-reject/2"
+
+
+def environment(detail: str) -> str:
+    """The reason of a failure that is retried next run, never stored."""
+    return f"{ENVIRONMENT}: {detail}"
+
+
+def is_environment(reason: str) -> bool:
+    return reason.startswith(f"{ENVIRONMENT}:")
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,8 @@ def load_reject(cache_root: Path, sha1: str, name: str) -> str | None:
         return None
     if not isinstance(data, dict) or data.get("cache_version") != CACHE_VERSION:
         return None
+    if data.get("format") != REJECT_FORMAT:
+        return None  # written before only deterministic verdicts were kept: decide it again
     header = data.get("header")
     if isinstance(header, dict):
         verdict = header_verdict(name, header.get("patient_id"), header.get("laterality"))
@@ -104,7 +122,13 @@ def load_reject(cache_root: Path, sha1: str, name: str) -> str | None:
 def _store_reject(
     cache_root: Path, sha1: str, reason: str, header: dict[str, str | None] | None = None
 ) -> str:
-    doc = {"sha1": sha1, "cache_version": CACHE_VERSION, "reason": reason, "header": header}
+    doc = {
+        "format": REJECT_FORMAT,
+        "sha1": sha1,
+        "cache_version": CACHE_VERSION,
+        "reason": reason,
+        "header": header,
+    }
     atomic_write_text(reject_path(cache_root, sha1), json.dumps(doc) + "\n")
     return reason
 
@@ -171,11 +195,17 @@ def run_task(task: Task) -> Outcome:
         with spooled(_storage(task.source_url), task.name) as spool:
             try:
                 return _process(task, spool)
-            except Exception as exc:  # noqa: BLE001 - one file's failure is reported, never fatal
-                reason = f"error: {type(exc).__name__}: {exc}"
+            except DicomEnvironmentError as exc:
+                reason = environment(_dicom(exc, task.name))
                 return Outcome(task.name, spool.sha1, reason=reason, read=True)
+            except Exception as exc:  # noqa: BLE001 - one file's failure is reported, never fatal
+                # Not a verdict on the bytes that we understand: retried, not remembered.
+                reason = environment(f"unexpected {type(exc).__name__}: {exc}")
+                return Outcome(task.name, spool.sha1, reason=reason, read=True)
+    except UnsafePathError as exc:
+        return Outcome(task.name, None, reason=f"layout: {exc}")
     except (OctstageError, OSError) as exc:
-        return Outcome(task.name, None, reason=f"unreadable source: {exc}")
+        return Outcome(task.name, None, reason=environment(f"unreadable source: {exc}"))
 
 
 def _process(task: Task, spool: Spool) -> Outcome:
@@ -201,6 +231,8 @@ def _process(task: Task, spool: Spool) -> Outcome:
 
     try:
         header = read_header(spool.path, name)
+    except DicomEnvironmentError:
+        raise  # run_task reports it as an environment failure, unstored
     except DicomError as exc:
         return reject(_dicom(exc, name))
     problem = header.problem()
@@ -221,6 +253,8 @@ def _process(task: Task, spool: Spool) -> Outcome:
             # tear the progress bar.
             warnings.simplefilter("ignore")
             _, volume = read_volume(spool.path, name)
+    except DicomEnvironmentError:
+        raise
     except DicomError as exc:
         return reject(_dicom(exc, name), decoded=True)
     if not spool.unchanged():

@@ -1,7 +1,9 @@
 """The ``octstage`` command: one subcommand per pipeline step, each a single ``run_*`` call.
 
 Exit codes: 0 success, 1 the step finished but something was rejected or below a threshold,
-2 the step was refused or failed (the message says which file and why).
+2 the step was refused or failed (the message says which file and why), 3 (build-cache only)
+volumes are missing for reasons of the machine and a re-run retries them. Each subcommand's
+``--help`` lists its own codes (``EXIT_CODES``), so a script can rely on them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,31 @@ from rich.logging import RichHandler
 from octstage.errors import OctstageError
 
 console = Console(stderr=True)
+
+_REFUSED = "  2  refused or failed: bad arguments, unreadable input, an unexpected error"
+# What each subcommand's run_* really returns, shown by its --help.
+EXIT_CODES: dict[str, str] = {
+    "synth": f"exit codes:\n  0  the dataset was written\n{_REFUSED}",
+    "audit-ids": "exit codes:\n  0  the report was written\n"
+    "  1  the share of labelled participants with verified OCT is below --min-overlap\n" + _REFUSED,
+    "build-cache": """\
+exit codes:
+  0  every listed source is in the manifest
+  1  the manifest was written; some sources were excluded for deterministic reasons only
+     (layout, labels, header, participant ID, truncation, radial scans...)
+  2  refused or failed (bad arguments, unreadable inventory, another build running...), or
+     more than --max-reject-share of the listed sources left out (manifest still written)
+  3  the manifest was written, but some volumes are missing for environmental reasons (I/O
+     error, missing decoder, dead worker): run the same command again to retry only those""",
+    "mirror": "exit codes:\n  0  every object copied (or already there) and verified\n"
+    "  1  some objects failed to copy or could not be verified (no source SHA1): see the report\n"
+    "  2  refused or failed: bad arguments, empty source, too many deletions, overlapping\n"
+    "     source and destination, an unexpected error",
+    "stage": "exit codes:\n  0  every volume downloaded and verified\n"
+    "  1  some volumes failed (listed in the report)\n" + _REFUSED,
+    "verify": "exit codes:\n  0  every volume matches the manifest, nothing extra, schema valid\n"
+    "  1  volumes missing, changed or extra, or the manifest breaks the schema\n" + _REFUSED,
+}
 
 
 def _synth(a: argparse.Namespace) -> int:
@@ -58,6 +85,9 @@ def _build(a: argparse.Namespace) -> int:
         scheduler=a.scheduler,
         inventory=a.inventory,
         json_out=Path(a.json) if a.json else None,
+        max_reject_share=a.max_reject_share,
+        verify_sources=not a.no_verify_sources,
+        progress_seconds=a.progress_seconds,
     )
 
 
@@ -79,6 +109,7 @@ def _mirror(a: argparse.Namespace) -> int:
         transfers=a.transfers,
         checkers=a.checkers,
         json_out=Path(a.json) if a.json else None,
+        progress_seconds=a.progress_seconds,
     )
 
 
@@ -102,7 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     def add(
         name: str, fn: Callable[[argparse.Namespace], int], help: str
     ) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help)
+        sp = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=EXIT_CODES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sp.set_defaults(func=fn)
         return sp
 
@@ -161,7 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--inventory", help="source inventory JSON (from mirror) to check each file's SHA1"
     )
+    s.add_argument(
+        "--no-verify-sources",
+        action="store_true",
+        help="do not read a source inventory (an unreadable one otherwise stops the build); "
+        'the manifest records "source_verification": "none"',
+    )
     s.add_argument("--json", metavar="OUT", help="write the build summary as JSON here")
+    _progress_option(s)
+    s.add_argument(
+        "--max-reject-share",
+        type=float,
+        metavar="F",
+        help="exit 2 when more than this share (0..1) of the listed sources is left out",
+    )
 
     s = add("verify", _verify, "Recompute every cached volume's checksum against the manifest.")
     s.add_argument("manifest", help="manifest JSON")
@@ -181,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--transfers", type=int, default=32, help="parallel file transfers")
     s.add_argument("--checkers", type=int, default=64, help="parallel checkers")
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")
+    _progress_option(s)
 
     s = add(
         "stage",
@@ -192,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--transfers", type=int, default=16, help="parallel downloads")
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")
     return p
+
+
+def _progress_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress-seconds",
+        type=float,
+        metavar="S",
+        help="when stderr is not a terminal, print a progress line every S seconds "
+        "(default: $OCTSTAGE_PROGRESS_SECONDS, else 30; 0 = every update)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,6 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except OctstageError as exc:
         console.print(f"[bold red]octstage {args.command}: {exc}")
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a crash must not read as exit 1 ("rejections")
+        if args.verbose:
+            console.print_exception()
+        console.print(f"[bold red]octstage {args.command}: unexpected {type(exc).__name__}: {exc}")
         return 2
 
 

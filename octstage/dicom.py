@@ -7,11 +7,14 @@ Spacing comes from the functional groups (``SharedFunctionalGroupsSequence`` ->
 to 1: a file without spacing says so. Decoder plugins are chosen per transfer syntax, not left
 to pydicom, because the choice changes decode time several-fold (see ``DECODERS``).
 
-Every failure is a ``DicomError`` whose message starts with the file's name and says why.
+Every failure is a ``DicomError`` whose message starts with the file's name and says why; one
+that says nothing about the bytes (I/O error, no decoder installed for the syntax) is a
+``DicomEnvironmentError``, so callers can retry it instead of remembering it.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import struct
@@ -19,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
+from importlib import metadata
 from typing import BinaryIO
 
 import numpy as np
@@ -26,6 +30,7 @@ import numpy.typing as npt
 import pydicom
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
+from pydicom.pixels.decoders.base import get_decoder
 from pydicom.pixels.utils import pixel_array
 from pydicom.uid import (
     JPEG2000,
@@ -36,7 +41,7 @@ from pydicom.uid import (
     RLELossless,
 )
 
-from octstage.errors import DicomError
+from octstage.errors import DicomEnvironmentError, DicomError
 
 OPT_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.5.4"  # Ophthalmic Tomography Image Storage
 
@@ -49,6 +54,34 @@ DECODERS: dict[str, str] = {
     JPEGBaseline8Bit: "pillow",
     JPEGExtended12Bit: "pillow",
 }
+
+# Every distribution that can decode pixels here (pydicom's own decoders and the plugins it may
+# pick); a new version may decode the same bytes differently, so all go into the cache key.
+DECODER_PACKAGES = (
+    "pydicom",
+    "pylibjpeg",
+    "pylibjpeg-openjpeg",
+    "pylibjpeg-rle",
+    "pylibjpeg-libjpeg",
+    "pillow",
+    "python-gdcm",
+    "pyjpegls",
+)
+
+
+def decoder_versions() -> dict[str, str]:
+    """The installed version of each of ``DECODER_PACKAGES`` (``"absent"`` if not installed)."""
+    return {name: _installed(name) for name in DECODER_PACKAGES}
+
+
+@functools.cache
+def _installed(distribution: str) -> str:
+    # Cached: a metadata lookup scans sys.path, and the cache key is computed per source file.
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
 
 # What pydicom and its decoder plugins raise on damaged or unexpected input.
 _READ_ERRORS = (
@@ -195,14 +228,17 @@ def read_volume(source: Source, name: str) -> tuple[DicomHeader, npt.NDArray[np.
         try:
             ds = pydicom.dcmread(fh)
         except _READ_ERRORS as exc:
-            raise DicomError(f"{name}: {_why(exc)}") from exc
+            raise _read_error(exc, name) from exc
     data = ds.get("PixelData")
     if data is None:  # the header showed the element, so the file ends inside it
         raise DicomError(f"{name}: pixel data truncated: the file ends inside the Pixel Data")
     if not UID(header.transfer_syntax).is_compressed and len(data) < header.expected_pixel_bytes:
         raise DicomError(f"{name}: {header._truncated(len(data))}")
+    _require_decoder(header, name)
     try:
         arr = pixel_array(ds, decoding_plugin=header.decoder)
+    except ImportError as exc:  # a plugin that is installed but broken: the machine, not the file
+        raise DicomEnvironmentError(f"{name}: decoder unusable: {exc}") from exc
     except _READ_ERRORS as exc:
         raise DicomError(
             f"{name}: decode failed ({header.transfer_syntax_name}, "
@@ -221,7 +257,7 @@ def _read_header(fh: BinaryIO, name: str) -> DicomHeader:
         tag = fh.read(4)
         end = fh.seek(0, io.SEEK_END)
     except _READ_ERRORS as exc:
-        raise DicomError(f"{name}: {_why(exc)}") from exc
+        raise _read_error(exc, name) from exc
     pixel_bytes = None
     if tag in _PIXEL_TAGS:
         implicit = UID(_transfer_syntax(ds, name)).is_implicit_VR
@@ -313,11 +349,34 @@ def _opened(source: Source, name: str) -> Iterator[BinaryIO]:
         try:
             fh = open(source, "rb")  # noqa: SIM115 - closed by the with below
         except OSError as exc:
-            raise DicomError(f"{name}: cannot open: {exc.strerror or exc}") from exc
+            raise DicomEnvironmentError(f"{name}: cannot open: {exc.strerror or exc}") from exc
         with fh:
             yield fh
     else:
         yield source
+
+
+def _read_error(exc: BaseException, name: str) -> DicomError:
+    """Reading a file (the bytes are on disk, parsing has not failed): an OSError is the disk's
+    or the network's, not the file's (EOFError, a short file, is not an OSError)."""
+    if isinstance(exc, OSError):
+        return DicomEnvironmentError(f"{name}: I/O error: {exc.strerror or exc}")
+    return DicomError(f"{name}: {_why(exc)}")
+
+
+def _require_decoder(header: DicomHeader, name: str) -> None:
+    """Refuse, as an environment failure, a syntax whose decoder (or chosen plugin) is missing
+    here: decoding would fail for every file of that syntax on this machine only."""
+    try:
+        decoder = get_decoder(header.transfer_syntax)
+    except NotImplementedError:
+        return  # no decoder exists anywhere for this syntax: pixel_array says so, for good
+    plugin = header.decoder
+    if not decoder.is_available or (plugin and plugin not in decoder.available_plugins):
+        missing = "; ".join(decoder.missing_dependencies) or f"plugin {plugin!r} not installed"
+        raise DicomEnvironmentError(
+            f"{name}: no decoder for {header.transfer_syntax_name} on this machine ({missing})"
+        )
 
 
 def _refuse_empty(fh: BinaryIO, name: str) -> None:

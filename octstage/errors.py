@@ -29,6 +29,10 @@ class StorageError(OctstageError):
     """A storage backend failed (missing object, refused name, remote error)."""
 
 
+class ObjectNotFoundError(StorageError):
+    """The object does not exist (as opposed to a backend that failed to say)."""
+
+
 class UnsafePathError(StorageError):
     """An object name would escape its destination folder (``..``, absolute path)."""
 
@@ -39,3 +43,9 @@ class MirrorError(OctstageError):
 
 class VerificationError(OctstageError):
     """Stored bytes do not match their recorded checksum."""
+
+
+class DicomEnvironmentError(DicomError):
+    """A file could not be read or decoded because of this machine, not because of its bytes
+    (no decoder plugin for its transfer syntax, an I/O error on a network disk): a later run may
+    succeed, so this verdict is reported but never remembered."""

@@ -64,6 +64,7 @@ from octstage.mirror_verify import (
     Outcome,
     verify_all,
 )
+from octstage.progress import DEFAULT_SECONDS, LineProgress, interval, megabytes
 from octstage.rclone import CopyStats, RcloneDaemon, copy_config
 from octstage.remotes import Location, known_secrets, parse_location, rclone_env, scrub
 from octstage.storage import LocalStorage, ObjectInfo, Storage, open_location
@@ -119,8 +120,14 @@ def run_mirror(
     checkers: int = 64,
     json_out: Path | None = None,
     fast_list: bool = True,
+    progress_seconds: float | None = None,
 ) -> int:
-    """Mirror ``src`` to ``dst`` (see the module docstring); returns the exit code."""
+    """Mirror ``src`` to ``dst`` (see the module docstring); returns the exit code.
+
+    Progress is a bar on a terminal, else a plain line every ``progress_seconds``
+    (``octstage.progress``).
+    """
+    every = interval(progress_seconds)
     src_loc, dst_loc = parse_location(src), parse_location(dst)
     _check_locations(src_loc, dst_loc)
     secrets = known_secrets([src_loc, dst_loc])
@@ -128,7 +135,18 @@ def run_mirror(
     started = time.monotonic()
     console = Console(stderr=True)
     try:
-        _run(src_loc, dst_loc, report, console, secrets, max_delete, transfers, checkers, fast_list)
+        _run(
+            src_loc,
+            dst_loc,
+            report,
+            console,
+            secrets,
+            max_delete,
+            transfers,
+            checkers,
+            fast_list,
+            every,
+        )
     except StorageError as exc:
         raise MirrorError(scrub(str(exc), secrets)) from None
     report.seconds = round(time.monotonic() - started, 3)
@@ -162,6 +180,7 @@ def _run(
     transfers: int,
     checkers: int,
     fast_list: bool,
+    every: float = DEFAULT_SECONDS,
 ) -> None:
     t0 = time.monotonic()
     src_storage = open_location(src_loc)
@@ -202,8 +221,8 @@ def _run(
         with RcloneDaemon(env, secrets) as daemon:
             config = copy_config(transfers, checkers, fast_list=fast_list)
             if plan.copy:
-                _copy(daemon, src_loc, dst_loc, config, plan, report, console)
-            _verify(daemon, src_loc, dst_loc, dst_storage, inv, report, console, transfers)
+                _copy(daemon, src_loc, dst_loc, config, plan, report, console, every)
+            _verify(daemon, src_loc, dst_loc, dst_storage, inv, report, console, transfers, every)
     if plan.delete:
         _prune(dst_storage, plan, report)
 
@@ -235,9 +254,12 @@ def _copy(
     plan: MirrorPlan,
     report: MirrorReport,
     console: Console,
+    every: float = DEFAULT_SECONDS,
 ) -> None:
     t0 = time.monotonic()
     log.info("copying %d objects (%d bytes) with rclone", len(plan.copy), plan.copy_bytes)
+    # Not a terminal: the bar below prints nothing, so plain lines (numbers only, no names).
+    lines = None if console.is_terminal else LineProgress(console, "mirror copy", every, megabytes)
     with Progress(
         TextColumn("copy"),
         BarColumn(),
@@ -254,10 +276,16 @@ def _copy(
             files = f"{stats.files}/{stats.total_files} files"
             total = stats.total_bytes or plan.copy_bytes or None
             progress.update(task, completed=stats.bytes, total=total, files=files)
+            if lines is not None:
+                lines.update(stats.bytes, total, files)
 
         # Like LocalStorage's listing (so the inventory), skip hidden files of a local source.
         hidden = [".*", ".*/**"] if src.kind == "local" else []
         result = daemon.copy(src.rclone_fs, dst.rclone_fs, config, show, exclude=hidden)
+    if lines is not None:
+        done = result.stats
+        files = f"{done.files}/{done.total_files} files"
+        lines.update(done.bytes, done.total_bytes or plan.copy_bytes or None, files, final=True)
     report.copied_files += result.stats.files
     report.copied_bytes += result.stats.bytes
     report.copy_seconds = round(time.monotonic() - t0, 3)
@@ -276,6 +304,7 @@ def _verify(
     report: MirrorReport,
     console: Console,
     transfers: int,
+    every: float = DEFAULT_SECONDS,
 ) -> None:
     t0 = time.monotonic()
     post = plan_mirror(inv, dst_storage.list(), prune=False)
@@ -307,9 +336,15 @@ def _verify(
         refresh_per_second=2,  # the copy competes for the same cores
     ) as progress:  # fmt: skip
         task = progress.add_task("verify", total=len(todo))
+        lines = None if console.is_terminal else LineProgress(console, "mirror verify", every)
+        checked = [0]
 
         def done(outcome: Outcome) -> None:
             progress.advance(task)
+            if lines is not None:
+                with lock:  # called from the verifying threads
+                    checked[0] += 1
+                    lines.update(checked[0], len(todo), final=checked[0] == len(todo))
 
         absent = {e.name for e in post.copy}
         outcomes = verify_all(todo, destination, recopy, min(transfers, 8), done, absent)

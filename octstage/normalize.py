@@ -17,7 +17,9 @@ aliases when shrinking.
 
 from __future__ import annotations
 
+import functools
 import math
+from importlib import metadata
 
 import cv2
 import numpy as np
@@ -26,6 +28,23 @@ import numpy.typing as npt
 from octstage.manifest import Normalization
 
 RESIZE_METHODS = ("area", "linear")
+# Bump by hand whenever this module (or the build's use of it) changes what a cached volume
+# holds for the same source and parameters: it is part of every cache key.
+PREPROCESS_VERSION = 1
+
+
+def preprocess_versions() -> dict[str, str]:
+    """This code's version and OpenCV's (its resize kernels make the output), for the key."""
+    return {"octstage-preprocess": str(PREPROCESS_VERSION), "opencv": _opencv_version()}
+
+
+@functools.cache
+def _opencv_version() -> str:
+    # Cached: a metadata lookup scans sys.path, and the cache key is computed per source file.
+    try:
+        return metadata.version("opencv-python-headless")
+    except metadata.PackageNotFoundError:
+        return str(cv2.__version__)  # another OpenCV wheel: its own version string
 
 
 def histogram_percentiles(

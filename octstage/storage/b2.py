@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, cast
 from b2sdk.v2 import B2Api, InMemoryAccountInfo, InMemoryCache
 from b2sdk.v2.exception import B2Error, FileNotPresent, NonExistentBucket
 
-from octstage.errors import StorageError
+from octstage.errors import ObjectNotFoundError, StorageError
 from octstage.remotes import B2Credentials, Location, b2_credentials, parse_location
 from octstage.storage.base import ObjectInfo, check_name, join_name
 
@@ -130,7 +130,7 @@ class B2Storage:
 
     def _fail(self, name: str, exc: Exception) -> StorageError:
         if isinstance(exc, FileNotPresent):
-            return StorageError(f"{self.url}/{name}: no such object")
+            return ObjectNotFoundError(f"{self.url}/{name}: no such object")
         return StorageError(f"{self.url}/{name}: {type(exc).__name__}: {exc}")
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:

@@ -33,7 +33,7 @@ from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 from requests.adapters import HTTPAdapter
 
-from octstage.errors import StorageError
+from octstage.errors import ObjectNotFoundError, StorageError
 from octstage.remotes import Location, RemoteConfig, parse_location
 from octstage.storage.base import ObjectInfo, check_name, join_name
 
@@ -218,7 +218,7 @@ class GcsStorage:
 
     def _fail(self, name: str, exc: Exception) -> StorageError:
         if isinstance(exc, gexc.NotFound):
-            return StorageError(f"{self.url}/{name}: no such object")
+            return ObjectNotFoundError(f"{self.url}/{name}: no such object")
         return StorageError(f"{self.url}/{name}: {type(exc).__name__}: {exc}")
 
     def _blobs(self, prefix: str) -> Sequence[Any]:
@@ -257,7 +257,7 @@ class GcsStorage:
         except ERRORS as exc:
             raise self._fail(name, exc) from None
         if blob is None:
-            raise StorageError(f"{self.url}/{name}: no such object")
+            raise ObjectNotFoundError(f"{self.url}/{name}: no such object")
         return blob
 
     def state(self, name: str) -> BlobState:

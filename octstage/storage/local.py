@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from octstage.errors import StorageError
+from octstage.errors import ObjectNotFoundError, StorageError
 from octstage.storage.base import ObjectInfo, check_name
 
 
@@ -43,18 +43,21 @@ class LocalStorage:
         try:
             return ObjectInfo(name=name, size=path.stat().st_size)
         except FileNotFoundError as exc:
-            raise StorageError(f"{path}: no such object") from exc
+            raise ObjectNotFoundError(f"{path}: no such object") from exc
 
     def open(self, name: str, chunk_size: int | None = None) -> BinaryIO:
         path = self._path(name)
         try:
             return open(path, "rb")
         except FileNotFoundError as exc:
-            raise StorageError(f"{path}: no such object") from exc
+            raise ObjectNotFoundError(f"{path}: no such object") from exc
 
     def read_bytes(self, name: str) -> bytes:
-        with self.open(name) as fh:
-            return fh.read()
+        try:
+            with self.open(name) as fh:
+                return fh.read()
+        except OSError as exc:  # a folder, no permission, EIO: not "missing"
+            raise StorageError(f"{self._path(name)}: cannot read: {exc.strerror or exc}") from exc
 
     def write_bytes(
         self, name: str, data: bytes, metadata: Mapping[str, str] | None = None

@@ -19,8 +19,8 @@ import pydicom.data
 import pytest
 import zarr
 
+from octstage import dicom, normalize, volumestore
 from octstage import manifest as mf
-from octstage import volumestore
 from octstage.buildplan import (
     InventoryEntry,
     Record,
@@ -28,6 +28,7 @@ from octstage.buildplan import (
     header_verdict,
     parse_inventory,
     precheck,
+    software_versions,
 )
 from octstage.config import BuildConfig
 from octstage.errors import OctstageError
@@ -167,6 +168,26 @@ def test_cache_key_depends_on_source_and_every_parameter() -> None:
     assert base != cache_key("b" * 40, CONFIG)
     for change in ({"shape": (8, 32, 33)}, {"p_low": 2.0}, {"subsample": (1, 1, 1)}):
         assert base != cache_key("a" * 40, BuildConfig(**{"shape": SHAPE, **change}))
+
+
+def test_cache_key_changes_with_decoder_and_preprocessing_versions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = cache_key("a" * 40, CONFIG)
+    versions = software_versions()
+    for name in ("pydicom", "pylibjpeg", "pylibjpeg-openjpeg", "pylibjpeg-rle", "pillow"):
+        assert versions[name] != "absent"  # the decoders this project installs are reported
+    assert {"octstage-preprocess", "opencv"} <= set(versions)
+    assert base == cache_key("a" * 40, CONFIG, versions)
+    decoders = dicom.decoder_versions()
+    for name in ("pydicom", "pylibjpeg-openjpeg", "pyjpegls"):  # one installed, one absent
+        changed = {**decoders, name: "99.0"}
+        monkeypatch.setattr(dicom, "decoder_versions", lambda changed=changed: changed)
+        assert cache_key("a" * 40, CONFIG) != base, name
+        monkeypatch.undo()
+    assert cache_key("a" * 40, CONFIG) == base
+    monkeypatch.setattr(normalize, "PREPROCESS_VERSION", normalize.PREPROCESS_VERSION + 1)
+    assert cache_key("a" * 40, CONFIG) != base
 
 
 def test_precheck_decides_path_label_and_inventory_without_reading() -> None:

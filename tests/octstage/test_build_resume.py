@@ -6,24 +6,32 @@ module's loopback dask cluster (``scheduler``).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pydicom
 import pydicom.data
 import pytest
+from pydicom.pixels.decoders.base import get_decoder
+from pydicom.uid import RLELossless
 
 from octstage import manifest as mf
 from octstage import volumestore
 from octstage.build import INDEX_NAME
+from octstage.buildtask import REJECT_FORMAT, load_reject, reject_path
 from octstage.config import BuildConfig
+from octstage.errors import ConfigError
 from octstage.synth import write_oct_dicom
 from octstage.verify import verify
 from tests.octstage.build_helpers import (
@@ -180,3 +188,115 @@ def _wait_until_gone(session: int) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("processes of the killed build are still running")
+
+
+# ---- failures of the machine: reported, retried, never remembered ---------------------------
+
+
+@pytest.fixture
+def in_process() -> Iterator[str]:
+    """A dask cluster whose worker is a thread of this process, so a monkeypatched decoder or
+    disk is what the task really sees (the shared cluster's workers are other processes)."""
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+    ) as local:
+        yield str(local.scheduler_address)
+
+
+def _compressed_victim(built: Built, cache: Path) -> mf.Volume:
+    """A compressed volume whose record is dropped, so the next build must decode it again."""
+    victim = next(v for v in built.manifest.volumes if v.transfer_syntax == RLELossless)
+    (cache / "records" / f"{victim.cache_key}.json").unlink()
+    return victim
+
+
+def _assert_retried(built: Built, cache: Path, victim: mf.Volume, scheduler: str) -> None:
+    """After the fault is gone, the next run builds the volume: nothing of the fault was kept."""
+    assert not (cache / "rejects" / f"{victim.source_sha1}.json").exists()
+    code, summary = build(built.src, cache, scheduler=scheduler)
+    assert code == built.code == 1  # back to the deterministic exclusions only
+    assert (summary["built"], summary["environment"]) == (1, 0)
+    m = mf.load(cache / "manifest.json")
+    assert m.volumes == built.manifest.volumes and rejected(m) == rejected(built.manifest)
+
+
+def test_missing_decoder_plugin_is_retried_next_run(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: str
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    victim = _compressed_victim(built, cache)
+    # What pydicom sees when pylibjpeg-rle is not installed: the plugin is not available.
+    decoder = get_decoder(RLELossless)
+    available = {k: v for k, v in decoder._available.items() if k != "pylibjpeg"}
+    monkeypatch.setattr(decoder, "_available", available)
+    monkeypatch.setattr(decoder, "_unavailable", {"pylibjpeg": ("pylibjpeg-rle",)})
+    code, summary = build(built.src, cache, scheduler=in_process)
+    assert code == 3  # volumes missing for a reason a re-run may fix
+    assert summary["environment"] == 1 and summary["rejected_by_reason"]["environment"] == 1
+    reason = rejected(mf.load(cache / "manifest.json"))[victim.source_path]
+    assert reason.startswith("environment: DICOM: no decoder for RLE Lossless"), reason
+    monkeypatch.undo()  # the plugin is installed again
+    _assert_retried(built, cache, victim, in_process)
+
+
+def test_io_error_while_reading_is_retried_next_run(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: str
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    victim = _compressed_victim(built, cache)
+    real = pydicom.dcmread
+
+    def flaky(fp: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("stop_before_pixels"):  # the full read of the pixels fails
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fp, *args, **kwargs)
+
+    monkeypatch.setattr(pydicom, "dcmread", flaky)
+    code, summary = build(built.src, cache, scheduler=in_process)
+    assert code == 3 and summary["environment"] == 1
+    reason = rejected(mf.load(cache / "manifest.json"))[victim.source_path]
+    assert reason == "environment: DICOM: I/O error: Input/output error", reason
+    monkeypatch.undo()
+    _assert_retried(built, cache, victim, in_process)
+
+
+def test_without_a_terminal_progress_lines_are_printed(
+    built: Built,
+    tmp_path: Path,
+    scheduler: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    for volume in built.manifest.volumes[:3]:  # three volumes to build again, the rest reused
+        (cache / "records" / f"{volume.cache_key}.json").unlink()
+    monkeypatch.setenv("OCTSTAGE_PROGRESS_SECONDS", "0")  # captured stderr is no terminal
+    build(built.src, cache, scheduler=scheduler)
+    err = capsys.readouterr().err.splitlines()
+    lines = [ln for ln in err if re.match(r"build-cache: \d+/", ln)]
+    assert [ln.split(",")[0] for ln in lines] == [
+        "build-cache: 1/3 (33%)",
+        "build-cache: 2/3 (67%)",
+        "build-cache: 3/3 (100%)",
+    ]
+    assert "ok 3 rejected 0" in lines[-1]
+    monkeypatch.setenv("OCTSTAGE_PROGRESS_SECONDS", "soon")
+    with pytest.raises(ConfigError, match="OCTSTAGE_PROGRESS_SECONDS"):
+        build(built.src, cache, scheduler=scheduler)
+
+
+def test_rejections_stored_before_verdicts_were_classified_are_decided_again(
+    tmp_path: Path,
+) -> None:
+    """An older store could hold an environment failure as if it were a verdict: ignore it."""
+    sha1 = "a" * 40
+    name = "retinal_oct/structural_oct/heidelberg_spectralis/1001/1001_spectralis_mac_r_1.2.dcm"
+    path = reject_path(tmp_path, sha1)
+    path.parent.mkdir(parents=True)
+    old = {"sha1": sha1, "cache_version": mf.CACHE_VERSION, "reason": "DICOM: decode failed"}
+    path.write_text(json.dumps({**old, "header": None}))
+    assert load_reject(tmp_path, sha1, name) is None
+    path.write_text(json.dumps({**old, "header": None, "format": REJECT_FORMAT}))
+    assert load_reject(tmp_path, sha1, name) == "DICOM: decode failed"

@@ -20,6 +20,8 @@ from octstage import builddask
 from octstage import manifest as mf
 from octstage.build import INDEX_NAME, run_build
 from octstage.cli import main
+from octstage.errors import StorageError
+from octstage.storage import LocalStorage
 from octstage.synth import SynthInfo
 from tests.octstage.build_helpers import (
     CONFIG,
@@ -74,6 +76,8 @@ def test_sha1_mismatch_against_the_inventory_is_rejected(
     assert no_sha1 not in reasons and absent not in reasons
     assert summary["unverified"] == 2 and summary["decoded"] == 0
     assert summary["volumes"] == len(vols) - 2
+    assert summary["source_verification"] == "sha1-inventory"
+    assert mf.load(cache / "manifest.json").header.config["source_verification"] == "sha1-inventory"
 
     # The same verdict when the file has to be read and hashed (no index), via --inventory.
     (cache / INDEX_NAME).unlink()
@@ -82,6 +86,58 @@ def test_sha1_mismatch_against_the_inventory_is_rejected(
     _, summary = build(src, cache, inventory=str(elsewhere), scheduler=scheduler)
     assert summary["read"] > 0 and summary["decoded"] == 0
     assert rejected(mf.load(cache / "manifest.json"))[bad] == reasons[bad]
+
+
+def test_without_an_inventory_every_source_counts_as_unverified(built: Built) -> None:
+    assert built.summary["source_verification"] == "none"
+    assert built.manifest.header.config["source_verification"] == "none"
+    # Every file that reached the SHA1 check had nothing to be checked against.
+    assert built.summary["unverified"] >= len(built.manifest.volumes)
+
+
+@pytest.mark.parametrize("damage", ["not JSON", "malformed entry", "unreadable", "backend error"])
+def test_a_damaged_inventory_stops_the_build_unless_told_not_to_verify(
+    built: Built,
+    tmp_path: Path,
+    scheduler: str,
+    damage: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(built.src, src)
+    cache = copy_cache(built, tmp_path / "cache")  # reused volumes: only the verdict matters
+    (cache / "manifest.json").unlink()
+    inventory = src / "_octstage" / "inventory.json"
+    inventory.parent.mkdir()
+    if damage == "not JSON":
+        inventory.write_text('{"format": "octstage-inventory/1", "objects": [')  # cut short
+    elif damage == "malformed entry":
+        inventory.write_text(json.dumps({"format": "octstage-inventory/1", "objects": [{}]}))
+    elif damage == "unreadable":
+        inventory.mkdir()  # exists, but reading it fails (EISDIR; permissions would not stop root)
+    else:  # a bucket answering 503: once read as "no inventory", every SHA1 check skipped
+        inventory.write_text("{}")
+        real = LocalStorage.read_bytes
+
+        def failing(self: LocalStorage, name: str) -> bytes:
+            if name.endswith("inventory.json"):
+                raise StorageError(f"{self.url}/{name}: ServiceUnavailable: 503")
+            return real(self, name)
+
+        monkeypatch.setattr(LocalStorage, "read_bytes", failing)
+    argv = ["build-cache", "--source", str(src), "--out", str(cache), "--scheduler", scheduler]
+    argv += ["--labels", str(src / "participants.tsv"), "--manifest", str(cache / "manifest.json")]
+    argv += ["--shape", *(str(s) for s in CONFIG.shape)]
+    assert main(argv) == 2
+    said = "".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert str(inventory).replace(" ", "") in said and "--no-verify-sources" in said
+    assert not (cache / "manifest.json").exists()
+
+    assert main([*argv, "--no-verify-sources"]) == 1
+    m = mf.load(cache / "manifest.json")
+    assert m.header.config["source_verification"] == "none"
+    assert m.volumes == built.manifest.volumes
 
 
 def test_fresh_build_on_an_existing_scheduler_matches(

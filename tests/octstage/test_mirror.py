@@ -354,3 +354,23 @@ def test_scheme_urls_without_remotes_use_b2_variables_and_on_the_fly_roots(
     code, report = mirror(tmp_path, "b2://src/v3", f"gs://{gcs_bucket}/m")
     assert code == 0 and report["verified"] == len(files)
     assert_mirrored(gcs_server, gcs_bucket, files)
+
+
+def test_without_a_terminal_progress_lines_are_printed(
+    cloud_env: dict[str, str],
+    b2: B2Double,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    files = seed(b2)
+    monkeypatch.setenv("OCTSTAGE_PROGRESS_SECONDS", "0")  # captured stderr is no terminal
+    code, _ = mirror(tmp_path, "b2:src/v3", str(tmp_path / "mirror"))
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "mirror copy: " in err and " MB" in err
+    assert f"mirror verify: {len(files)}/{len(files)} (100%)" in err
+    # A long interval: only the closing line of each phase.
+    code, _ = mirror(tmp_path, "b2:src/v3", str(tmp_path / "again"), progress_seconds=3600)
+    err = capsys.readouterr().err
+    assert err.count("mirror verify: ") == 1 and err.count("mirror copy: ") == 1

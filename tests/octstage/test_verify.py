@@ -132,3 +132,13 @@ def test_schema_check_is_skipped_only_without_a_schema(tmp_path: Path) -> None:
     assert status.startswith("skipped") and errors == []
     status, errors = validate_schema({})
     assert status == "invalid" and errors
+
+
+def test_verify_needs_nothing_beyond_the_base_dependencies() -> None:
+    """``octstage verify`` imports jsonschema for the schema check: a plain install has it."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    names = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]}
+    assert "jsonschema" in names
+    assert not any(d.startswith("jsonschema") for d in project["optional-dependencies"]["dev"])
