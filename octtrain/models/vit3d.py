@@ -104,12 +104,20 @@ class Block(nn.Module):
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool) -> torch.Tensor:
     """``x`` through ``blocks``; with ``checkpointing`` (and a graph being recorded) each block
     keeps only its input and recomputes the rest in the backward pass."""
-    recompute = checkpointing and torch.is_grad_enabled()
-    for block in blocks:
-        if recompute:
-            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-        else:
+    if not (checkpointing and torch.is_grad_enabled()):
+        for block in blocks:
             x = block(x)
+        return x
+    if x.device.type == "xla":
+        # torch_xla's checkpoint puts an optimization barrier on the block input; with torch's,
+        # XLA merges (CSE) the recomputation with the forward and keeps every activation.
+        from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
+
+        for block in blocks:
+            x = xla_checkpoint(block, x, use_reentrant=True)  # XLA supports only reentrant
+        return x
+    for block in blocks:
+        x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
     return x
 
 
