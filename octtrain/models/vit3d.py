@@ -1,9 +1,11 @@
-"""The 3D ViT encoder: Conv3d tubelet patches, fixed 3D sin-cos positions, SDPA attention.
+"""The 3D ViT encoder: Conv3d tubelet patches, fixed 3D sin-cos positions, configurable attention.
 
 ``ViT3D.forward(x, keep_idx)`` embeds a volume ``x [B, 1, D, H, W]`` into ``N`` patch tokens and,
 when ``keep_idx [B, M]`` is given, keeps only those tokens before the transformer (the V-JEPA
 context encoder sees only unmasked patches). It returns ``[B, N or M, embed_dim]`` after a final
-LayerNorm. Sizes come from the named presets in ``octtrain.config.sections``.
+LayerNorm. Sizes come from the named presets in ``octtrain.config.sections``; the attention kernel
+from ``model.attention`` (models/attention.py). With ``checkpointing`` each block's activations are
+recomputed in the backward pass instead of kept (``model.activation_checkpointing``).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from octtrain.config.sections import ModelConfig
+from octtrain.models.attention import attend
 
 
 def sincos_3d(grid: tuple[int, int, int], dim: int) -> torch.Tensor:
@@ -53,11 +56,15 @@ class DropPath(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int) -> None:
+    """Multi-head self-attention; ``kind`` and ``block`` pick the kernel (models/attention.py)."""
+
+    def __init__(self, dim: int, num_heads: int, kind: str = "auto", block: int = 1024) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embed dim {dim} is not divisible by {num_heads} heads")
         self.num_heads = num_heads
+        self.kind = kind
+        self.block = block
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
@@ -65,18 +72,26 @@ class Attention(nn.Module):
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, d // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = attend(q, k, v, self.kind, self.block)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))  # type: ignore[no-any-return]
 
 
 class Block(nn.Module):
     """Pre-norm transformer block."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, drop_path: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float,
+        drop_path: float,
+        attention: str = "auto",
+        attention_block: int = 1024,
+    ) -> None:
         super().__init__()
         hidden = int(dim * mlp_ratio)
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, num_heads)
+        self.attn = Attention(dim, num_heads, attention, attention_block)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.drop_path = DropPath(drop_path)
@@ -84,6 +99,26 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop_path(self.attn(self.norm1(x)))
         return x + self.drop_path(self.mlp(self.norm2(x)))  # type: ignore[no-any-return]
+
+
+def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool) -> torch.Tensor:
+    """``x`` through ``blocks``; with ``checkpointing`` (and a graph being recorded) each block
+    keeps only its input and recomputes the rest in the backward pass."""
+    if not (checkpointing and torch.is_grad_enabled()):
+        for block in blocks:
+            x = block(x)
+        return x
+    if x.device.type == "xla":
+        # torch_xla's checkpoint puts an optimization barrier on the block input; with torch's,
+        # XLA merges (CSE) the recomputation with the forward and keeps every activation.
+        from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
+
+        for block in blocks:
+            x = xla_checkpoint(block, x, use_reentrant=True)  # XLA supports only reentrant
+        return x
+    for block in blocks:
+        x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+    return x
 
 
 def init_weights(module: nn.Module) -> None:
@@ -120,6 +155,9 @@ class ViT3D(nn.Module):
         num_heads: int,
         mlp_ratio: float = 4.0,
         drop_path: float = 0.0,
+        attention: str = "auto",
+        attention_block: int = 1024,
+        checkpointing: bool = False,
     ) -> None:
         super().__init__()
         if any(s % p for s, p in zip(input_shape, patch, strict=True)):
@@ -136,7 +174,10 @@ class ViT3D(nn.Module):
         self.patch_embed = nn.Conv3d(1, embed_dim, kernel_size=patch, stride=patch)
         self.register_buffer("pos_embed", sincos_3d(self.grid, embed_dim)[None], persistent=False)
         rates = [drop_path * i / max(1, depth - 1) for i in range(depth)]
-        self.blocks = nn.ModuleList(Block(embed_dim, num_heads, mlp_ratio, r) for r in rates)
+        self.checkpointing = checkpointing
+        self.blocks = nn.ModuleList(
+            Block(embed_dim, num_heads, mlp_ratio, r, attention, attention_block) for r in rates
+        )
         self.norm = nn.LayerNorm(embed_dim)
         self.apply(init_weights)
         rescale_blocks(self.blocks)
@@ -145,8 +186,7 @@ class ViT3D(nn.Module):
         tokens = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos_embed
         if keep_idx is not None:
             tokens = gather_tokens(tokens, keep_idx)
-        for block in self.blocks:
-            tokens = block(tokens)
+        tokens = run_blocks(self.blocks, tokens, self.checkpointing and self.training)
         return self.norm(tokens)  # type: ignore[no-any-return]
 
 
@@ -156,5 +196,14 @@ def encoder_from_config(cfg: ModelConfig) -> ViT3D:
         raise ValueError("model.input_shape is unresolved (None); resolve it from the cache first")
     p = cfg.sizes()
     return ViT3D(
-        cfg.input_shape, cfg.patch, p.embed_dim, p.depth, p.num_heads, cfg.mlp_ratio, cfg.drop_path
+        cfg.input_shape,
+        cfg.patch,
+        p.embed_dim,
+        p.depth,
+        p.num_heads,
+        cfg.mlp_ratio,
+        cfg.drop_path,
+        cfg.attention,
+        cfg.attention_block,
+        cfg.activation_checkpointing,
     )
