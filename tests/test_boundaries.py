@@ -68,7 +68,9 @@ def test_only_the_xla_backend_imports_torch_xla() -> None:
         for name, path in modules("octtrain").items()
         if any(m.split(".")[0] == "torch_xla" for m in imports(path, name))
     }
-    assert users <= {"octtrain.runtime.xla", "octtrain.models.attention"}, users
+    # runtime/xla.py is the backend; the two model modules import torch_xla lazily, only when a
+    # tensor is on an XLA device (its flash kernel, its scan, its checkpoint).
+    assert users <= {"octtrain.runtime.xla", "octtrain.models.attention", "octtrain.models.vit3d"}
 
 
 def test_octtrain_has_no_import_cycle() -> None:

@@ -1,4 +1,5 @@
-"""The XLA backend (TPU; XLA:CPU in tests): the only module that imports torch_xla.
+"""The XLA backend (TPU; XLA:CPU in tests): the one module that imports torch_xla up front
+(models/attention.py and models/vit3d.py import its kernels lazily, on XLA devices only).
 
 One process per host drives every device it sees. With more than one device in the job the
 backend switches to SPMD data parallelism: a 1-D device mesh ``('data',)`` over all devices,
