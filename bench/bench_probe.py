@@ -79,8 +79,8 @@ def budget(args: argparse.Namespace) -> Budget:
     if args.quick:
         counts = {"train": 16, "val": 6, "test": 8}
         return Budget((16, 32, 32), (4, 8, 8), counts, args.steps or 60, 4, 30)
-    counts = {"train": 48, "val": 12, "test": 24}
-    return Budget((16, 32, 32), (4, 8, 8), counts, args.steps or 600, 20, 60)
+    counts = {"train": args.train or 48, "val": 12, "test": 24}
+    return Budget((16, 32, 32), (4, 8, 8), counts, args.steps or 600, args.epochs or 20, 60)
 
 
 def write_lesion_cache(root: Path, b: Budget, seed: int) -> Path:
@@ -277,6 +277,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 seed, small split, few steps")
     parser.add_argument("--seeds", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--steps", type=int, default=None, help="pretraining steps")
+    parser.add_argument("--train", type=int, default=None, help="training volumes per class")
+    parser.add_argument("--epochs", type=int, default=None, help="supervised epochs")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default: temp)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # 2 shared cores: see configs/*/tiny.yaml
@@ -309,7 +311,8 @@ def report(
         each = " ".join(f"{v:.3f}" for v in values)
         print(f"{name:<26} {statistics.mean(values):6.3f} {std:6.3f} {CHANCE:7.2f}  {each}")
     for probe in ("linear", "attentive"):
-        gains = [p - r for p, r in zip(rows[f"pretrained {probe}"], rows[f"random {probe}"])]
+        pairs = zip(rows[f"pretrained {probe}"], rows[f"random {probe}"], strict=True)
+        gains = [p - r for p, r in pairs]
         gain = statistics.mean(gains)
         verdict = "reached" if gain >= TARGET_GAIN else "NOT reached"
         print(f"pretrained - random, {probe} probe: {gain:+.3f} (target +{TARGET_GAIN}): {verdict}")

@@ -11,19 +11,20 @@ Each (frames, rows, columns) uint8 volume is, before noise:
   (``0.08 * rows``) and choroid 90 below; the band stack starts at ``0.15..0.25 * rows``, tilts
   across columns and wobbles smoothly;
 * ``label`` lesions (0, 1, 2 or 3: the class), each an ellipsoid of semi-axes ``LESION_RADII``
-  (1.5 frames, 1.5 rows, 2 columns; always 21 voxels, as centres sit on whole voxels) centred
-  on the middle row of the inner band, on a frame in ``[2, frames - 3]`` and a column in
-  ``[2, cols - 3]``, at least ``MIN_GAP`` voxels from every other lesion centre in the
-  (frame, column) plane, so lesions never touch; each lesion is independently bright
+  (2 frames, 2.5 rows, 3.5 columns; always 79 voxels, as centres sit on whole voxels)
+  centred on the middle row of the inner band, on a frame in ``[2, frames - 3]`` and a column
+  in ``[4, cols - 5]`` (so no lesion is cut by an edge), at least ``MIN_GAP`` voxels from every
+  other lesion centre in the (frame, column) plane, so lesions never touch; each lesion is
+  independently bright
   (245: a hyperreflective focus) or dark (15: a cyst) with probability 1/2, so in expectation
   lesions do not change the mean intensity;
 * a per-volume gain in ``[0.85, 1.15]`` on everything, then (unless ``speckle=False``)
   multiplicative gamma speckle (shape 8, mean 1) and additive Gaussian noise (std 6).
 
 So the class is the number of compact blobs in the inner band, whatever their sign; nothing else
-depends on it. A lesion touches a few voxels (~0.1% of a 16x32x32 volume), smaller than the
-gain's effect on the mean, and bright and dark lesions cancel on average: to read the label a
-model has to find and count local blobs.
+depends on it. A lesion covers 79 voxels (0.5% of a 16x32x32 volume; it may straddle patches),
+far less than the gain's effect on the mean, and bright and dark lesions cancel on average: to
+read the label a model has to find and count local blobs.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 NUM_CLASSES = 4  # 0..3 lesions
-LESION_RADII = (1.5, 1.5, 2.0)  # semi-axes in (frames, rows, columns), voxels
-MIN_GAP = 6.0  # least distance between lesion centres in the (frame, column) plane, voxels
+LESION_RADII = (2.0, 2.5, 3.5)  # semi-axes in (frames, rows, columns), voxels
+MIN_GAP = 9.0  # least distance between lesion centres in the (frame, column) plane, voxels
 BRIGHT, DARK, BAND = 245.0, 15.0, 120.0
 # Band levels from the vitreous down, and each band's thickness as a fraction of the rows.
 _LEVELS = (10.0, 190.0, BAND, 50.0, 220.0, 90.0)
@@ -42,14 +43,17 @@ _THICKNESS = (0.10, 0.30, 0.12, 0.08)
 
 def _lesion_centres(
     count: int, frames: int, cols: int, rng: np.random.Generator
-) -> list[tuple[float, float]]:
-    """``count`` (frame, column) centres, MIN_GAP apart, 2 voxels inside the edges."""
-    centres: list[tuple[float, float]] = []
-    while len(centres) < count:  # rejection sampling: 3 lesions leave most of the plane free
-        f = float(rng.integers(2, frames - 2))
-        c = float(rng.integers(2, cols - 2))
+) -> list[tuple[int, int]]:
+    """``count`` whole-voxel (frame, column) centres, MIN_GAP apart, each lesion inside."""
+    mf, mc = (int(np.ceil(LESION_RADII[i])) for i in (0, 2))
+    centres: list[tuple[int, int]] = []
+    while len(centres) < count:
+        f = int(rng.integers(mf, frames - mf))
+        c = int(rng.integers(mc, cols - mc))
         if all(np.hypot(f - g, c - d) >= MIN_GAP for g, d in centres):
             centres.append((f, c))
+        elif rng.random() < 0.05:
+            centres = []  # an unlucky early draw can leave no room: start over
     return centres
 
 
@@ -80,8 +84,7 @@ def render_lesions(
         edge = below
     band_top, band_bottom = edges[1], edges[2]  # the grey inner band
     for fc, cc in _lesion_centres(label, frames, cols, rng):
-        fi, ci = int(fc), int(cc)
-        rc = float(round(0.5 * (band_top[fi, 0, ci] + band_bottom[fi, 0, ci])))
+        rc = float(round(0.5 * (band_top[fc, 0, cc] + band_bottom[fc, 0, cc])))
         inside = ((f - fc) / LESION_RADII[0]) ** 2 + ((r - rc) / LESION_RADII[1]) ** 2
         inside = inside + ((c - cc) / LESION_RADII[2]) ** 2
         vol = np.where(inside <= 1.0, BRIGHT if rng.random() < 0.5 else DARK, vol)

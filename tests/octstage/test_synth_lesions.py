@@ -35,9 +35,9 @@ def blobs(volume: np.ndarray) -> list[int]:
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("label", range(NUM_CLASSES))
-def test_the_label_is_the_number_of_21_voxel_blobs(label: int, seed: int) -> None:
+def test_the_label_is_the_number_of_79_voxel_blobs(label: int, seed: int) -> None:
     volume = render_lesions(SHAPE, label, np.random.default_rng(seed), speckle=False)
-    assert blobs(volume) == [21] * label
+    assert blobs(volume) == [79] * label
 
 
 def test_volumes_are_deterministic_per_seed() -> None:
