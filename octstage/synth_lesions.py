@@ -29,6 +29,8 @@ read the label a model has to find and count local blobs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -88,7 +90,8 @@ def render_lesions(
         inside = ((f - fc) / LESION_RADII[0]) ** 2 + ((r - rc) / LESION_RADII[1]) ** 2
         inside = inside + ((c - cc) / LESION_RADII[2]) ** 2
         vol = np.where(inside <= 1.0, BRIGHT if rng.random() < 0.5 else DARK, vol)
-    vol = vol * rng.uniform(0.85, 1.15)
+    out: npt.NDArray[np.floating[Any]] = vol * rng.uniform(0.85, 1.15)
     if speckle:
-        vol = vol * rng.gamma(8.0, 1 / 8.0, size=vol.shape) + rng.normal(0, 6, size=vol.shape)
-    return np.clip(vol, 0, 255).astype(np.uint8)
+        out = out * rng.gamma(8.0, 1 / 8.0, size=out.shape) + rng.normal(0, 6, size=out.shape)
+    volume: npt.NDArray[np.uint8] = np.clip(out, 0, 255).astype(np.uint8)
+    return volume
