@@ -30,3 +30,25 @@ def pca_rgb(
         for layer in range(min(grid[0], max_slices))
     ]
     return np.concatenate(tiles, axis=1)
+
+
+def attention_overlay(
+    bscan: npt.NDArray[np.floating],
+    weights: npt.NDArray[np.floating],
+    patch: tuple[int, int, int],
+    query: tuple[int, int],
+) -> npt.NDArray[np.uint8]:
+    """RGB uint8 ``[H, W, 3]``: a B-scan (``bscan`` in [-1, 1]) with the attention ``weights``
+    ``[gh, gw]`` of one query patch (marked by a white border) over its layer, in red."""
+    grey = np.clip((np.asarray(bscan, dtype=np.float64) + 1.0) * 127.5, 0, 255)
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / max(float(w.max()), 1e-12)
+    heat = np.kron(w, np.ones(patch[1:]))
+    rgb = np.repeat(grey[..., None], 3, axis=2) * (1.0 - 0.6 * heat[..., None])
+    rgb[..., 0] += 255.0 * 0.6 * heat
+    qh, qw = query
+    ph, pw = patch[1:]
+    box = rgb[qh * ph : (qh + 1) * ph, qw * pw : (qw + 1) * pw]
+    box[[0, -1], :] = 255.0
+    box[:, [0, -1]] = 255.0
+    return np.clip(rgb, 0, 255).astype(np.uint8)

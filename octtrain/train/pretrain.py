@@ -33,10 +33,11 @@ from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.masks import SampleMasker, mask_overlay
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
-from octtrain.eval.pictures import pca_rgb
+from octtrain.eval.pictures import attention_overlay, pca_rgb
 from octtrain.eval.probe import knn_balanced_accuracy
 from octtrain.eval.validation import collect
 from octtrain.models.jepa import build_student, ema_update, jepa_loss, make_target, target_features
+from octtrain.models.vit3d import Block
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
@@ -210,11 +211,33 @@ class PretrainJob:
         volume = batch["image"][0, 0].float().cpu().numpy() / 127.5 - 1.0
         target_idx = batch["target_idx"][0].cpu().numpy()
         strip = mask_overlay(volume, target_idx, self.grid, self.cfg.model.patch)
-        with torch.no_grad():  # the EMA encoder's view of the same volume
-            one = {k: batch[k][:1] for k in ("image", "gain", "shift")}
-            tokens = self.target(to_model_input(one))[0].float().cpu().numpy()
-        features = pca_rgb(tokens, self.grid, self.cfg.model.patch)
-        return {"train/input_mask": strip, "train/target_features_pca": features}
+        # The EMA encoder's view of the same volume: its patch features, and where the centre
+        # patch of the middle B-scan layer looks in its last block.
+        block = self.target.blocks[-1]
+        assert isinstance(block, Block)
+        last = block.attn
+        seen: list[torch.Tensor] = []
+        hook = last.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+        try:
+            with torch.no_grad():
+                one = {k: batch[k][:1] for k in ("image", "gain", "shift")}
+                tokens = self.target(to_model_input(one))[0].float().cpu().numpy()
+                x = seen[-1][0].float()  # [N, D]: the last block's normed input
+                heads, (gd, gh, gw) = last.num_heads, self.grid
+                q, k, _ = last.qkv(x).reshape(x.shape[0], 3, heads, -1).unbind(1)  # [N, H, Dh]
+                layer, query = gd // 2, (gh // 2, gw // 2)
+                centre = (layer * gh + query[0]) * gw + query[1]
+                scores = torch.einsum("hd,nhd->hn", q[centre], k) / q.shape[-1] ** 0.5
+                weights = scores.softmax(dim=-1).mean(dim=0).reshape(gd, gh, gw)[layer]
+        finally:
+            hook.remove()
+        patch = self.cfg.model.patch
+        bscan = volume[layer * patch[0] + patch[0] // 2]
+        return {
+            "train/input_mask": strip,
+            "train/target_features_pca": pca_rgb(tokens, self.grid, patch),
+            "train/target_attention": attention_overlay(bscan, weights.cpu().numpy(), patch, query),
+        }
 
     # --- validation ----------------------------------------------------------------------------
 

@@ -202,3 +202,7 @@ def test_representation_pictures_from_the_first_step(tiny_cache: Cache, tmp_path
     picture = cv2.imread(str(run / logged[0]["train/target_features_pca"]))
     assert picture.shape == (32, 32 * 2, 3)  # 2 layers of 4x4 patches of 8x8 pixels
     assert picture.reshape(-1, 3).std(axis=0).max() > 10  # not one flat colour
+    attention = cv2.imread(str(run / logged[0]["train/target_attention"]))
+    assert attention.shape == (32, 32, 3)  # one B-scan of the 8x32x32 volume
+    red = attention[..., 2].astype(int) - attention[..., 1].astype(int)  # BGR: where it looks
+    assert red.max() > 50
