@@ -39,10 +39,11 @@ def attention_overlay(
     query: tuple[int, int],
 ) -> npt.NDArray[np.uint8]:
     """RGB uint8 ``[H, W, 3]``: a B-scan (``bscan`` in [-1, 1]) with the attention ``weights``
-    ``[gh, gw]`` of one query patch (marked by a white border) over its layer, in red."""
+    ``[gh, gw]`` of one query patch (marked by a white border) over its layer, in red, scaled
+    from the least to the most attended patch."""
     grey = np.clip((np.asarray(bscan, dtype=np.float64) + 1.0) * 127.5, 0, 255)
     w = np.asarray(weights, dtype=np.float64)
-    w = w / max(float(w.max()), 1e-12)
+    w = (w - w.min()) / max(float(w.max() - w.min()), 1e-12)  # contrast: near-uniform is common
     heat = np.kron(w, np.ones(patch[1:]))
     rgb = np.repeat(grey[..., None], 3, axis=2) * (1.0 - 0.6 * heat[..., None])
     rgb[..., 0] += 255.0 * 0.6 * heat
