@@ -49,7 +49,8 @@ from octtrain.models.jepa import (  # noqa: E402
 SHAPE = (64, 384, 384)
 PATCH = (4, 16, 16)
 MASK_RATIO = 0.75  # the V-JEPA recipe in configs/pretrain: the context encoder sees a quarter
-XLA_PYTHON = ROOT.parent / "main" / ".venv-xla" / "bin" / "python"
+# The environment `make test-xla` builds (torch 2.9 + torch-xla 2.9); another with --xla-python.
+XLA_PYTHON = ROOT / ".venv-xla" / "bin" / "python"
 V4_HBM = 32 * 2**30
 GIB = 2**30
 
@@ -253,7 +254,14 @@ def parse_buffer_assignment(path: Path) -> dict[str, Any]:
 
 
 def run_xla(
-    preset: str, attention: str, ckpt: bool, block: int, out: Path, execute: bool, limit: float
+    preset: str,
+    attention: str,
+    ckpt: bool,
+    block: int,
+    out: Path,
+    execute: bool,
+    limit: float,
+    xla_python: Path,
 ) -> dict[str, Any]:
     tag = f"{preset}-{attention}-{'ckpt' if ckpt else 'nockpt'}"
     dump = out / f"xla-{tag}"
@@ -270,7 +278,7 @@ def run_xla(
         "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
         "--xla_disable_hlo_passes=cse_barrier_expander",
     }
-    cmd = [str(XLA_PYTHON), __file__, "--worker", "xla", "--presets", preset]
+    cmd = [str(xla_python), __file__, "--worker", "xla", "--presets", preset]
     cmd += ["--attention", attention, "--block", str(block), "--marker", str(marker)]
     cmd += ["--ckpt"] if ckpt else []
     t0 = time.perf_counter()
@@ -406,12 +414,16 @@ def bench(preset: str, args: argparse.Namespace) -> dict[str, Any]:
         )
     else:
         print("3. CPU eager skipped (--skip-eager)")
-    if not args.skip_xla:
+    if not args.skip_xla and not args.xla_python.is_file():
+        print(f"4. XLA:CPU skipped: no {args.xla_python} (make .venv-xla/.installed builds it)")
+    elif not args.skip_xla:
         print("4. XLA:CPU compiled training step, bf16 autocast, XLA buffer assignment:")
         for attention, ckpt in [("math", False), ("blocked", False), ("blocked", True)]:
             # The materialized baseline would need its whole buffer assignment in host memory.
             execute = args.xla_execute and attention != "math"
-            r = run_xla(preset, attention, ckpt, args.block, out, execute, args.xla_limit)
+            r = run_xla(
+                preset, attention, ckpt, args.block, out, execute, args.xla_limit, args.xla_python
+            )
             report[f"xla-{attention}-{ckpt}"] = r
             rows.append(("xla:cpu", attention, str(ckpt), r))
             if "total" not in r:
@@ -455,6 +467,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-output/model"))
     parser.add_argument("--skip-eager", default="", help="comma-separated presets")
     parser.add_argument("--skip-xla", action="store_true")
+    parser.add_argument("--xla-python", type=Path, default=XLA_PYTHON, help="torch-xla's python")
     parser.add_argument(
         "--xla-execute", action="store_true", help="also run the compiled step (not for math)"
     )

@@ -10,6 +10,8 @@ python bench/bench_build.py --out bench-output/build
 python bench/audit_ids.py --workdir bench-output/audit
 python bench/bench_loader.py --out bench-output/loader
 python bench/bench_mirror.py --json bench-output/mirror.json
+python bench/bench_model.py --out bench-output/model   # XLA rows need .venv-xla (make test-xla)
+python bench/bench_probe.py --out bench-output/probe   # ~13 min on 2 cores
 if [ -f demo-output/ssd/manifest.json ]; then
   python bench/bench_finetune.py --manifest demo-output/ssd/manifest.json \
     --init demo-output/runs/pretrain/checkpoints --out bench-output/finetune

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 from octstage.errors import ObjectNotFoundError, StorageError
+from octstage.manifest import atomic_write_bytes
 from octstage.storage.base import ObjectInfo, check_name
 
 
@@ -62,18 +62,7 @@ class LocalStorage:
     def write_bytes(
         self, name: str, data: bytes, metadata: Mapping[str, str] | None = None
     ) -> None:
-        path = self._path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(self._path(name), data)
 
     def delete(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)

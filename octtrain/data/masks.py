@@ -1,13 +1,13 @@
-"""Multi-block 3D masks with a fixed number of masked patches (pure, numpy RNG in, tensors out).
+"""Multi-block 3D masks with a fixed number of masked patches (pure: numpy RNG in, arrays out).
 
 V-JEPA masks several random blocks of the patch grid, tubes through the whole temporal axis,
 from two generators (short-range: small blocks; long-range: large ones), and predicts them from
 the rest. Here the depth (B-scan) axis plays time: blocks run through every B-scan by default,
 each sample's mask comes from one of the two generators, and blocks are drawn one after another
-until exactly ``K = round(ratio * N)`` patches are masked (the last block is cut in raster
-order), so every batch has the same shapes:
-``context [B, N - K]`` and ``target [B, K]`` index tensors. Static shapes keep XLA from
-recompiling and let the whole batch go through the encoder at once.
+until exactly ``K = round(ratio * N)`` patches are masked (the last block is cut column by
+column), so every batch has the same shapes: ``context [B, N - K]`` and ``target [B, K]`` index
+tensors. Static shapes keep XLA from recompiling and let the whole batch go through the encoder
+at once. ``SampleMasker`` draws one sample's masks in a loader worker.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from octtrain.config.pretrain import MaskConfig
 
@@ -63,19 +62,6 @@ def copy_shortcut_share(masked: np.ndarray) -> float:
     return float((masked & visible_somewhere).sum() / total)
 
 
-def sample_masks(
-    batch_size: int, grid: tuple[int, int, int], cfg: MaskConfig, rng: np.random.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Context and target patch indices, ``[B, N - K]`` and ``[B, K]`` int64, each sorted."""
-    n = grid[0] * grid[1] * grid[2]
-    k = num_masked(n, cfg.ratio)
-    masks = np.stack([sample_block_mask(grid, k, cfg, rng).reshape(-1) for _ in range(batch_size)])
-    order = np.argsort(masks, axis=1, kind="stable")  # unmasked (False) first, each ascending
-    context = torch.from_numpy(np.ascontiguousarray(order[:, : n - k]))
-    target = torch.from_numpy(np.ascontiguousarray(order[:, n - k :]))
-    return context, target
-
-
 class SampleMasker:
     """One sample's masks, drawn in the loader workers: ``masker(rng)`` returns the context and
     target patch indices, ``[N - K]`` and ``[K]``, int32 (a quarter of int64's bytes on the wire;
@@ -90,12 +76,6 @@ class SampleMasker:
         mask = sample_block_mask(self.grid, self.k, self.cfg, rng).reshape(-1)
         order = np.argsort(mask, kind="stable").astype(np.int32)  # unmasked first, ascending
         return order[: self.n - self.k], order[self.n - self.k :]
-
-
-def step_rng(seed: int, step: int, stream: int = 0) -> np.random.Generator:
-    """The mask RNG of one step (of one process ``stream``): a pure function of its arguments,
-    so a resumed run draws the same masks."""
-    return np.random.default_rng([seed, step, stream])
 
 
 def mask_overlay(

@@ -2,19 +2,19 @@
 
 ``make_backend("auto" | "cpu" | "cuda" | "xla", precision)`` returns a ``Backend``. CPU and CUDA
 live in ``runtime/torch_backend.py`` (DDP over gloo / nccl when started by torchrun); XLA lives in
-``runtime/xla.py``, the only place that imports torch_xla. What is per host and what is global
+``runtime/xla.py``. What is per host and what is global
 (batches, reductions, the resume decision) is decided in ``runtime/hosts.py`` on top of this.
 
 Rules the loop follows so the same code runs on XLA: static shapes, ``drop_last`` for training,
-no ``.item()`` inside a step, and every host-side read of a tensor (logging, NaN checks) through
-``add_step_closure`` - called right away here, after the step's graph ran on XLA.
+no ``.item()`` inside a step, and host-side reads of a step's tensors (logging, NaN checks) one
+step later, after ``sync`` launched the next step (``train/loop.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
@@ -57,10 +57,6 @@ class Backend(Protocol):
 
     def sync(self) -> None:
         """End of a step: run the traced graph (XLA); nothing elsewhere."""
-        ...
-
-    def add_step_closure(self, fn: Callable[..., None], *args: Any) -> None:
-        """Call ``fn(*args)`` once the step's tensors are materialised (now, except on XLA)."""
         ...
 
     def reduce_step_sum(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ import json
 import os
 import pickle
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from octstage.manifest import atomic_write_bytes
 from octtrain.config.sections import CheckpointConfig
 from octtrain.errors import CheckpointError
 
@@ -76,7 +76,7 @@ class Folder:
     def write(self, name: str, data: bytes) -> None:
         try:
             if self.local:
-                _atomic_local_write(Path(self.path) / name, data)
+                atomic_write_bytes(Path(self.path) / name, data)
             else:
                 self.fs.pipe_file(f"{self.path}/{name}", data)
         except OSError as exc:
@@ -85,20 +85,6 @@ class Folder:
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(f"{self.path}/{name}")
-
-
-def _atomic_local_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _split(url: str) -> tuple[str, str]:

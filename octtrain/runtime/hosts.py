@@ -80,11 +80,6 @@ def mean_over_replicas(backend: Backend, value: torch.Tensor) -> float:
     return float(total.cpu()[0]) / backend.world_size
 
 
-def any_host(backend: Backend, flag: bool) -> bool:
-    """True on every process when ``flag`` is true on any (a failure every process must see)."""
-    return bool(backend.reduce_host_sum(torch.tensor([1.0 if flag else 0.0]))[0] > 0)
-
-
 def decide_resume(cfg: CheckpointConfig, directory: str | None, backend: Backend) -> str | None:
     """The checkpoint to resume from (or None), decided on process 0 and broadcast."""
     url = ckpt.resume_url(cfg, directory) if backend.is_main else None

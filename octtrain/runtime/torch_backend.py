@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -68,9 +68,6 @@ class TorchBackend:
 
     def sync(self) -> None:
         pass
-
-    def add_step_closure(self, fn: Callable[..., None], *args: Any) -> None:
-        fn(*args)
 
     def reduce_step_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()

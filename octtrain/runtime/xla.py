@@ -12,16 +12,16 @@ Under SPMD ``world_size`` counts devices (data-parallel replicas) while ``proces
 ``process_count`` count host processes: each host loads ``global_batch / process_count`` samples
 and the per-host batches form the global batch (``minibatch`` sharding on multi-host jobs).
 
-Everything the loop reads back from the device goes through ``add_step_closure`` (run by
-torch_xla after the step's graph executed), so a step is one graph and no ``.item()`` forces an
-early execution. ``compile_count`` exposes torch_xla's ``CompileTime`` metric: it must stop
-growing after the first steps, or shapes or Python scalars are changing from step to step.
+The loop reads a step's values back only after the next step was launched (``train/loop.py``),
+so a step is one graph and no ``.item()`` forces an early execution. ``compile_count`` exposes
+torch_xla's ``CompileTime`` metric: it must stop growing after the first steps, or shapes or
+Python scalars are changing from step to step.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -153,9 +153,6 @@ class XlaBackend:
 
     def sync(self) -> None:
         torch_xla.sync()
-
-    def add_step_closure(self, fn: Callable[..., None], *args: Any) -> None:
-        xm.add_step_closure(fn, args=args)
 
     def reduce_step_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         # The step's tensors are global arrays (SPMD, minibatch sharding): a sum over the batch

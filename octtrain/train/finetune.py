@@ -33,8 +33,8 @@ from octtrain.data.dataset import (
     to_model_input,
     volume_shape,
 )
-from octtrain.data.loaders import loader_kwargs, padded_loader
-from octtrain.data.samplers import EpochSampler, balanced_probabilities
+from octtrain.data.loaders import padded_loader, train_loader
+from octtrain.data.samplers import balanced_probabilities
 from octtrain.data.splits import check_splits, class_weights
 from octtrain.errors import ConfigError, DataError
 from octtrain.eval import metrics as mt
@@ -45,7 +45,8 @@ from octtrain.models.vit3d import ViT3D, encoder_from_config
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
-from octtrain.train.loop import Evaluation, RunResult, Settings, StepResult, Trainer
+from octtrain.train.job import Evaluation, RunResult, Settings, StepResult
+from octtrain.train.loop import Trainer
 from octtrain.train.optim import finetune_optimizer, lr_factors, set_learning_rates, unfreeze
 
 log = logging.getLogger("octtrain")
@@ -193,21 +194,16 @@ class FinetuneJob:
     def start(self, start_step: int) -> DataLoader[dict[str, Any]]:
         b, per_step = self.backend, self.local_batch * self.accum
         self.model = b.wrap_model(self.raw)
-        sampler = EpochSampler(
-            len(self.train_set),
+        return train_loader(
+            self.train_set,
+            self.cfg.data,
+            per_step,
             b.process_index,
             b.process_count,
             self.cfg.train.seed,
+            start_step=start_step,
             per_epoch=self.steps_per_unit * per_step,
             probabilities=self.probabilities,
-            start=start_step * per_step,
-        )
-        return DataLoader(
-            self.train_set,
-            batch_size=per_step,
-            sampler=sampler,
-            drop_last=True,
-            **loader_kwargs(self.cfg.data),
         )
 
     def before_step(self, step: int) -> None:

@@ -41,14 +41,8 @@ from octtrain.models.vit3d import Block
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
-from octtrain.train.loop import (
-    Evaluation,
-    RunResult,
-    Settings,
-    StepResult,
-    Trainer,
-    monitor_rows,
-)
+from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, monitor_rows
+from octtrain.train.loop import Trainer
 from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
 from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
 

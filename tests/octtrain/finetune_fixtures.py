@@ -14,7 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     from octtrain.config.finetune import FinetuneConfig
-    from octtrain.train.loop import RunResult
+    from octtrain.train.job import RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 PRETRAIN_TINY = REPO / "configs" / "pretrain" / "tiny.yaml"

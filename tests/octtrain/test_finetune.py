@@ -37,7 +37,7 @@ from octtrain.models.classifier import build_classifier, make_loss
 from octtrain.models.vit3d import encoder_from_config
 from octtrain.runtime.backend import TorchBackend
 from octtrain.train.finetune import FinetuneJob, run_finetune
-from octtrain.train.loop import RunResult
+from octtrain.train.job import RunResult
 from octtrain.train.optim import encoder_groups, finetune_optimizer, lr_factors
 from tests.octtrain.finetune_fixtures import FINETUNE_TINY, REPO, finetune_config
 

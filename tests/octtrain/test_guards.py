@@ -29,7 +29,8 @@ from octtrain.config.sections import (
 )
 from octtrain.errors import NonFiniteLossError
 from octtrain.runtime.backend import make_backend
-from octtrain.train.loop import Evaluation, Settings, StepResult, Trainer, monitor_rows
+from octtrain.train.job import Evaluation, Settings, StepResult, monitor_rows
+from octtrain.train.loop import Trainer
 
 
 @dataclass

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from octtrain.config.pretrain import MaskConfig
 from octtrain.data.masks import (
+    SampleMasker,
     copy_shortcut_share,
     mask_overlay,
     num_masked,
     sample_block_mask,
-    sample_masks,
-    step_rng,
 )
 
 GRID = (4, 6, 6)
@@ -23,12 +21,13 @@ GRID = (4, 6, 6)
 def test_every_sample_has_exactly_k_targets_and_the_rest_as_context(ratio: float) -> None:
     n = GRID[0] * GRID[1] * GRID[2]
     k = num_masked(n, ratio)
-    context, target = sample_masks(16, GRID, MaskConfig(ratio=ratio), np.random.default_rng(0))
-    assert context.shape == (16, n - k) and target.shape == (16, k)
-    assert context.dtype == target.dtype == torch.int64
-    for c, t in zip(context, target, strict=True):
-        assert sorted(torch.cat([c, t]).tolist()) == list(range(n))
-        assert torch.all(c[1:] > c[:-1]) and torch.all(t[1:] > t[:-1])
+    masker = SampleMasker(GRID, MaskConfig(ratio=ratio))
+    for seed in range(16):
+        context, target = masker(np.random.default_rng(seed))
+        assert context.shape == (n - k,) and target.shape == (k,)
+        assert context.dtype == target.dtype == np.int32
+        assert sorted(np.concatenate([context, target]).tolist()) == list(range(n))
+        assert np.all(context[1:] > context[:-1]) and np.all(target[1:] > target[:-1])
 
 
 def test_k_leaves_context_and_masks_something() -> None:
@@ -36,13 +35,11 @@ def test_k_leaves_context_and_masks_something() -> None:
     assert num_masked(8, 0.01) == 1
 
 
-def test_same_seed_and_step_give_the_same_masks_other_steps_differ() -> None:
-    cfg = MaskConfig()
-    a = sample_masks(4, GRID, cfg, step_rng(0, 7))
-    b = sample_masks(4, GRID, cfg, step_rng(0, 7))
-    c = sample_masks(4, GRID, cfg, step_rng(0, 8))
-    assert torch.equal(a[1], b[1])
-    assert not torch.equal(a[1], c[1])
+def test_the_same_seed_gives_the_same_mask_another_seed_another() -> None:
+    masker = SampleMasker(GRID, MaskConfig())
+    a, b, c = (masker(np.random.default_rng(s))[1] for s in (7, 7, 8))
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
 
 
 def _masked_neighbour_share(mask: np.ndarray) -> float:
