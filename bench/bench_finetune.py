@@ -34,7 +34,7 @@ from octtrain.train.finetune import run_finetune
 from octtrain.train.pretrain import run_pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = {"frozen": "train.unfreeze_epoch=null", "unfrozen": "train.unfreeze_epoch=0"}
+MODES = {"frozen": "schedule.unfreeze_epoch=null", "unfrozen": "schedule.unfreeze_epoch=0"}
 
 
 def quick_checkpoint(manifest: str, folder: Path) -> str:
@@ -68,7 +68,7 @@ def bench_mode(
         f"data.manifest={manifest}",
         MODES[mode],
         f"train.epochs={epochs}",
-        "train.warmup_epochs=0",
+        "schedule.warmup_epochs=0",
         f"train.run_dir={folder / mode}",
         "early_stopping.patience=0",
         f"validation.every={epochs}",  # validate once, at the end: epochs time training only
@@ -78,7 +78,7 @@ def bench_mode(
     ]
     cfg = load_config(FinetuneConfig, config, overrides)
     result = run_finetune(cfg, init)
-    times = [h["epoch_time_s"] for h in result.history]
+    times = [h["unit_time_s"] for h in result.history]
     steady = times[1:] or times
     epoch_s = statistics.median(steady)
     samples = len(result.history) and cfg.data.batch_size * cfg.accum_steps
@@ -89,8 +89,8 @@ def bench_mode(
         "epoch_s": epoch_s,
         "samples_per_s": samples * steps / epoch_s if steps else None,
         "steps_per_epoch": steps,
-        "val_time_s": result.history[-1].get("val_time_s"),
-        "data_wait_frac": statistics.median(h["data_wait_frac"] for h in result.history),
+        "val_time_s": result.history[-1].get("val/time_s"),
+        "data_wait_frac": statistics.median(h["unit_data_wait_frac"] for h in result.history),
     }
 
 

@@ -89,7 +89,8 @@ class Trainer:
         self.result = RunResult(self.run_dir, 0, None, None, None, None, None, False, 0, [])
         self.start_step = 0
         self._pending: collections.deque[_Pending] = collections.deque()
-        self._window = {"wait": 0.0, "time": 0.0, "n": 0.0}
+        self._window = {"wait": 0.0, "time": 0.0, "n": 0.0}  # since the last logged step
+        self._unit = {"wait": 0.0, "time": 0.0}  # since the last unit's end
 
     # --- resume and checkpoints ----------------------------------------------------------------
 
@@ -172,8 +173,9 @@ class Trainer:
             self.backend.sync()  # launch the step; the host goes on without waiting for it
             self._check_pending(before=done)  # the previous step's values: ready or nearly
             now = time.perf_counter()
-            self._window["wait"] += wait
-            self._window["time"] += now - last_end
+            for acc in (self._window, self._unit):
+                acc["wait"] += wait
+                acc["time"] += now - last_end
             self._window["n"] += 1
             last_end = now
             log_now = done % s.logging.log_every == 0 or step == self.start_step
@@ -205,7 +207,14 @@ class Trainer:
         )
         save = unit % s.checkpoint.every == 0 or last or validate
         self._check_pending()  # a non-finite step stops here, before anything is saved
-        record: dict[str, float] = {"unit": float(unit)}
+        # The unit's training time (steps only: no validation, no saves), for benchmarks.
+        u = self._unit
+        record: dict[str, float] = {
+            "unit": float(unit),
+            "unit_time_s": u["time"],
+            "unit_data_wait_frac": u["wait"] / max(u["time"], 1e-9),
+        }
+        self._unit = {"wait": 0.0, "time": 0.0}
         watchdog.set_phase("end of epoch")
         metrics, alarm = job.end_of_unit(unit)
         if metrics:

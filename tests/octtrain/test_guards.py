@@ -190,3 +190,12 @@ def test_the_collapse_monitor_samples_every_sample_of_the_batch() -> None:
     rows = monitor_rows(features)
     assert rows.shape[0] <= 1024
     assert sorted(set(rows[:, 0].tolist())) == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_each_unit_records_its_training_time_without_validation(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, train=TrainConfig(max_steps=3, run_dir=str(run)))
+    result = train(ScriptedJob(total_steps=3, stall_at=2, stall_s=0.5), s)
+    times = [h["unit_time_s"] for h in result.history]
+    assert times[1] >= 0.5 and times[0] < 0.5 and times[2] < 0.5  # the slow step, in its unit
+    assert all(0.0 <= h["unit_data_wait_frac"] < 0.5 for h in result.history)
