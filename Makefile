@@ -1,16 +1,23 @@
 # Two commands set up everything on a fresh machine:
 #   make demo   - the whole pipeline end to end on the embedded synthetic dataset
 #   make test   - lint, type-check and the default test suite
-# Heavier tiers: make test-slow, make test-xla (own environment: torch 2.9.0 + torch-xla 2.9.0).
+# Heavier tiers: make test-slow, make test-xla (own environment: torch 2.9.0 + torch-xla 2.9.0),
+# make test-py312 (the default suite on Python 3.12, in its own environment).
 PYTHON ?= python3
 VENV ?= .venv
 XLA_VENV ?= .venv-xla
+# The newer interpreter CI also runs the default suite on (requires-python allows 3.11-3.13):
+# from PATH, else pyenv's.
+PYENV_DIR := $(or $(PYENV_ROOT),$(HOME)/.pyenv)
+PY312 ?= $(or $(shell PYENV_VERSION= command -v python3.12 2>/dev/null | grep -v shims),$(lastword $(sort $(wildcard $(PYENV_DIR)/versions/3.12*/bin/python3.12))),python3.12)
+PY312_VENV ?= .venv-py312
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 XLA_STAMP := $(XLA_VENV)/.installed
+PY312_STAMP := $(PY312_VENV)/.installed
 DEMO_DIR ?= demo-output
 
-.PHONY: demo test test-slow test-xla lint bench clean
+.PHONY: demo test test-slow test-xla test-py312 lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +31,12 @@ $(XLA_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(XLA_VENV)
 	$(XLA_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(XLA_VENV)/bin/python -m pip install --quiet -e ".[train,xla]" "pytest>=8" "pytest-timeout>=2.3"
+	touch $@
+
+$(PY312_STAMP): pyproject.toml
+	$(PY312) -m venv $(PY312_VENV)
+	$(PY312_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PY312_VENV)/bin/python -m pip install --quiet -e ".[cloud,train,torch,dev]"
 	touch $@
 
 demo: $(STAMP)
@@ -43,8 +56,12 @@ test-slow: $(STAMP)
 test-xla: $(XLA_STAMP)
 	PJRT_DEVICE=CPU PATH="$(abspath $(XLA_VENV)/bin):$$PATH" $(XLA_VENV)/bin/pytest -m xla -p no:cacheprovider tests/xla
 
+test-py312: $(PY312_STAMP)
+	$(PY312_VENV)/bin/python --version
+	PATH="$(abspath $(PY312_VENV)/bin):$$PATH" $(PY312_VENV)/bin/pytest -m "not slow and not xla" -p no:cacheprovider
+
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/bench.sh
 
 clean:
-	rm -rf $(VENV) $(XLA_VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(XLA_VENV) $(PY312_VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 from pydicom.uid import UID, ExplicitVRLittleEndian, JPEG2000Lossless, JPEGBaseline8Bit, RLELossless
 
-from octstage.audit import audit, list_oct, read_headers
-from octstage.dicom import read_header, read_volume
-from octstage.labels import read_participants
+from octstage.audit.core import audit, list_oct, read_headers
+from octstage.dataset.dicom import read_header, read_volume
+from octstage.dataset.labels import read_participants
+from octstage.dataset.synth import generate
+from octstage.dataset.synth_oct import render_retina, write_oct_dicom
 from octstage.storage import LocalStorage
-from octstage.synth import generate
-from octstage.synth_oct import render_retina, write_oct_dicom
 
 
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:

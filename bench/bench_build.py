@@ -1,13 +1,18 @@
 """build-cache benchmark on full-size synthetic OCT: how close is the pipeline to its floor?
 
-Writes a few full-size DICOMs per device (real frame/row/column counts, via octstage.synth_oct),
+Writes a few full-size DICOMs per device (real frame/row/column counts, via
+octstage.dataset.synth_oct),
 then prints one table with, side by side:
 1. per volume, in one process: decode alone (read + pydicom decode: the floor), decode + Zarr
-   write of the final volume, and the whole per-file pipeline (``buildtask.run_task``: read and
+   write of the final volume, and the whole per-file pipeline (``build.task.run_task``: read and
    SHA1, header checks, decode, p1/p99, area resize, uint8, write, record) -> ratio to the floor;
 2. ``build-cache`` volumes/s on a dask cluster of 1 and of 2 worker processes (cluster start
    excluded), and the peak RSS of each worker above its idle size, against the largest source;
-3. bytes stored in the cache vs source bytes.
+3. the same build on 2 worker processes started apart (own folders, no credentials, as on
+   machines that share no disk with the driver: ``tests/octstage/cluster.py``) writing the
+   cache into a fake-gcs-server bucket, beside the 2-worker local build into a folder; and an
+   unchanged re-run of each (0 sources decoded, 0 read);
+4. bytes stored in the cache vs source bytes.
 
 Target: pipeline within 1.5x of decode + write; worker memory bounded by a few volumes.
 Usage: ``python bench/bench_build.py [--out bench-output/build] [--per-device 2] [--j2k]``.
@@ -22,9 +27,11 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import resource
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,16 +42,20 @@ from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGBaseline8B
 from rich.console import Console
 from rich.table import Table
 
-from octstage import build as build_module
-from octstage.build import run_build
-from octstage.builddask import local_cluster
-from octstage.buildtask import Task, run_task
+from octstage.build import run as build_module
+from octstage.build.cluster import local_cluster
+from octstage.build.normalize import normalize_volume
+from octstage.build.run import run_build
+from octstage.build.task import Task, run_task
+from octstage.cache.volumestore import write_volume
 from octstage.config import BuildConfig
-from octstage.dicom import read_volume
-from octstage.normalize import normalize_volume
-from octstage.synth import PROTOCOLS
-from octstage.synth_oct import render_retina, write_oct_dicom
-from octstage.volumestore import write_volume
+from octstage.dataset.dicom import read_volume
+from octstage.dataset.synth import PROTOCOLS
+from octstage.dataset.synth_oct import render_retina, write_oct_dicom
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.doubles, tests.octstage
+from tests.doubles.gcs import GcsDouble
+from tests.octstage.cluster import separate_cluster
 
 console = Console()
 SYNTAXES = (ExplicitVRLittleEndian, RLELossless, JPEGBaseline8Bit)
@@ -159,6 +170,43 @@ def cluster_build(root: Path, workers: int, config: BuildConfig, out: Path) -> d
     }
 
 
+def timed_build(
+    root: Path, out: str | Path, config: BuildConfig, scheduler: str, summary: Path
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    run_build(
+        str(root),
+        str(root / "participants.tsv"),
+        out,
+        None,
+        config,
+        scheduler=scheduler,
+        json_out=summary,
+    )
+    seconds = time.perf_counter() - started
+    stats = json.loads(summary.read_text())
+    return {"seconds": seconds, "per_s": stats["built"] / seconds, **stats}
+
+
+def rebuilds(root: Path, config: BuildConfig, base: Path) -> dict[str, dict[str, Any]]:
+    """First build and unchanged re-run: into a folder on a local 2-worker cluster, and into a
+    fake-gcs-server bucket on 2 workers started apart (cluster start excluded for both)."""
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    out: dict[str, dict[str, Any]] = {}
+    with local_cluster(2) as cluster:
+        address = cluster.scheduler_address
+        out["folder"] = timed_build(root, base / "cache", config, address, base / "f1.json")
+        out["folder again"] = timed_build(root, base / "cache", config, address, base / "f2.json")
+    with GcsDouble() as gcs, separate_cluster(base / "cluster") as apart:
+        os.environ.update(gcs.env())  # the driver's access; the workers get it from the run
+        gcs.create_bucket("bench")
+        bucket = "gs://bench/cache"
+        out["bucket"] = timed_build(root, bucket, config, apart.address, base / "b1.json")
+        out["bucket again"] = timed_build(root, bucket, config, apart.address, base / "b2.json")
+    return out
+
+
 def _rss_now_mb() -> float:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * resource.getpagesize() / 2**20
@@ -195,6 +243,8 @@ def main() -> None:
         runs = [cluster_build(src, workers, config, args.out / f"cache-{workers}w") for _ in "ab"]
         builds[workers] = max(runs, key=lambda b: b["per_s"])
     stored = tree_bytes(args.out / "cache-2w" / "volumes")
+    with console.status("2 workers: folder vs bucket on workers started apart, and re-runs"):
+        apart = rebuilds(src, config, args.out / "apart")
 
     table = Table(title=f"build-cache, {len(names)} full-size volumes -> {tuple(args.shape)}")
     for col in ("measure", "value", "baseline", "ratio"):
@@ -220,6 +270,21 @@ def main() -> None:
             f"{b['peak_growth_mb'] / largest:.1f} volumes",
         )
     table.add_row("worker idle RSS, MB", f"{two['idle_mb']:.0f}", "", "")
+    folder, bucket = apart["folder"], apart["bucket"]
+    table.add_row(
+        "2 workers apart -> fake-gcs bucket, volumes/s",
+        f"{bucket['per_s']:.2f}",
+        f"{folder['per_s']:.2f} (local 2w -> folder)",
+        f"{bucket['per_s'] / folder['per_s']:.2f}x",
+    )
+    for kind in ("folder", "bucket"):
+        again = apart[f"{kind} again"]
+        table.add_row(
+            f"unchanged re-run ({kind}): decoded / read, s",
+            f"{again['decoded']} / {again['read']}, {again['seconds']:.2f} s",
+            f"{apart[kind]['seconds']:.2f} s (first build)",
+            f"{again['seconds'] / apart[kind]['seconds']:.3f}",
+        )
     table.add_row(
         "bytes stored / source bytes",
         f"{stored / 2**20:.1f} MB",

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from octstage.rclone import rclone_binary  # noqa: E402
+from octstage.storage.locations import rclone_binary  # noqa: E402
 from tests.doubles.b2_server import B2Double  # noqa: E402
 from tests.doubles.gcs import GcsDouble  # noqa: E402
 

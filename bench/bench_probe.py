@@ -1,6 +1,7 @@
 """Does V-JEPA pretraining add anything? Frozen-encoder probes, random init vs pretrained.
 
-On synthetic lesion volumes (octstage/synth_lesions.py: the class is the number, 0..3, of small
+On synthetic lesion volumes (octstage/dataset/synth_lesions.py: the class is the number, 0..3, of
+small
 bright or dark 3D blobs in a layered retina), for each seed:
 
 1. write a real cache + manifest (train/val/test, balanced classes);
@@ -41,9 +42,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from octstage import manifest as mf
-from octstage.labels import DEVICES, STUDY_GROUPS
-from octstage.synth_lesions import NUM_CLASSES, render_lesions
-from octstage.volumestore import volume_relpath, write_volume
+from octstage.cache.volumestore import volume_relpath, write_volume
+from octstage.dataset.ids import DEVICES
+from octstage.dataset.labels import STUDY_GROUPS
+from octstage.dataset.synth_lesions import NUM_CLASSES, render_lesions
 from octtrain.config.finetune import FinetuneConfig, HeadConfig
 from octtrain.config.loader import load_config
 from octtrain.config.pretrain import PretrainConfig

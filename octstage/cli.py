@@ -37,7 +37,8 @@ exit codes:
   3  the manifest was written, but some volumes are missing for environmental reasons (I/O
      error, missing decoder, dead worker): run the same command again to retry only those""",
     "mirror": "exit codes:\n  0  every object copied (or already there) and verified\n"
-    "  1  some objects failed to copy or could not be verified (no source SHA1): see the report\n"
+    "  1  some objects failed to copy or could not be verified (the source lists no SHA1 for\n"
+    "     them: --hash-missing hashes them at the source once): see the report\n"
     "  2  refused or failed: bad arguments, empty source, too many deletions, overlapping\n"
     "     source and destination, an unexpected error",
     "stage": "exit codes:\n  0  every volume downloaded and verified\n"
@@ -48,7 +49,7 @@ exit codes:
 
 
 def _synth(a: argparse.Namespace) -> int:
-    from octstage.synth import run_synth
+    from octstage.dataset.synth import run_synth
 
     return run_synth(
         Path(a.out),
@@ -60,7 +61,7 @@ def _synth(a: argparse.Namespace) -> int:
 
 
 def _audit(a: argparse.Namespace) -> int:
-    from octstage.audit import run_audit
+    from octstage.audit.run import run_audit
 
     return run_audit(
         labels=a.labels,  # a path or a URL: not a Path, which would mangle gs://
@@ -72,14 +73,14 @@ def _audit(a: argparse.Namespace) -> int:
 
 
 def _build(a: argparse.Namespace) -> int:
-    from octstage.build import run_build
+    from octstage.build.run import run_build
     from octstage.config import load_build_config
 
     return run_build(
         source=a.source,
         labels=a.labels,  # a path or a URL: not a Path, which would mangle gs://
-        out=Path(a.out),
-        manifest=Path(a.manifest),
+        out=a.out,  # a folder or a bucket URL: not a Path, which would mangle gs://
+        manifest=Path(a.manifest) if a.manifest else None,
         config=load_build_config(a.config, shape=tuple(a.shape) if a.shape else None),
         workers=a.workers,
         scheduler=a.scheduler,
@@ -92,13 +93,13 @@ def _build(a: argparse.Namespace) -> int:
 
 
 def _verify(a: argparse.Namespace) -> int:
-    from octstage.verify import run_verify
+    from octstage.cache.verify import run_verify
 
     return run_verify(Path(a.manifest), cache=Path(a.cache) if a.cache else None, json_out=a.json)
 
 
 def _mirror(a: argparse.Namespace) -> int:
-    from octstage.mirror import run_mirror
+    from octstage.mirror.run import run_mirror
 
     return run_mirror(
         a.src,
@@ -110,6 +111,7 @@ def _mirror(a: argparse.Namespace) -> int:
         checkers=a.checkers,
         json_out=Path(a.json) if a.json else None,
         progress_seconds=a.progress_seconds,
+        hash_missing=a.hash_missing,
     )
 
 
@@ -163,8 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
         _audit,
         "Report label/OCT overlap and every reason a participant or file is excluded.",
     )
-    s.add_argument("--labels", required=True, help="participants.tsv (path or gs://... URL)")
-    s.add_argument("--oct", required=True, help="dataset root (local folder or gs://bucket/prefix)")
+    s.add_argument("--labels", required=True, help="participants.tsv (path or gs://, s3:// URL)")
+    s.add_argument(
+        "--oct", required=True, help="dataset root (folder, gs://, s3:// or b2://bucket/prefix)"
+    )
     s.add_argument("--json", metavar="OUT", help="write the full report as JSON here")
     s.add_argument(
         "--min-overlap",
@@ -179,10 +183,21 @@ def build_parser() -> argparse.ArgumentParser:
         _build,
         "Decode every verified volume once, normalize, resize and write the Zarr cache + manifest.",
     )
-    s.add_argument("--source", required=True, help="dataset root (local folder or gs://...)")
+    s.add_argument(
+        "--source", required=True, help="dataset root (folder, gs://, s3:// or b2:// URL)"
+    )
     s.add_argument("--labels", required=True, help="participants.tsv (path or URL)")
-    s.add_argument("--out", required=True, help="cache folder (local)")
-    s.add_argument("--manifest", required=True, help="manifest JSON to write (last, atomically)")
+    s.add_argument(
+        "--out",
+        required=True,
+        help="the cache: a folder (with --scheduler: one every worker mounts at the same path) "
+        "or a bucket URL (gs://..., s3://...) that workers write to directly",
+    )
+    s.add_argument(
+        "--manifest",
+        help="local manifest JSON to write, last (default OUT/manifest.json; a bucket cache "
+        "always gets OUT/manifest.json too, for `octstage stage`)",
+    )
     s.add_argument(
         "--config", help="YAML of build settings (configs/stage/*.yaml); default: 64x384x384"
     )
@@ -194,7 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="target grid (overrides --config)",
     )
     s.add_argument("--workers", type=int, default=2, help="local dask worker processes")
-    s.add_argument("--scheduler", help="address of an existing dask scheduler (tcp://host:port)")
+    s.add_argument(
+        "--scheduler",
+        help="address of an existing dask scheduler (tcp://host:port); its workers get this "
+        "run's storage settings and credentials through a dask plugin, never in a log",
+    )
     s.add_argument(
         "--inventory", help="source inventory JSON (from mirror) to check each file's SHA1"
     )
@@ -223,13 +242,25 @@ def build_parser() -> argparse.ArgumentParser:
         _mirror,
         "Copy SRC to DST with rclone, then verify every new object against the source SHA1.",
     )
-    s.add_argument("src", help="b2:bucket/prefix, gs://bucket/prefix, a remote: or a folder")
+    s.add_argument(
+        "src",
+        help="b2:bucket/prefix, gs://bucket/prefix, s3://bucket/prefix, a remote: or a folder",
+    )
     s.add_argument("dst", help="gs://bucket/prefix, a remote: or a folder")
     s.add_argument("--dry-run", action="store_true", help="say what would happen; touch nothing")
     s.add_argument("--prune", action="store_true", help="delete destination objects not in SRC")
     s.add_argument("--max-delete", type=int, default=100, help="refuse to delete more than this")
     s.add_argument("--transfers", type=int, default=32, help="parallel file transfers")
     s.add_argument("--checkers", type=int, default=64, help="parallel checkers")
+    s.add_argument(
+        "--hash-missing",
+        action="store_true",
+        help="read and SHA1-hash at the source, once, every object the source lists without a "
+        "SHA1 (B2 large files without large_file_sha1; every S3 object), record it in the "
+        "inventory and verify as usual; later runs reuse it while the object is unchanged "
+        "(same size and B2 file id / S3 ETag and time). S3 objects are verified this way, "
+        "never by ETag: a multipart or SSE-KMS ETag is no MD5 of the bytes",
+    )
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")
     _progress_option(s)
 
@@ -238,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         _stage,
         "Pull a built cache and its manifest to local SSD, verifying every volume.",
     )
-    s.add_argument("src", help="where the cache is (gs://..., b2://... or a folder)")
+    s.add_argument("src", help="where the cache is (gs://, s3://, b2://, a remote: or a folder)")
     s.add_argument("dst", help="local folder")
     s.add_argument("--transfers", type=int, default=16, help="parallel downloads")
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")

@@ -37,8 +37,16 @@ class BuildConfig:
                 f"percentiles must satisfy 0 <= p_low < p_high <= 100, got {self.p_low}, "
                 f"{self.p_high}"
             )
-        if not 1 <= self.clevel <= 22:
-            raise ConfigError(f"clevel must be in 1..22 (zstd), got {self.clevel}")
+        # Blosc's levels are 0..9 whatever its inner codec (zstd alone would take 22): a higher
+        # value fails every write, after the whole decode. 0 would store volumes uncompressed.
+        # A YAML "3" (quoted) or 3.5 is no level either: without the type check the first is a
+        # TypeError here and the second reaches Blosc.
+        level = self.clevel
+        if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 9:
+            raise ConfigError(
+                f"clevel must be in 1..9 (Blosc's compression levels; 0 stores uncompressed), "
+                f"got {level!r}"
+            )
         if self.resize not in ("area", "linear"):
             raise ConfigError(f"resize must be 'area' or 'linear', got {self.resize!r}")
         # Lists from YAML/argparse become tuples so the config stays hashable and comparable.

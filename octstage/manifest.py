@@ -1,9 +1,10 @@
 """The manifest: the one contract between octstage and octtrain.
 
-A manifest is one JSON file (schema in ``manifests/manifest.schema.json``) listing every cached
-volume with its labels, provenance and a checksum of the stored array, plus every rejected source
-file with its reason. It is written last and atomically; readers check the schema and cache
-versions before trusting anything. This module imports neither torch nor any cloud SDK.
+A manifest is one JSON file (schema in ``octstage/manifest.schema.json``, shipped with the
+package) listing every cached volume with its labels, provenance and a checksum of the stored
+array, plus every rejected source file with its reason. It is written last and atomically;
+readers check the schema and cache versions before trusting anything. This module imports neither
+torch nor any cloud SDK.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def count_summary(volumes: tuple[Volume, ...] | list[Volume], rejected: int) -> 
 
 
 def to_dict(manifest: Manifest) -> dict[str, Any]:
-    """The JSON form of a manifest (see manifests/manifest.schema.json)."""
+    """The JSON form of a manifest (see octstage/manifest.schema.json)."""
     return {
         "schema_version": manifest.schema_version,
         "header": asdict(manifest.header),

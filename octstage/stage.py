@@ -1,14 +1,16 @@
 """``octstage stage SRC DST``: pull a built cache and its manifest to local SSD, verified.
 
-SRC is any location (``gs://bucket/cache``, ``b2://...``, an rclone remote or a folder) holding
-``manifest.json`` and the ``volumes/`` it names. Nothing is listed: the manifest names every
-volume, and each volume's own Zarr metadata names its objects (group ``zarr.json``, array
-``0/zarr.json``, and the shards, computed from the array's shape and chunk grid). Every name is
-checked (``octstage.storage.check_name``) before anything is fetched, and a manifest naming
-``..`` or an absolute path is refused as a whole.
+SRC is any location (``gs://bucket/cache``, ``s3://...``, ``b2://...``, an rclone remote or a
+folder) holding ``manifest.json`` and the ``volumes/`` it names. Nothing is listed: the manifest
+names every volume, and each volume's own Zarr metadata names its objects (group ``zarr.json``,
+array ``0/zarr.json``, and the shards: zarr opens the fetched metadata and names them with the
+array's own chunk grid and chunk key encoding). Every name is checked
+(``octstage.storage.check_name``), and a manifest naming ``..`` or an absolute path, or a
+``zarr_path`` the manifest schema's pattern refuses, is refused as a whole before anything is
+fetched.
 
 Volumes are fetched in parallel, each into a hidden temporary folder that is renamed into place,
-then checked against the manifest checksum (``octstage.volumestore.check_volume``). A volume
+then checked against the manifest checksum (``octstage.cache.volumestore.check_volume``). A volume
 already in DST that passes the check is skipped, so a killed stage resumes where it stopped.
 The manifest is written last, and only when every volume verified: a folder with a manifest is
 complete, and the trainer needs nothing but it.
@@ -16,29 +18,31 @@ complete, and the trainer needs nothing but it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import math
 import os
+import re
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
-from typing import Any
 
+import zarr
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from zarr.storage import LocalStore
 
 from octstage import manifest as manifest_mod
+from octstage.cache.volumestore import check_volume
 from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
 from octstage.manifest import atomic_write_text
-from octstage.remotes import known_secrets, parse_location, scrub
 from octstage.storage import Storage, check_name, open_location
-from octstage.volumestore import check_volume
+from octstage.storage.locations import known_secrets, parse_location, scrub
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -60,35 +64,44 @@ class StageReport:
     exit_code: int = 0
 
 
-def chunk_keys(meta: Mapping[str, Any]) -> list[str]:
-    """Store keys of every chunk (shard) of a Zarr v3 array, from its ``zarr.json``."""
+def shard_keys(array_dir: Path) -> list[str]:
+    """Store keys of every stored chunk (shard) of the Zarr array whose ``zarr.json`` is in
+    ``array_dir``, as zarr itself names them (its chunk grid and chunk key encoding)."""
     try:
-        shape = [int(s) for s in meta["shape"]]
-        grid = [int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"]]
-        encoding = meta.get("chunk_key_encoding") or {"name": "default"}
-        kind = str(encoding.get("name", "default"))
-        default_sep = "/" if kind == "default" else "."
-        sep = str((encoding.get("configuration") or {}).get("separator", default_sep))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise VerificationError(f"unreadable array metadata: {exc!r}") from None
-    if len(shape) != len(grid) or any(c <= 0 for c in grid) or any(s < 0 for s in shape):
-        raise VerificationError(f"inconsistent array metadata: shape {shape}, chunks {grid}")
-    if kind not in ("default", "v2") or sep not in ("/", "."):
-        raise VerificationError(f"unsupported chunk key encoding {kind!r} {sep!r}")
-    counts = [math.ceil(s / c) for s, c in zip(shape, grid, strict=True)]
-    if math.prod(counts) > MAX_SHARDS:
-        raise VerificationError(f"{math.prod(counts)} chunks in one volume: refusing")
-    indices: list[list[int]] = [[]]
-    for n in counts:
-        indices = [[*idx, i] for idx in indices for i in range(n)]
-    keys = []
-    for idx in indices:
-        coords = sep.join(str(i) for i in idx)
-        if kind == "default":
-            keys.append(f"c{sep}{coords}" if idx else "c")
-        else:
-            keys.append(coords or "0")
-    return keys
+        array = zarr.open_array(store=LocalStore(array_dir, read_only=True), mode="r")
+        meta = array.metadata
+        count = meta.chunk_grid.get_nchunks(array.shape)
+    except (ValueError, TypeError, KeyError, NotImplementedError, OSError) as exc:
+        raise VerificationError(f"unreadable array metadata: {type(exc).__name__}: {exc}") from None
+    if count > MAX_SHARDS:
+        raise VerificationError(f"{count} chunks in one volume: refusing")
+    return [meta.encode_chunk_key(c) for c in meta.chunk_grid.all_chunk_coords(array.shape)]
+
+
+@functools.cache
+def zarr_path_pattern() -> re.Pattern[str]:
+    """The manifest schema's own pattern for a volume's ``zarr_path`` (one source of truth)."""
+    schema = json.loads((resources.files("octstage") / "manifest.schema.json").read_text())
+    return re.compile(schema["$defs"]["volume"]["properties"]["zarr_path"]["pattern"])
+
+
+def volume_paths(manifest: manifest_mod.Manifest, where: str) -> dict[str, str]:
+    """``{zarr_path: checksum}`` of every volume, or an error naming the manifest and the entry:
+    a name that could escape the destination (UnsafePathError) or that the schema would refuse
+    (ManifestError). Either refuses the whole manifest before anything is fetched."""
+    volumes: dict[str, str] = {}
+    pattern = zarr_path_pattern()
+    for n, volume in enumerate(manifest.volumes):
+        rel = check_name(volume.zarr_path)
+        # fullmatch: the schema's "$" (ECMA-262) does not allow the trailing newline re's does.
+        if not pattern.fullmatch(rel):
+            raise ManifestError(
+                f"{where}: volumes[{n}].zarr_path {rel!r} does not match the schema's pattern "
+                f"{pattern.pattern!r}: refusing the manifest, nothing fetched"
+            )
+        if volumes.setdefault(rel, volume.checksum) != volume.checksum:
+            raise VerificationError(f"{where}: {rel}: listed twice with different checksums")
+    return volumes
 
 
 def _fetch(storage: Storage, name: str, path: Path) -> int:
@@ -137,8 +150,7 @@ def stage_volume(storage: Storage, dst: Path, relpath: str, checksum: str) -> tu
     try:
         for name in ("zarr.json", "0/zarr.json"):  # small: one request each, no streaming
             fetched += _write(tmp / name, storage.read_bytes(f"{relpath}/{name}"))
-        meta = json.loads((tmp / "0" / "zarr.json").read_text(encoding="utf-8"))
-        for key in chunk_keys(meta):
+        for key in shard_keys(tmp / "0"):
             name = check_name(f"{relpath}/0/{key}")
             try:
                 fetched += _fetch(storage, name, tmp / "0" / key)
@@ -174,11 +186,7 @@ def run_stage(src: str, dst: Path, *, transfers: int = 16, json_out: Path | None
         parsed = manifest_mod.from_dict(json.loads(raw), source=f"{storage.url}/{MANIFEST}")
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{storage.url}/{MANIFEST}: not JSON: {exc}") from None
-    volumes: dict[str, str] = {}
-    for volume in parsed.volumes:
-        rel = check_name(volume.zarr_path)  # raises UnsafePathError: refuse the whole manifest
-        if volumes.setdefault(rel, volume.checksum) != volume.checksum:
-            raise VerificationError(f"{rel}: listed twice with different checksums")
+    volumes = volume_paths(parsed, f"{storage.url}/{MANIFEST}")
     report.volumes = len(volumes)
     dst.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)

@@ -1,7 +1,7 @@
 """octtrain: V-JEPA pretraining and diabetes fine-tuning of 3D ViTs on the octstage cache.
 
-octtrain reads data only through an octstage manifest (``octstage.manifest``,
-``octstage.volumestore``) and writes checkpoints through ``octstage.storage``.
+octtrain imports one octstage module, the manifest (``octstage.manifest``): it reads the cache only
+through it, and never lists a folder or a bucket.
 """
 
 __version__ = "0.1.0"

@@ -1,7 +1,8 @@
-"""One small storage interface with local, GCS and B2 backends.
+"""One small storage interface with local, GCS, S3 and B2 backends.
 
 ``open_storage(url)`` picks a backend from the URL: a plain path or ``file://`` (local),
-``gs://bucket/prefix`` (google-cloud-storage), ``b2://bucket/prefix`` (b2sdk). Object names are
+``gs://bucket/prefix`` (google-cloud-storage), ``s3://bucket/prefix`` (s3fs),
+``b2://bucket/prefix`` (b2sdk). Object names are
 always '/'-separated and relative to the URL's prefix. Cloud SDKs are imported only by their
 backend module, and only when such a URL is opened.
 """
@@ -14,7 +15,7 @@ from octstage.storage.base import ObjectInfo, Storage, check_name, join_name
 from octstage.storage.local import LocalStorage
 
 if TYPE_CHECKING:
-    from octstage.remotes import Location
+    from octstage.storage.locations import Location
 
 __all__ = [
     "LocalStorage",
@@ -28,11 +29,15 @@ __all__ = [
 
 
 def open_storage(url: str) -> Storage:
-    """The backend for ``url`` (local path, ``file://``, ``gs://`` or ``b2://``)."""
+    """The backend for ``url`` (local path, ``file://``, ``gs://``, ``s3://`` or ``b2://``)."""
     if url.startswith("gs://"):
         from octstage.storage.gcs import GcsStorage
 
         return GcsStorage.from_url(url)
+    if url.startswith("s3://"):
+        from octstage.storage.s3 import S3Storage
+
+        return S3Storage.from_url(url)
     if url.startswith("b2://"):
         from octstage.storage.b2 import B2Storage
 
@@ -43,12 +48,17 @@ def open_storage(url: str) -> Storage:
 
 
 def open_location(loc: Location) -> Storage:
-    """The backend for a parsed location (``octstage.remotes.parse_location``), which may name
-    an rclone remote (``gcs:bucket/prefix``); its credentials come from that remote."""
+    """The backend for a parsed location (``locations.parse_location``), which may name
+    an rclone remote (``gcs:bucket/prefix``, ``s3:bucket/prefix``); its credentials come
+    from that remote."""
     if loc.kind == "gcs":
         from octstage.storage.gcs import GcsStorage
 
         return GcsStorage.from_location(loc)
+    if loc.kind == "s3":
+        from octstage.storage.s3 import S3Storage
+
+        return S3Storage.from_location(loc)
     if loc.kind == "b2":
         from octstage.storage.b2 import B2Storage
 

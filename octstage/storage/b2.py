@@ -6,7 +6,7 @@ files that is ``none`` and the SHA1 is in the ``large_file_sha1`` file info, onl
 uploader provided it. A file with neither is listed with ``sha1=None`` (unverifiable).
 
 Credentials come from the location's rclone b2 remote or the B2_* variables
-(``octstage.remotes.b2_credentials``) and stay in memory: b2sdk's default account info would
+(``locations.b2_credentials``) and stay in memory: b2sdk's default account info would
 write the key under HOME, so ``InMemoryAccountInfo`` is used.
 """
 
@@ -23,14 +23,14 @@ from b2sdk.v2 import B2Api, InMemoryAccountInfo, InMemoryCache
 from b2sdk.v2.exception import B2Error, FileNotPresent, NonExistentBucket
 
 from octstage.errors import ObjectNotFoundError, StorageError
-from octstage.remotes import B2Credentials, Location, b2_credentials, parse_location
 from octstage.storage.base import ObjectInfo, check_name, join_name
+from octstage.storage.locations import B2Credentials, Location, b2_credentials, parse_location
 
 LIST_PAGE = 10_000
 READ_CHUNK = 8 * 1024 * 1024
 _SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 # b2sdk's DEBUG output traces calls (with auth tokens); our -v must not turn that on.
-logging.getLogger("b2sdk").setLevel(max(logging.getLogger("b2sdk").level, logging.INFO))
+logging.getLogger("b2sdk").setLevel(max(logging.getLogger("b2sdk").level, logging.WARNING))
 
 _apis: dict[tuple[str, str], B2Api] = {}
 _apis_lock = threading.Lock()
@@ -118,7 +118,7 @@ class B2Storage:
         return cls(b2_api(b2_credentials(loc)), loc.bucket, loc.prefix)
 
     def secrets(self) -> list[str]:
-        """The live auth token (for scrubbing; the key pair is known to octstage.remotes)."""
+        """The live auth token (for scrubbing; the key pair is known to storage.locations)."""
         token = self.api.account_info.get_account_auth_token()
         return [token] if token else []
 
@@ -151,6 +151,7 @@ class B2Storage:
                     name=self._rel(entry["fileName"]),
                     size=int(entry.get("contentLength", entry.get("size", 0))),
                     sha1=source_sha1(entry.get("contentSha1"), entry.get("fileInfo")),
+                    version=entry.get("fileId"),
                 )
             start = page.get("nextFileName")
             if not start:

@@ -21,6 +21,10 @@ class ObjectInfo:
     size: int
     sha1: str | None = None
     md5: str | None = None
+    # This version of the object, when the store names one (B2 file id, GCS generation, S3
+    # ETag): it changes whenever the object is rewritten, so a hash taken of one version is
+    # never applied to the next.
+    version: str | None = None
 
 
 class Storage(Protocol):

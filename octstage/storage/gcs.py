@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import logging
 import threading
@@ -34,8 +33,9 @@ from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 from requests.adapters import HTTPAdapter
 
 from octstage.errors import ObjectNotFoundError, StorageError
-from octstage.remotes import Location, RemoteConfig, parse_location
 from octstage.storage.base import ObjectInfo, check_name, join_name
+from octstage.storage.guarded import GuardedReader
+from octstage.storage.locations import Location, RemoteConfig, parse_location
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -111,48 +111,6 @@ def _credentials(remote: RemoteConfig) -> Credentials | None:
             service_account.Credentials.from_service_account_info(info),  # type: ignore[no-untyped-call]
         )
     return None  # application default credentials
-
-
-class _Reader(io.RawIOBase):
-    """A BlobReader whose transport errors surface as StorageError (callers catch that)."""
-
-    def __init__(self, inner: Any, where: str) -> None:
-        self._inner = inner
-        self._where = where
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def _guard(self, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except ERRORS as exc:
-            raise StorageError(f"{self._where}: read failed: {type(exc).__name__}: {exc}") from None
-
-    def read(self, size: int | None = -1) -> bytes:
-        return bytes(self._guard(self._inner.read, -1 if size is None else size))
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return int(self._guard(self._inner.seek, offset, whence))
-
-    def tell(self) -> int:
-        return int(self._inner.tell())
-
-    def close(self) -> None:
-        self._inner.close()
-        super().close()
 
 
 class _HashSink:
@@ -238,6 +196,7 @@ class GcsStorage:
                 size=int(blob.size or 0),
                 sha1=verified_sha1(blob.metadata, blob.crc32c),
                 md5=_hex(blob.md5_hash),
+                version=str(blob.generation) if blob.generation else None,
             )
 
     def states(self, prefix: str = "") -> Sequence[BlobState]:
@@ -285,7 +244,13 @@ class GcsStorage:
         # BlobReader buffers READ_CHUNK itself; another buffer on top only adds requests.
         return cast(
             BinaryIO,
-            _Reader(blob.open("rb", chunk_size=chunk_size or READ_CHUNK), f"{self.url}/{name}"),
+            GuardedReader(
+                blob.open("rb", chunk_size=chunk_size or READ_CHUNK),
+                ERRORS,
+                lambda exc: StorageError(
+                    f"{self.url}/{name}: read failed: {type(exc).__name__}: {exc}"
+                ),
+            ),
         )
 
     def read_bytes(self, name: str) -> bytes:

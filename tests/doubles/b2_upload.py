@@ -10,8 +10,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from octstage.remotes import parse_location
 from octstage.storage.b2 import B2Storage
+from octstage.storage.locations import parse_location
 
 
 def upload_folder(folder: Path, url: str, workers: int = 8) -> int:

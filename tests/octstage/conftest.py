@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from octstage.synth import SynthInfo, generate
+from octstage.dataset.synth import SynthInfo, generate
 
 if TYPE_CHECKING:
     from tests.octstage.build_helpers import Built

@@ -16,7 +16,7 @@ import pytest
 from b2sdk.v2 import B2Api, InMemoryAccountInfo, InMemoryCache
 from b2sdk.v2.exception import B2Error
 
-from octstage.rclone import rclone_binary
+from octstage.storage.locations import rclone_binary
 from tests.doubles.b2_server import B2Double, _parse_range
 
 

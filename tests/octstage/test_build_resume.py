@@ -27,13 +27,14 @@ from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import RLELossless
 
 from octstage import manifest as mf
-from octstage import volumestore
-from octstage.build import INDEX_NAME
-from octstage.buildtask import REJECT_FORMAT, load_reject, reject_path
+from octstage.build.run import INDEX_NAME
+from octstage.build.task import REJECT_FORMAT, load_reject, reject_name
+from octstage.cache import volumestore
+from octstage.cache.store import CacheStore
+from octstage.cache.verify import verify
 from octstage.config import BuildConfig
+from octstage.dataset.synth import write_oct_dicom
 from octstage.errors import ConfigError
-from octstage.synth import write_oct_dicom
-from octstage.verify import verify
 from tests.octstage.build_helpers import (
     Built,
     build,
@@ -293,10 +294,11 @@ def test_rejections_stored_before_verdicts_were_classified_are_decided_again(
     """An older store could hold an environment failure as if it were a verdict: ignore it."""
     sha1 = "a" * 40
     name = "retinal_oct/structural_oct/heidelberg_spectralis/1001/1001_spectralis_mac_r_1.2.dcm"
-    path = reject_path(tmp_path, sha1)
+    path = tmp_path / reject_name(sha1)
     path.parent.mkdir(parents=True)
+    cache = CacheStore(str(tmp_path))
     old = {"sha1": sha1, "cache_version": mf.CACHE_VERSION, "reason": "DICOM: decode failed"}
     path.write_text(json.dumps({**old, "header": None}))
-    assert load_reject(tmp_path, sha1, name) is None
+    assert load_reject(cache, sha1, name) is None
     path.write_text(json.dumps({**old, "header": None, "format": REJECT_FORMAT}))
-    assert load_reject(tmp_path, sha1, name) == "DICOM: decode failed"
+    assert load_reject(cache, sha1, name) == "DICOM: decode failed"

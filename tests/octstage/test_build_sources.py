@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from octstage import builddask
 from octstage import manifest as mf
-from octstage.build import INDEX_NAME, run_build
+from octstage.build import cluster as builddask
+from octstage.build.run import INDEX_NAME, run_build
 from octstage.cli import main
+from octstage.dataset.synth import SynthInfo
 from octstage.errors import StorageError
 from octstage.storage import LocalStorage
-from octstage.synth import SynthInfo
 from tests.octstage.build_helpers import (
     CONFIG,
     OCT,
@@ -173,30 +173,38 @@ def test_unreachable_scheduler_is_refused_with_exit_2(
 # ---- a bucket as the source ----------------------------------------------------------------
 
 
-def test_build_from_a_gcs_bucket_matches_the_local_build(
-    built: Built, synth_info: SynthInfo, cloud_env: dict[str, str], gcs_bucket: str, tmp_path: Path
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_build_from_a_bucket_matches_the_local_build(
+    built: Built,
+    synth_info: SynthInfo,
+    cloud_env: dict[str, str],
+    request: pytest.FixtureRequest,
+    scheme: str,
+    tmp_path: Path,
 ) -> None:
-    """Workers stream from fake-gcs-server (spooled to a temp file), same volumes as locally."""
+    """Workers stream from fake-gcs-server (google-cloud-storage) or the S3 double (s3fs),
+    spooled to a temp file: the same volumes and rejections as locally; a re-run reuses by the
+    listed size and MD5 without reading or decoding."""
     from octstage.storage import open_storage
 
     # A few participants' files (good ones and traps) and the labels, uploaded to the bucket.
     keep = set(synth_info.labelled[:12])
     names = [f for f in synth_info.files if f.split("/")[-2] in keep]
-    bucket = open_storage(f"gs://{gcs_bucket}/aireadi")
+    bucket_name = request.getfixturevalue("gcs_bucket" if scheme == "gs" else "s3_bucket")
+    url = f"{scheme}://{bucket_name}/aireadi"
+    bucket = open_storage(url)
     for name in [*names, "participants.tsv"]:
         bucket.write_bytes(name, (built.src / name).read_bytes())
-    url = f"gs://{gcs_bucket}/aireadi"
     cache = tmp_path / "cache"
     code = run_build(url, f"{url}/participants.tsv", cache, cache / "m.json", CONFIG, workers=1)
     assert code == 1
     m = mf.load(cache / "m.json")
     local = {v.source_path: v for v in built.manifest.volumes if v.source_path in set(names)}
-    assert {v.source_path: v for v in m.volumes} == local
+    assert local and {v.source_path: v for v in m.volumes} == local
     local_rejected = {r.source: r.reason for r in built.manifest.rejected if r.source in names}
     assert {r.source: r.reason for r in m.rejected} == local_rejected
     assert m.header.dataset == url
 
-    # Unchanged objects (same size and MD5 in the listing): nothing read, nothing decoded.
     summary_path = tmp_path / "again.json"
     run_build(
         url, f"{url}/participants.tsv", cache, cache / "m.json", CONFIG, json_out=summary_path
@@ -206,7 +214,7 @@ def test_build_from_a_gcs_bucket_matches_the_local_build(
 
 
 def test_spool_hashes_in_one_pass_and_notices_a_rewrite(tmp_path: Path) -> None:
-    from octstage.buildtask import spooled
+    from octstage.build.task import spooled
     from octstage.storage import LocalStorage
 
     data = bytes(range(256)) * 50_000  # several read chunks

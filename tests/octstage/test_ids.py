@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from octstage.ids import Reason, is_participant_id, parse_oct_path, resolve, site_of
+from octstage.dataset.ids import Reason, is_participant_id, parse_oct_path, resolve, site_of
 
 UID = "1.2.826.0.1.3680043.8.498.1651.7.42"  # carries a 4-digit, site-1-looking segment
 LEGACY = re.compile(r"\b(1[0-9]{3})\b")  # the earlier trainer's regex, for contrast only

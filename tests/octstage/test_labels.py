@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from octstage.dataset.labels import STUDY_GROUPS, parse_participants, read_participants
+from octstage.dataset.synth import SynthInfo
 from octstage.errors import LabelsError
-from octstage.labels import STUDY_GROUPS, parse_participants, read_participants
-from octstage.synth import SynthInfo
 
 HEADER = "participant_id\tclinical_site\tstudy_group\tage\trecommended_split\tretinal_oct\n"
 

@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 
 from octstage import manifest
+from octstage.dataset.labels import STUDY_GROUPS
 from octstage.errors import ManifestError
-from octstage.labels import STUDY_GROUPS
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "manifests" / "manifest.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "octstage" / "manifest.schema.json").read_text())
 
 
 def make_volume(pid: str = "1001", split: str = "train", label: int = 0) -> manifest.Volume:

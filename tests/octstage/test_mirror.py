@@ -8,8 +8,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,56 +15,19 @@ from typing import Any
 import pytest
 
 from octstage.cli import main as cli_main
-from octstage.inventory import FORMAT, INVENTORY_NAME
-from octstage.mirror import run_mirror
-from octstage.remotes import parse_location
+from octstage.mirror.inventory import FORMAT, INVENTORY_NAME
+from octstage.storage.locations import parse_location
 from tests.doubles.b2_server import B2Double
 from tests.doubles.gcs import GcsDouble, client_for
-
-REPO = Path(__file__).resolve().parents[2]
-MTIME = 1_700_000_000_000
-ODD_NAMES = [
-    "odd/with space.dcm",
-    "odd/quote'single\"double.dcm",
-    "odd/ünïcödé/日本語.dcm",
-    "odd/plus+and&$(echo x);.dcm",
-]
-
-
-def seed(b2: B2Double, prefix: str = "v3", participants: int = 4) -> dict[str, bytes]:
-    """An AI-READI-like tree (plus odd names) in the B2 double; every third file a large file."""
-    files: dict[str, bytes] = {"participants.tsv": b"participant_id\tstudy_group\n"}
-    for n in range(participants):
-        pid = ("1001", "4150", "7111", "1002", "4151", "7112")[n % 6]
-        for eye in "lr":
-            name = (
-                f"retinal_oct/structural_oct/zeiss_cirrus/{pid}/{pid}_cirrus_mac_{eye}_1.2.{n}.dcm"
-            )
-            files[name] = os.urandom(3000 + 17 * n)
-    for name in ODD_NAMES:
-        files[name] = os.urandom(500)
-    for i, (name, data) in enumerate(sorted(files.items())):
-        b2.put("src", f"{prefix}/{name}", data, large=i % 3 == 0, mtime_ms=MTIME)
-    return files
-
-
-def gcs_objects(server: GcsDouble, bucket: str, prefix: str) -> dict[str, Any]:
-    client: Any = client_for(server)
-    return {b.name[len(prefix) + 1 :]: b for b in client.list_blobs(bucket, prefix=f"{prefix}/")}
-
-
-def mirror(tmp_path: Path, src: str, dst: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
-    out = tmp_path / f"report-{time.monotonic_ns()}.json"
-    code = run_mirror(src, dst, json_out=out, transfers=4, checkers=8, **kwargs)
-    return code, json.loads(out.read_text())
-
-
-def assert_mirrored(server: GcsDouble, bucket: str, files: dict[str, bytes]) -> None:
-    blobs = gcs_objects(server, bucket, "m")
-    assert set(blobs) == set(files) | {INVENTORY_NAME}
-    for name, data in files.items():
-        assert blobs[name].download_as_bytes() == data, name
-        assert blobs[name].metadata["source-sha1"] == hashlib.sha1(data).hexdigest()
+from tests.octstage.mirror_helpers import (
+    MTIME,
+    ODD_NAMES,
+    assert_mirrored,
+    cli_process,
+    gcs_objects,
+    mirror,
+    seed,
+)
 
 
 def test_full_mirror_copies_verifies_records_and_saves_the_inventory(
@@ -262,19 +223,6 @@ def test_mirror_into_a_local_folder(
     assert (dst / INVENTORY_NAME).is_file()
 
 
-def _cli(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "octstage.cli", *args],
-        cwd=REPO,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # so the test can kill octstage and its rclone together
-        **kwargs,
-    )
-
-
 def test_a_killed_mirror_resumes_and_verifies(
     cloud_env: dict[str, str], b2: B2Double, gcs_server: GcsDouble, gcs_bucket: str, tmp_path: Path
 ) -> None:
@@ -283,7 +231,7 @@ def test_a_killed_mirror_resumes_and_verifies(
         b2.put("src", f"v3/{name}", data)
     b2.download_delay = 0.1  # 40 objects, 2 at a time: about 2 s of copying
     args = ["mirror", "b2:src/v3", f"gs://{gcs_bucket}/m", "--transfers", "2"]
-    proc = _cli(args, cloud_env)
+    proc = cli_process(args, cloud_env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         copied = set(gcs_objects(gcs_server, gcs_bucket, "m")) - {INVENTORY_NAME}
@@ -317,7 +265,7 @@ def test_no_credential_appears_in_any_output_or_written_file(
         ["-v", "mirror", "b2:src/missing", f"gs://{gcs_bucket}/m", "--prune"],
         ["-v", "stage", f"gs://{gcs_bucket}/m", str(tmp_path / "staged")],
     ):
-        proc = _cli(args, cloud_env)
+        proc = cli_process(args, cloud_env)
         out, err = proc.communicate(timeout=300)
         outputs += [out, err]
     written = [p.read_bytes().decode(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from octstage.errors import MirrorError
-from octstage.inventory import (
+from octstage.mirror.inventory import (
     Entry,
     Inventory,
     check_deletions,
@@ -21,10 +21,10 @@ from octstage.inventory import (
     plan_mirror,
     to_json,
 )
-from octstage.mirror import run_mirror
-from octstage.rclone import copy_config, copy_filter
-from octstage.remotes import known_secrets, parse_location, scrub
+from octstage.mirror.rclone import copy_config, copy_filter
+from octstage.mirror.run import run_mirror
 from octstage.storage import ObjectInfo
+from octstage.storage.locations import known_secrets, parse_location, scrub
 
 
 def inv(*entries: tuple[str, int, str | None]) -> Inventory:

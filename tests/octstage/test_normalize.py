@@ -7,12 +7,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from octstage.normalize import (
+from octstage.build.normalize import (
+    MIN_SAMPLE,
     axis_weights,
     histogram_percentiles,
     intensity_lut,
     normalize_volume,
     resize_volume,
+    sample_strides,
     scaled_spacing,
 )
 
@@ -44,10 +46,31 @@ def area_reference(
 
 @pytest.mark.parametrize("p", [(1.0, 99.0), (0.5, 99.5), (2.5, 97.3), (0.0, 100.0)])
 def test_histogram_percentiles_equal_numpy_on_the_subsample(p: tuple[float, float]) -> None:
-    vol = retina_like((13, 70, 90), seed=3)
+    vol = retina_like((64, 512, 256), seed=3)
+    a, b, c = sample_strides(vol.shape, (2, 4, 4))
+    assert (a, b, c) != (1, 1, 1)  # a strided sample, not the whole volume
     got = histogram_percentiles(vol, p[0], p[1], (2, 4, 4))
-    want = np.percentile(vol[::2, ::4, ::4], p)
+    want = np.percentile(vol[::a, ::b, ::c], p)
     np.testing.assert_allclose(got, want, atol=1e-9)
+
+
+@pytest.mark.parametrize("p", [(1.0, 99.0), (0.5, 99.5)])
+def test_a_small_volume_is_taken_whole(p: tuple[float, float]) -> None:
+    """13x84x49 (53,508 voxels): a (2,4,4) stride would keep ~1,900 and miss what sits between
+    its rows; the percentiles must be the whole volume's."""
+    vol = retina_like((13, 84, 49), seed=4)
+    vol[:, 1::4, :] = np.maximum(vol[:, 1::4, :], 250)  # bright rows the stride steps over
+    assert sample_strides(vol.shape, (2, 4, 4)) == (1, 1, 1)
+    got = histogram_percentiles(vol, p[0], p[1], (2, 4, 4))
+    np.testing.assert_allclose(got, np.percentile(vol, p), atol=1e-9)
+
+
+def test_strides_shrink_only_as_far_as_the_minimum_sample() -> None:
+    shape = (61, 496, 768)  # Spectralis: (2,4,4) holds 0.73 M voxels
+    strides = sample_strides(shape, (2, 4, 4))
+    held = np.prod([-(-n // s) for n, s in zip(shape, strides, strict=True)])
+    assert held >= MIN_SAMPLE and strides != (1, 1, 1)
+    assert sample_strides((200, 1024, 512), (2, 4, 4)) == (2, 4, 4)  # already enough
 
 
 def test_subsample_percentiles_within_one_grey_level_of_full_volume() -> None:
@@ -57,6 +80,40 @@ def test_subsample_percentiles_within_one_grey_level_of_full_volume() -> None:
     assert abs(low - full_low) <= 1.0
     assert abs(high - full_high) <= 1.0
     assert high - low > 50  # a meaningful range, not a degenerate pass
+
+
+def production_like(shape: tuple[int, int, int], seed: int = 0) -> npt.NDArray[np.uint8]:
+    """Curved bright layers whose depth and brightness drift across B-scans, with exponential
+    speckle over a floor; one B-scan at a time in float32, so 105 M voxels take a few seconds."""
+    frames, rows, columns = shape
+    rng = np.random.default_rng(seed)
+    out = np.empty(shape, np.uint8)
+    depth = np.linspace(0.0, 1.0, rows, dtype=np.float32)[:, None]
+    sway = np.sin(np.linspace(0.0, np.pi, columns, dtype=np.float32))[None, :]
+    for i in range(frames):
+        centre = 0.4 + 0.1 * sway * np.float32(np.cos(i / 60))
+        layers = 20 + 100 * np.exp(-(((depth - centre) / 0.04) ** 2))
+        layers += 60 * (np.abs(depth - centre - 0.15) < 0.03)
+        speckle = 1.0 - rng.random((rows, columns), dtype=np.float32)  # (0, 1]
+        np.log(speckle, out=speckle)
+        speckle *= -0.6 * layers * np.float32(0.8 + 0.4 * i / frames)
+        speckle += 0.4 * layers
+        out[i] = np.clip(speckle, 0, 255)
+    return out
+
+
+def test_percentiles_at_the_production_shape_stay_within_one_grey_level() -> None:
+    """200x1024x512 (105 M voxels): the configured (2,4,4) stride already holds 3.3 M, so the
+    sample (and its cost) is what it was; p_low/p_high land within one grey level of numpy's
+    exact percentiles of the whole volume."""
+    shape = (200, 1024, 512)
+    assert sample_strides(shape, (2, 4, 4)) == (2, 4, 4)
+    vol = production_like(shape)
+    for p in ((1.0, 99.0), (0.5, 99.5), (2.5, 97.5)):
+        got = histogram_percentiles(vol, p[0], p[1], (2, 4, 4))
+        want = np.percentile(vol, p)
+        assert np.all(np.abs(np.asarray(got) - want) <= 1.0), (p, got, want)
+        assert want[0] >= 3 and want[1] - want[0] > 100  # neither end pinned at 0 or 255
 
 
 def test_histogram_percentiles_refuses_other_dtypes() -> None:

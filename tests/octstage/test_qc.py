@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 from matplotlib.image import imread
 
 from octstage import manifest as mf
-from octstage import volumestore
-from octstage.buildplan import qc_sample
-from octstage.qc import middle_bscan, write_qc_sheet
+from octstage.build.plan import qc_sample
+from octstage.build.qc import middle_bscan, qc_sheet
+from octstage.cache import volumestore
+from octstage.cache.store import CacheStore
 
 
 def volume(pid: str, device: str, key: str) -> mf.Volume:
@@ -41,7 +43,7 @@ def test_middle_bscan_is_the_middle_frame(tmp_path: Path) -> None:
     v = volume("1001", "topcon_triton", "k")
     array = np.arange(5 * 20 * 30, dtype=np.uint32).reshape(5, 20, 30).astype(np.uint8)
     volumestore.write_volume(tmp_path, v.zarr_path, array, (1.0, 1.0, 1.0), {})
-    np.testing.assert_array_equal(middle_bscan(tmp_path, v), array[2])
+    np.testing.assert_array_equal(middle_bscan(CacheStore(str(tmp_path)).open_array, v), array[2])
 
 
 def test_sheet_draws_each_device_row(tmp_path: Path) -> None:
@@ -51,16 +53,14 @@ def test_sheet_draws_each_device_row(tmp_path: Path) -> None:
         bright = np.full((5, 20, 30), 40 * (i + 1), np.uint8)
         volumestore.write_volume(tmp_path, v.zarr_path, bright, (1.0, 1.0, 1.0), {})
         volumes.append(v)
-    out = write_qc_sheet(tmp_path, volumes, tmp_path / "qc" / "qc.png", per_device=2)
-    image = imread(out)
+    png = qc_sheet(CacheStore(str(tmp_path)).open_array, volumes, per_device=2)
+    image = imread(io.BytesIO(png))
     assert image.shape[0] > 100 and image.shape[1] > 100
     assert image[..., :3].std() > 0.05  # panels drawn, not a blank page
-    assert not list(out.parent.glob(".*"))  # no temporary left beside it
 
 
 def test_sheet_for_an_empty_manifest_still_writes(tmp_path: Path) -> None:
-    out = write_qc_sheet(tmp_path, [], tmp_path / "qc.png")
-    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert qc_sheet(CacheStore(str(tmp_path)).open_array, [])[:4] == b"\x89PNG"
 
 
 def test_qc_sample_spreads_over_each_device() -> None:

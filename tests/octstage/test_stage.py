@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from octstage import manifest as mf
+from octstage.cache.verify import run_verify
+from octstage.cache.volumestore import check_volume
 from octstage.cli import main as cli_main
 from octstage.errors import VerificationError
-from octstage.stage import chunk_keys, run_stage
-from octstage.verify import run_verify
-from octstage.volumestore import check_volume
+from octstage.stage import run_stage, shard_keys
 from tests.doubles.b2_server import B2Double
 from tests.doubles.gcs import GcsDouble, client_for
+from tests.doubles.s3 import S3Double
 from tests.octtrain.tiny_cache import write_tiny_cache
 
 
@@ -168,27 +169,88 @@ def test_stage_refuses_a_manifest_that_escapes_the_destination(
     assert not dst.exists() or files_of(dst) == {}
 
 
-def test_chunk_keys_from_zarr_metadata() -> None:
-    meta = {
-        "shape": [20, 40, 50],
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [32, 64, 64]}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-    }
-    assert chunk_keys(meta) == ["c/0/0/0"]
-    meta["chunk_grid"]["configuration"]["chunk_shape"] = [10, 40, 25]  # type: ignore[index]
-    assert chunk_keys(meta) == ["c/0/0/0", "c/0/0/1", "c/1/0/0", "c/1/0/1"]
-    meta["chunk_key_encoding"] = {"name": "v2", "configuration": {"separator": "."}}
-    assert chunk_keys(meta)[-1] == "1.0.1"
-    meta["shape"] = [100, 100, 100]
-    meta["chunk_grid"]["configuration"]["chunk_shape"] = [1, 1, 1]  # type: ignore[index]
+@pytest.mark.parametrize(
+    ("encoding", "chunks", "shards"),
+    [
+        ({"name": "default", "separator": "/"}, (10, 40, 25), None),
+        ({"name": "default", "separator": "."}, (5, 20, 25), (10, 40, 25)),
+        ({"name": "v2", "separator": "."}, (10, 40, 25), None),
+        ({"name": "default", "separator": "/"}, (32, 64, 64), None),
+    ],
+)
+def test_shard_keys_name_exactly_the_objects_zarr_writes(
+    tmp_path: Path,
+    encoding: dict[str, str],
+    chunks: tuple[int, int, int],
+    shards: tuple[int, int, int] | None,
+) -> None:
+    """Whatever the chunk key encoding and sharding, the keys are the files zarr wrote."""
+    import numpy as np
+    import zarr
+
+    folder = tmp_path / "a"
+    array = zarr.create_array(
+        store=str(folder),
+        shape=(20, 40, 50),
+        dtype="uint8",
+        chunks=chunks,
+        shards=shards,
+        chunk_key_encoding=encoding,  # type: ignore[arg-type]
+    )
+    array[:] = np.arange(20 * 40 * 50, dtype=np.uint32).reshape(20, 40, 50) % 251 + 1
+    written = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert sorted(shard_keys(folder)) == sorted(written - {"zarr.json"})
+
+
+def test_shard_keys_refuse_huge_grids_and_unreadable_metadata(tmp_path: Path) -> None:
+    import zarr
+
+    zarr.create_array(store=str(tmp_path / "huge"), shape=(100, 100, 100), dtype="uint8",
+                      chunks=(1, 1, 1))  # fmt: skip
     with pytest.raises(VerificationError, match="refusing"):
-        chunk_keys(meta)
+        shard_keys(tmp_path / "huge")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "array"}')
     with pytest.raises(VerificationError, match="unreadable"):
-        chunk_keys({"shape": [1]})
-    meta["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": "/../"}}
-    meta["chunk_grid"]["configuration"]["chunk_shape"] = [100, 100, 100]  # type: ignore[index]
-    with pytest.raises(VerificationError, match="unsupported"):
-        chunk_keys(meta)
+        shard_keys(tmp_path / "bad")
+
+
+@pytest.mark.parametrize(
+    "bad", ["volumes/1001/x.zarr", "volumes/1001/sub/x.ome.zarr", "cache/1001/x.ome.zarr"]
+)
+def test_stage_refuses_a_zarr_path_the_schema_refuses_before_fetching_anything(
+    tiny_cache: Path, tmp_path: Path, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Safe names, but not what the schema allows: the whole manifest is refused, and the
+    volumes listed before the bad one are not fetched either."""
+    src = tmp_path / "src"
+    shutil.copytree(tiny_cache, src)
+    doc = json.loads((src / "manifest.json").read_text())
+    last = len(doc["volumes"]) - 1
+    doc["volumes"][last]["zarr_path"] = bad
+    (src / "manifest.json").write_text(json.dumps(doc))
+    dst = tmp_path / "ssd"
+    assert cli_main(["stage", str(src), str(dst)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"volumes[{last}].zarr_path" in err and bad in err and "manifest.json" in err
+    assert not dst.exists() or files_of(dst) == {}
+
+
+def test_stage_from_s3_then_verify(
+    cloud_env: dict[str, str], s3_server: S3Double, s3_bucket: str, tiny_cache: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """A cache built locally, uploaded to the S3 double (boto3), staged through s3fs."""
+    client = s3_server.client()
+    for name, data in files_of(tiny_cache).items():
+        client.put_object(Bucket=s3_bucket, Key=f"cache/{name}", Body=data)
+    client.put_object(Bucket=s3_bucket, Key="cache/volumes/unlisted.bin", Body=b"junk")
+    dst = tmp_path / "ssd"
+    report = tmp_path / "stage.json"
+    assert cli_main(["stage", f"s3://{s3_bucket}/cache", str(dst), "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["downloaded"] == 8
+    assert files_of(dst) == files_of(tiny_cache)  # the manifest's volumes, nothing unlisted
+    assert cli_main(["verify", str(dst / "manifest.json")]) == 0
 
 
 def test_b2_to_gcs_to_build_cache_to_stage_end_to_end(
@@ -199,10 +261,10 @@ def test_b2_to_gcs_to_build_cache_to_stage_end_to_end(
     cache mirrored to GCS, staged to a local folder and verified there."""
     import hashlib
 
-    from octstage.build import run_build
+    from octstage.build.run import run_build
     from octstage.config import BuildConfig
-    from octstage.mirror import run_mirror
-    from octstage.synth import generate
+    from octstage.dataset.synth import generate
+    from octstage.mirror.run import run_mirror
     from tests.doubles.b2_upload import upload_folder
 
     synth = generate(tmp_path / "synth", participants=3, traps=False).root

@@ -46,3 +46,14 @@ def test_unreadable_or_malformed_yaml_names_the_file(tmp_path: Path) -> None:
         load_build_config(bad)
     with pytest.raises(ConfigError, match=r"missing\.yaml"):
         load_build_config(tmp_path / "missing.yaml")
+
+
+def test_the_dask_worker_config_unsets_the_malloc_trim_threshold() -> None:
+    """configs/dask/worker.yaml (for workers started by hand) must say what the local cluster
+    says: no MALLOC_TRIM_THRESHOLD_ for the decoders (30-45% per volume otherwise)."""
+    import dask.config
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "dask" / "worker.yaml"
+    config = dask.config.collect(paths=[str(path)], env={})
+    environ = config["distributed"]["nanny"]["pre-spawn-environ"]
+    assert "MALLOC_TRIM_THRESHOLD_" in environ and environ["MALLOC_TRIM_THRESHOLD_"] is None

@@ -1,23 +1,30 @@
-"""One storage suite, run against every backend: local folder, GCS double, B2 double.
+"""One storage suite, run against every backend: local folder, GCS double, S3 double, B2 double.
 
-The cloud backends run their real SDKs (google-cloud-storage, b2sdk) over HTTP against the
-doubles in tests/doubles. Backend-specific behaviour (recorded SHA1s on GCS, B2's large-file
-SHA1) is tested at the end.
+The cloud backends run their real clients (google-cloud-storage, s3fs, b2sdk) over HTTP against
+the doubles in tests/doubles. What a backend writes is also read back through a SECOND client
+that shares no code with it (plain ``open``, gcsfs, boto3, rclone), so a backend that only reads
+back its own mistakes (a wrong key, a mangled name) cannot pass. Backend-specific behaviour
+(recorded SHA1s on GCS, B2's large-file SHA1) is tested at the end; S3's in test_s3.py.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from octstage.errors import StorageError, UnsafePathError
-from octstage.remotes import parse_location
-from octstage.storage import ObjectInfo, Storage, open_location, open_storage
+from octstage.storage import Storage, open_location, open_storage
+from octstage.storage.locations import parse_location, rclone_binary
 from tests.doubles.b2_server import B2Double
+from tests.doubles.gcs import GcsDouble
+from tests.doubles.s3 import S3Double
 
 ODD = [
     "retinal_oct/structural_oct/zeiss_cirrus/7111/7111_cirrus_mac_oct_oct_l_1.2.3.dcm",
@@ -27,18 +34,136 @@ ODD = [
     "odd/plus+and&amp$(x).dcm",
     "a/b/c/d/e/deep.bin",
 ]
+ROOT = "some/root"
 
 
-@pytest.fixture(params=["local", "gcs", "b2"])
-def store(
-    request: pytest.FixtureRequest, tmp_path: Path, cloud_env: dict[str, str], gcs_bucket: str
-) -> Iterator[Storage]:
-    if request.param == "local":
-        yield open_storage(str(tmp_path / "root"))
-    elif request.param == "gcs":
-        yield open_storage(f"gs://{gcs_bucket}/some/root")
-    else:
-        yield open_storage("b2://src/some/root")
+@dataclass(frozen=True)
+class SecondClient:
+    """Another client's view of the store's root: every object name under it, and its bytes."""
+
+    names: Callable[[], list[str]]
+    read: Callable[[str], bytes]
+
+
+@dataclass(frozen=True)
+class Backend:
+    kind: str
+    store: Storage
+    second: SecondClient
+
+
+def _local_second(root: Path) -> SecondClient:
+    def names() -> list[str]:
+        found = [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]
+        return sorted(n for n in found if not n.split("/")[-1].startswith("."))
+
+    return SecondClient(names, lambda name: (root / name).read_bytes())
+
+
+def _gcs_second(server: GcsDouble, bucket: str) -> SecondClient:
+    """gcsfs, not google-cloud-storage (which the backend uses)."""
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem(token="anon", endpoint_url=server.url, skip_instance_cache=True)
+    root = f"{bucket}/{ROOT}"
+
+    def names() -> list[str]:
+        fs.invalidate_cache()
+        return sorted(n[len(root) + 1 :] for n in fs.find(root))
+
+    def read(name: str) -> bytes:
+        return bytes(fs.cat_file(f"{root}/{name}"))
+
+    return SecondClient(names, read)
+
+
+def _s3_second(server: S3Double, bucket: str) -> SecondClient:
+    """boto3, not s3fs (which the backend uses)."""
+    client = server.client()
+
+    def names() -> list[str]:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{ROOT}/")
+        keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+        return sorted(k[len(ROOT) + 1 :] for k in keys)
+
+    def read(name: str) -> bytes:
+        return bytes(client.get_object(Bucket=bucket, Key=f"{ROOT}/{name}")["Body"].read())
+
+    return SecondClient(names, read)
+
+
+def _b2_second(env: dict[str, str]) -> SecondClient:
+    """rclone's b2 backend (Go, its own B2 client), not b2sdk (which the backend uses)."""
+
+    def rclone(*args: str) -> bytes:
+        out = subprocess.run(
+            [rclone_binary(), *args], env={**os.environ, **env}, capture_output=True, check=True
+        )
+        return out.stdout
+
+    def names() -> list[str]:
+        listed = json.loads(rclone("lsjson", "-R", "--files-only", f"b2:src/{ROOT}"))
+        return sorted(str(o["Path"]) for o in listed)
+
+    return SecondClient(names, lambda name: rclone("cat", f"b2:src/{ROOT}/{name}"))
+
+
+@pytest.fixture(params=["local", "gcs", "s3", "b2"])
+def backend(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    cloud_env: dict[str, str],
+    gcs_server: GcsDouble,
+    gcs_bucket: str,
+    s3_server: S3Double,
+    s3_bucket: str,
+) -> Backend:
+    kind = request.param
+    if kind == "local":
+        root = tmp_path / "root"
+        return Backend(kind, open_storage(str(root)), _local_second(root))
+    if kind == "gcs":
+        store = open_storage(f"gs://{gcs_bucket}/{ROOT}")
+        return Backend(kind, store, _gcs_second(gcs_server, gcs_bucket))
+    if kind == "s3":
+        store = open_storage(f"s3://{s3_bucket}/{ROOT}")
+        return Backend(kind, store, _s3_second(s3_server, s3_bucket))
+    return Backend(kind, open_storage(f"b2://src/{ROOT}"), _b2_second(cloud_env))
+
+
+@pytest.fixture
+def store(backend: Backend) -> Iterator[Storage]:
+    yield backend.store
+
+
+@pytest.fixture
+def second(backend: Backend) -> SecondClient:
+    return backend.second
+
+
+def test_a_second_client_reads_back_what_the_backend_wrote(
+    store: Storage, second: SecondClient
+) -> None:
+    payloads = {name: f"payload {n} ".encode() * (n + 1) for n, name in enumerate(ODD)}
+    for name, data in payloads.items():
+        store.write_bytes(name, data, metadata={"mtime": "1"})
+    assert second.names() == sorted(ODD)
+    for name, data in payloads.items():
+        assert second.read(name) == data, name
+    store.write_bytes(ODD[0], b"replaced")
+    store.delete(ODD[1])
+    assert second.names() == sorted(ODD[0:1] + ODD[2:])
+    assert second.read(ODD[0]) == b"replaced"
+
+
+def test_listed_md5s_are_the_md5_of_the_bytes(store: Storage) -> None:
+    """Where a backend lists an MD5 (GCS, single-part S3), it is the content's."""
+    data = {"m/one.bin": b"one", "m/two.bin": os.urandom(1000)}
+    for name, payload in data.items():
+        store.write_bytes(name, payload)
+    for obj in [*store.list("m/"), store.stat("m/one.bin")]:
+        if obj.md5 is not None:
+            assert obj.md5 == hashlib.md5(data[obj.name]).hexdigest()
 
 
 def test_write_then_read_list_and_stat(store: Storage) -> None:
@@ -54,6 +179,19 @@ def test_write_then_read_list_and_stat(store: Storage) -> None:
             assert fh.read() == data
 
 
+def test_a_rewritten_object_lists_another_version(backend: Backend) -> None:
+    """The mirror trusts a hash it took only for the version it hashed (--hash-missing)."""
+    store = backend.store
+    store.write_bytes("v.bin", b"one")
+    (first,) = store.list("v.bin")
+    store.write_bytes("v.bin", b"two")
+    (second,) = store.list("v.bin")
+    if backend.kind == "local":  # a folder lists no versions; local sources are always hashed
+        assert first.version is second.version is None
+        return
+    assert first.version and second.version and first.version != second.version
+
+
 def test_list_filters_by_prefix_and_never_leaks_siblings(store: Storage) -> None:
     store.write_bytes("a/x.bin", b"1")
     store.write_bytes("a/y/z.bin", b"22")
@@ -65,27 +203,19 @@ def test_list_filters_by_prefix_and_never_leaks_siblings(store: Storage) -> None
 
 
 def test_root_prefix_is_a_folder_not_a_string_prefix(
-    store: Storage, tmp_path: Path, gcs_bucket: str
+    backend: Backend, tmp_path: Path, gcs_bucket: str, s3_bucket: str
 ) -> None:
     """``.../root`` must not list ``.../root2/...``."""
+    store = backend.store
     store.write_bytes("inside.bin", b"1")
     sibling = {
         "local": str(tmp_path / "root2"),
         "gcs": f"gs://{gcs_bucket}/some/root2",
+        "s3": f"s3://{s3_bucket}/some/root2",
         "b2": "b2://src/some/root2",
-    }[_kind(store)]
+    }[backend.kind]
     open_storage(sibling).write_bytes("outside.bin", b"2")
     assert [o.name for o in store.list()] == ["inside.bin"]
-
-
-def _kind(store: Storage) -> str:
-    return (
-        "gcs"
-        if store.url.startswith("gs://")
-        else "b2"
-        if store.url.startswith("b2://")
-        else "local"
-    )
 
 
 def test_streaming_read_of_a_multi_chunk_object_with_seek(store: Storage) -> None:
@@ -148,16 +278,29 @@ def test_unsafe_names_are_refused_everywhere(store: Storage, name: str) -> None:
     assert list(store.list()) == []
 
 
-def test_remote_names_and_gs_urls_reach_the_same_objects(
-    cloud_env: dict[str, str], gcs_bucket: str
+def test_remote_names_and_urls_reach_the_same_objects(
+    cloud_env: dict[str, str],
+    gcs_bucket: str,
+    s3_server: S3Double,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``gcs:bucket/p`` (rclone remote from RCLONE_CONFIG_GCS_*) and ``gs://bucket/p``."""
+    """``gcs:bucket/p`` (rclone remote from RCLONE_CONFIG_GCS_*) and ``gs://bucket/p``; the same
+    for b2 and s3 (an s3 remote named ``archive`` whose keys are its own, not AWS_*)."""
     open_storage(f"gs://{gcs_bucket}/p").write_bytes("f.bin", b"abc")
     via_remote = open_location(parse_location(f"gcs:{gcs_bucket}/p"))
     assert via_remote.read_bytes("f.bin") == b"abc"
     via_b2_remote = open_location(parse_location("b2:src/q"))
     via_b2_remote.write_bytes("g.bin", b"def")
     assert open_storage("b2://src/q").read_bytes("g.bin") == b"def"
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(key)
+    for key, value in s3_server.rclone_remote("archive").items():
+        monkeypatch.setenv(key, value)
+    via_s3_remote = open_location(parse_location(f"archive:{s3_bucket}/r"))
+    via_s3_remote.write_bytes("h.bin", b"ghi")
+    monkeypatch.setenv("OCTSTAGE_S3_REMOTE", "archive")
+    assert open_storage(f"s3://{s3_bucket}/r").read_bytes("h.bin") == b"ghi"
 
 
 # -- backend specifics ---------------------------------------------------------------------
@@ -212,7 +355,9 @@ def test_b2_lists_content_sha1_large_file_sha1_and_none(
     b2.put("src", "p/large.bin", b"large" * 100, large=True)
     b2.put("src", "p/nosha.bin", b"no sha1", sha1=False)
     listed = {o.name: o for o in open_storage("b2://src/p").list()}
-    assert listed["simple.bin"] == ObjectInfo("simple.bin", 6, hashlib.sha1(b"simple").hexdigest())
+    simple = listed["simple.bin"]
+    assert (simple.name, simple.size) == ("simple.bin", 6)
+    assert simple.sha1 == hashlib.sha1(b"simple").hexdigest()
     assert listed["large.bin"].sha1 == hashlib.sha1(b"large" * 100).hexdigest()
     assert listed["nosha.bin"].sha1 is None
     assert open_storage("b2://src/p").stat("large.bin").sha1 == listed["large.bin"].sha1

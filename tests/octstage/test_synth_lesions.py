@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from octstage.synth_lesions import BRIGHT, DARK, NUM_CLASSES, render_lesions
+from octstage.dataset.synth_lesions import BRIGHT, DARK, NUM_CLASSES, render_lesions
 
 SHAPE = (16, 32, 32)
 

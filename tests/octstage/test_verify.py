@@ -11,11 +11,11 @@ import pytest
 import zarr
 
 from octstage import manifest as mf
-from octstage import volumestore
+from octstage.cache import volumestore
+from octstage.cache.verify import SCHEMA, validate_schema, verify
 from octstage.cli import main
 from octstage.config import BuildConfig
-from octstage.labels import STUDY_GROUPS
-from octstage.verify import validate_schema, verify
+from octstage.dataset.labels import STUDY_GROUPS
 
 
 def make_cache(root: Path, n: int = 3) -> Path:
@@ -127,9 +127,15 @@ def test_schema_violations_are_problems(tmp_path: Path) -> None:
     assert report.verified == 3  # the volumes themselves are fine
 
 
-def test_schema_check_is_skipped_only_without_a_schema(tmp_path: Path) -> None:
-    status, errors = validate_schema({}, tmp_path / "absent.json")
-    assert status.startswith("skipped") and errors == []
+def test_the_schema_ships_inside_the_package() -> None:
+    """A plain (non-editable) install has the schema: it is package data, not a repo file."""
+    import tomllib
+
+    import octstage
+
+    assert SCHEMA.parent == Path(octstage.__file__).parent and SCHEMA.is_file()
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert SCHEMA.name in pyproject["tool"]["setuptools"]["package-data"]["octstage"]
     status, errors = validate_schema({})
     assert status == "invalid" and errors
 
@@ -142,3 +148,54 @@ def test_verify_needs_nothing_beyond_the_base_dependencies() -> None:
     names = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]}
     assert "jsonschema" in names
     assert not any(d.startswith("jsonschema") for d in project["optional-dependencies"]["dev"])
+
+
+# Run in a fresh process with the extras' modules hidden from the import system, as if not
+# installed (zarr, for one, imports fsspec only when it finds it).
+_HIDDEN_RUN = """
+import importlib.machinery, json, sys
+hidden = set(json.loads(sys.argv[2]))
+class Hide:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.split(".")[0] in hidden:
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, path, target)
+sys.meta_path = [Hide if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+from octstage.cli import main
+code = main(["verify", sys.argv[1]])
+print(json.dumps([code, sorted(hidden & {m.split(".")[0] for m in sys.modules})]))
+"""
+
+
+def test_verify_runs_with_no_optional_extra_installed(tmp_path: Path) -> None:
+    """A plain install (no extras) runs ``octstage verify`` to the end: every module that only
+    an extra of pyproject.toml brings in is hidden from a real run in a fresh process."""
+    import importlib.metadata
+    import subprocess
+    import sys
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    def names(requirements: list[str]) -> set[str]:
+        return {Requirement(r).name.lower().replace("_", "-") for r in requirements}
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    base = names(project["dependencies"])
+    extras = set().union(*(names(v) for v in project["optional-dependencies"].values())) - base
+    hidden = sorted(
+        module
+        for module, dists in importlib.metadata.packages_distributions().items()
+        if {d.lower().replace("_", "-") for d in dists} <= extras
+    )
+    assert {"fsspec", "s3fs", "b2sdk", "jsonschema"} & set(hidden) == {"fsspec", "s3fs", "b2sdk"}
+    path = make_cache(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _HIDDEN_RUN, str(path), json.dumps(hidden)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, loaded = json.loads(proc.stdout.splitlines()[-1])
+    assert code == 0 and loaded == []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zarr
 
-from octstage import volumestore
+from octstage.cache import volumestore
 from octstage.errors import VerificationError
 
 
@@ -27,7 +27,7 @@ def test_write_read_round_trip_with_ome_metadata(tmp_path: Path, volume: np.ndar
     group = json.loads((tmp_path / rel / "zarr.json").read_text())
     multiscale = group["attributes"]["ome"]["multiscales"][0]
     assert group["attributes"]["ome"]["version"] == "0.5"
-    assert [a["name"] for a in multiscale["axes"]] == ["z", "y", "x"]
+    assert [a["name"] for a in multiscale["axes"]] == ["y", "z", "x"]
     assert multiscale["datasets"][0]["coordinateTransformations"][0]["scale"] == [0.1, 0.02, 0.03]
     arr = zarr.open_array(store=str(tmp_path / rel / "0"), mode="r")
     assert arr.shards == volume.shape  # one shard: one data object per volume
@@ -36,6 +36,26 @@ def test_write_read_round_trip_with_ome_metadata(tmp_path: Path, volume: np.ndar
     ]
     assert len(data_objects) == 1
     volumestore.check_volume(tmp_path, rel, checksum)
+
+
+def test_an_ome_zarr_reader_sees_b_scans_along_y_and_depth_along_z(
+    tmp_path: Path, volume: np.ndarray
+) -> None:
+    """Opened by ome-zarr-py, as a viewer would: frames are B-scans (the slow scan, y), rows are
+    depth (the axial direction, z), columns are A-scans (x), each with its own spacing."""
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+
+    rel = volumestore.volume_relpath("1001", "k1")
+    volumestore.write_volume(tmp_path, rel, volume, (0.12, 0.0039, 0.011), {})
+    location = parse_url(str(tmp_path / rel))
+    assert location is not None
+    (node,) = [n for n in Reader(location)() if n.load(Multiscales)]
+    assert [a["name"] for a in node.metadata["axes"]] == ["y", "z", "x"]
+    (transforms,) = node.metadata["coordinateTransformations"]
+    assert transforms[0]["scale"] == [0.12, 0.0039, 0.011]
+    (data,) = node.data
+    np.testing.assert_array_equal(np.asarray(data), volume)
 
 
 def test_checksum_sees_one_changed_voxel(volume: np.ndarray) -> None:

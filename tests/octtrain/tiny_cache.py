@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from octstage import manifest as mf
-from octstage.labels import DEVICES, STUDY_GROUPS
-from octstage.volumestore import volume_relpath, write_volume
+from octstage.cache.volumestore import volume_relpath, write_volume
+from octstage.dataset.ids import DEVICES
+from octstage.dataset.labels import STUDY_GROUPS
 
 DEFAULT_SHAPE = (8, 32, 32)
 DEFAULT_COUNTS = {"train": 8, "val": 2, "test": 2}  # volumes per class and split

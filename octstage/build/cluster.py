@@ -4,25 +4,62 @@ Tasks are submitted a window at a time (about two per worker thread) and collect
 finish, so neither the workers nor the driver ever hold more than a few volumes' worth of work,
 and a progress bar follows along. The cluster is either one the user runs (``--scheduler``) or
 a LocalCluster of single-threaded worker processes on loopback that lives as long as the run.
+
+Workers on other machines open the source and the cache themselves, so they need the driver's
+access to both: ``WorkerAccess``, a dask worker plugin, sets those variables in each worker's
+environment for the run (workers that join later get it too) and restores the old values when it
+is removed at the end. It travels over dask's own connection; its repr shows names, never values,
+and no task argument carries a credential.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
+from distributed.diagnostics.plugin import WorkerPlugin
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from octstage.buildtask import Outcome, Task, environment, run_task
+from octstage.build import task as task_module
+from octstage.build.plan import software_mismatch, software_versions
+from octstage.build.task import Outcome, Task, environment, run_task
 from octstage.errors import OctstageError
 from octstage.progress import DEFAULT_SECONDS, LineProgress
 
 SCHEDULER_TIMEOUT = "20s"
+ACCESS_PLUGIN = "octstage-access"
+
+
+class WorkerAccess(WorkerPlugin):
+    """Environment variables (credentials among them) a worker needs for this run's storage."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = dict(env)
+        self._saved: dict[str, str | None] = {}
+
+    def __repr__(self) -> str:
+        return f"WorkerAccess({sorted(self._env)})"  # names only
+
+    def setup(self, worker: Any) -> None:
+        self._saved = {key: os.environ.get(key) for key in self._env}
+        os.environ.update(self._env)
+        # A worker kept from an earlier run may hold clients made with other settings.
+        task_module.forget_clients()
+
+    def teardown(self, worker: Any) -> None:
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        task_module.forget_clients()
 
 
 def execute(
@@ -31,17 +68,26 @@ def execute(
     scheduler: str | None,
     console: Console,
     progress_seconds: float = DEFAULT_SECONDS,
+    access: Mapping[str, str] | None = None,
 ) -> Iterator[Outcome]:
     """Run tasks on dask with at most ~2 per worker thread in flight; yield outcomes as they end.
 
-    Progress is a bar on a terminal, else a plain line every ``progress_seconds``.
+    ``access``: the environment the workers need for the source and the cache (see the module
+    doc). Progress is a bar on a terminal, else a plain line every ``progress_seconds``.
     """
     if not tasks:
         return
     with (
         dask_client(workers, scheduler) as (dd, client),
+        _worker_access(client, access or {}),
         _progress(len(tasks), console, progress_seconds) as advance,
     ):
+        mismatch = software_mismatch(software_versions(), client.run(software_versions))
+        if mismatch:
+            raise OctstageError(
+                f"dask workers decode with other software than this driver: {mismatch}; "
+                "install the same octstage environment on every worker"
+            )
         window = max(2, 2 * sum(client.nthreads().values()))
         pending = iter(tasks)
         by_future: dict[Any, Task] = {}
@@ -65,6 +111,20 @@ def execute(
             nxt = next(pending, None)
             if nxt is not None:
                 queue.add(submit(nxt))
+
+
+@contextmanager
+def _worker_access(client: Any, env: Mapping[str, str]) -> Iterator[None]:
+    if not env:
+        yield
+        return
+    client.register_plugin(WorkerAccess(env), name=ACCESS_PLUGIN)
+    try:
+        yield
+    finally:
+        # If the cluster went away, its workers' environments went with it.
+        with contextlib.suppress(OSError, TimeoutError, ValueError):
+            client.unregister_worker_plugin(ACCESS_PLUGIN)
 
 
 @contextmanager

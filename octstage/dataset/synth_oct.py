@@ -32,7 +32,7 @@ from pydicom.uid import (
     RLELossless,
 )
 
-from octstage.dicom import OPT_SOP_CLASS
+from octstage.dataset.dicom import OPT_SOP_CLASS
 
 # Device folder -> (Manufacturer, ManufacturerModelName).
 MAKERS: dict[str, tuple[str, str]] = {

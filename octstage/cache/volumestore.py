@@ -21,10 +21,15 @@ import numpy as np
 import numpy.typing as npt
 import zarr
 from zarr.codecs import BloscCodec, BloscShuffle
+from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.storage import MemoryStore
 
 from octstage.errors import VerificationError
 
 CHUNKS: tuple[int, int, int] = (16, 128, 128)
+# The array is (frames, rows, columns) as the DICOM stores it: B-scans along the slow scan
+# (OCT's y), depth within a B-scan (the axial direction, z), A-scans across it (x).
+AXES: tuple[str, str, str] = ("y", "z", "x")
 
 
 def volume_relpath(participant_id: str, cache_key: str) -> str:
@@ -38,7 +43,7 @@ def array_checksum(array: npt.NDArray[Any]) -> str:
 
 
 def ome_attributes(name: str, spacing_mm: tuple[float, float, float]) -> dict[str, Any]:
-    """OME-Zarr 0.5 multiscales metadata for a single-resolution z/y/x image."""
+    """OME-Zarr 0.5 multiscales metadata for a single-resolution image with ``AXES``."""
     return {
         "ome": {
             "version": "0.5",
@@ -46,8 +51,7 @@ def ome_attributes(name: str, spacing_mm: tuple[float, float, float]) -> dict[st
                 {
                     "name": name,
                     "axes": [
-                        {"name": axis, "type": "space", "unit": "millimeter"}
-                        for axis in ("z", "y", "x")
+                        {"name": axis, "type": "space", "unit": "millimeter"} for axis in AXES
                     ],
                     "datasets": [
                         {
@@ -75,6 +79,32 @@ def chunk_and_shard(
     return (clipped[0], clipped[1], clipped[2]), (shard[0], shard[1], shard[2])
 
 
+def _create(
+    store: Any,
+    name: str,
+    array: npt.NDArray[np.uint8],
+    spacing_mm: tuple[float, float, float],
+    attributes: Mapping[str, Any],
+    chunks: tuple[int, int, int],
+    clevel: int,
+) -> None:
+    """The OME-Zarr group and its array ``0`` in ``store`` (a path or a zarr store)."""
+    chunks, shard = chunk_and_shard(array.shape, chunks)
+    group = zarr.create_group(
+        store=store, zarr_format=3, attributes=ome_attributes(name, spacing_mm)
+    )
+    group.create_array(
+        name="0",
+        shape=array.shape,
+        dtype=np.uint8,
+        chunks=chunks,
+        shards=shard,
+        compressors=BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.shuffle),
+        dimension_names=AXES,
+        attributes=dict(attributes),
+    )[...] = array
+
+
 def write_volume(
     cache_root: Path,
     relpath: str,
@@ -89,23 +119,10 @@ def write_volume(
     If a complete volume already sits there (same cache key, so same content) it is kept.
     """
     final = cache_root / relpath
-    chunks, shard = chunk_and_shard(array.shape, chunks)
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
-        group = zarr.create_group(
-            store=str(tmp), zarr_format=3, attributes=ome_attributes(final.name, spacing_mm)
-        )
-        group.create_array(
-            name="0",
-            shape=array.shape,
-            dtype=np.uint8,
-            chunks=chunks,
-            shards=shard,
-            compressors=BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.shuffle),
-            dimension_names=("z", "y", "x"),
-            attributes=dict(attributes),
-        )[...] = array
+        _create(str(tmp), final.name, array, spacing_mm, attributes, chunks, clevel)
         _fsync_tree(tmp)
         try:
             os.rename(tmp, final)
@@ -118,6 +135,31 @@ def write_volume(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return array_checksum(array)
+
+
+def encode_volume(
+    relpath: str,
+    array: npt.NDArray[np.uint8],
+    spacing_mm: tuple[float, float, float],
+    attributes: Mapping[str, Any],
+    chunks: tuple[int, int, int] = CHUNKS,
+    clevel: int = 3,
+) -> list[tuple[str, bytes]]:
+    """The volume's objects (name relative to its folder, bytes), in the order to upload them:
+    data first, array metadata, then the group's ``zarr.json``: an object store has no rename,
+    so a reader that finds the group metadata finds everything under it."""
+    buffers: dict[str, Buffer] = {}
+    _create(MemoryStore(buffers), Path(relpath).name, array, spacing_mm, attributes, chunks, clevel)
+    objects = {key: buf.to_bytes() for key, buf in buffers.items()}
+    order = sorted(objects, key=lambda k: (k == "zarr.json", k.endswith("zarr.json"), k))
+    return [(key, objects[key]) for key in order]
+
+
+def open_objects(objects: Mapping[str, bytes]) -> zarr.Array[Any]:
+    """Array ``0`` of a volume whose objects (names relative to its folder) are in memory."""
+    make = default_buffer_prototype().buffer.from_bytes
+    buffers: dict[str, Buffer] = {key: make(data) for key, data in objects.items()}
+    return zarr.open_array(store=MemoryStore(buffers), path="0", mode="r")
 
 
 def _fsync_tree(root: Path) -> None:

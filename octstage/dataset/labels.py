@@ -12,7 +12,9 @@ import csv
 import io
 from dataclasses import dataclass
 
+from octstage.dataset.ids import is_participant_id
 from octstage.errors import LabelsError, StorageError
+from octstage.storage import open_storage
 
 STUDY_GROUPS: tuple[str, ...] = (
     "healthy",
@@ -21,12 +23,6 @@ STUDY_GROUPS: tuple[str, ...] = (
     "insulin_dependent",
 )
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-DEVICES: tuple[str, ...] = (
-    "heidelberg_spectralis",
-    "topcon_maestro2",
-    "topcon_triton",
-    "zeiss_cirrus",
-)
 ID_COLUMNS: tuple[str, ...] = ("participant_id", "person_id")  # person_id in some exports (v3)
 _TRUE, _FALSE = ("true", "1", "yes", "t"), ("false", "0", "no", "f")
 
@@ -48,8 +44,6 @@ Problem = tuple[str, str]  # (row reference such as "participants.tsv:12", reaso
 
 def parse_participants(text: str, source: str) -> tuple[dict[str, Participant], list[Problem]]:
     """Parse the TSV text; ``source`` names it in problems and errors."""
-    from octstage.ids import is_participant_id  # ids imports DEVICES from here
-
     reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")), delimiter="\t")
     columns = [c.strip() for c in reader.fieldnames or []]
     reader.fieldnames = columns
@@ -92,8 +86,6 @@ def parse_participants(text: str, source: str) -> tuple[dict[str, Participant], 
 
 def read_participants(path_or_url: str) -> tuple[dict[str, Participant], list[Problem]]:
     """Read participants.tsv from a local path, ``file://``, ``gs://`` or ``b2://`` URL."""
-    from octstage.storage import open_storage
-
     root, _, name = str(path_or_url).rstrip("/").rpartition("/")
     scheme_only = root.endswith(":/") or root.endswith(":")
     if not name or scheme_only:

@@ -7,8 +7,9 @@ display, no global pyplot state).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
+import io
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -16,20 +17,21 @@ import zarr
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from octstage.buildplan import qc_sample
+from octstage.build.plan import qc_sample
 from octstage.manifest import Volume
 
+# A volume's zarr_path -> its array (``CacheStore.open_array``).
+OpenArray = Callable[[str], zarr.Array[Any]]
 
-def middle_bscan(cache_root: Path, volume: Volume) -> npt.NDArray[np.uint8]:
-    """The middle frame of a cached volume (reads only the chunks it covers)."""
-    arr = zarr.open_array(store=str(cache_root / volume.array_path), mode="r")
+
+def middle_bscan(open_array: OpenArray, volume: Volume) -> npt.NDArray[np.uint8]:
+    """The middle frame of a cached volume (a folder cache reads only the chunks it covers)."""
+    arr = open_array(volume.zarr_path)
     return np.asarray(arr[arr.shape[0] // 2], dtype=np.uint8)
 
 
-def write_qc_sheet(
-    cache_root: Path, volumes: Sequence[Volume], path: Path, per_device: int = 4
-) -> Path:
-    """Draw the sheet to ``path`` (PNG, written atomically); one row per device."""
+def qc_sheet(open_array: OpenArray, volumes: Sequence[Volume], per_device: int = 4) -> bytes:
+    """The sheet as PNG bytes; one row per device."""
     sample = qc_sample(volumes, per_device)
     devices = sorted({v.device for v in sample})
     rows, cols = max(1, len(devices)), max(1, min(per_device, len(sample)))
@@ -42,15 +44,13 @@ def write_qc_sheet(
         for c, volume in enumerate(v for v in sample if v.device == device):
             ax = axes[r][c]
             ax.imshow(
-                middle_bscan(cache_root, volume), cmap="gray", vmin=0, vmax=255, aspect="auto"
+                middle_bscan(open_array, volume), cmap="gray", vmin=0, vmax=255, aspect="auto"
             )
             ax.set_title(f"{device}\n{volume.participant_id} {volume.laterality}", fontsize=8)
     if not sample:
         axes[0][0].text(0.5, 0.5, "no volumes in the manifest", ha="center", va="center")
     fig.suptitle(f"middle B-scans after normalization ({len(volumes)} volumes)")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
-    return path
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    return png.getvalue()

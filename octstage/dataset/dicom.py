@@ -20,7 +20,7 @@ import os
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from importlib import metadata
 from typing import BinaryIO
@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import pydicom
 from pydicom.dataset import Dataset
-from pydicom.errors import InvalidDicomError
+from pydicom.errors import BytesLengthException, InvalidDicomError
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.pixels.utils import pixel_array
 from pydicom.uid import (
@@ -41,6 +41,7 @@ from pydicom.uid import (
     RLELossless,
 )
 
+from octstage.dataset.framing import cut_short, encapsulation_problem
 from octstage.errors import DicomEnvironmentError, DicomError
 
 OPT_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.5.4"  # Ophthalmic Tomography Image Storage
@@ -83,9 +84,12 @@ def _installed(distribution: str) -> str:
         return "absent"
 
 
-# What pydicom and its decoder plugins raise on damaged or unexpected input.
+# What pydicom and its decoder plugins raise on damaged or unexpected input. pydicom's own two
+# derive from Exception only: a value cut short (a file ending inside its header) raises
+# BytesLengthException when the element is converted.
 _READ_ERRORS = (
     InvalidDicomError,
+    BytesLengthException,
     OSError,
     EOFError,
     ValueError,
@@ -110,7 +114,9 @@ class HeaderProblem(StrEnum):
     UNSUPPORTED_PIXELS = "unsupported_pixels"  # not 8-bit single-sample MONOCHROME2
     NOT_A_VOLUME = "not_a_volume"  # fewer than 2 frames
     NO_PIXEL_DATA = "no_pixel_data"
-    TRUNCATED = "truncated"  # uncompressed pixel data shorter than its header declares
+    # uncompressed pixel data shorter than its header declares, or encapsulated pixel data
+    # whose fragment items run past the end of the file
+    TRUNCATED = "truncated"
     NO_SPACING = "no_spacing"
     IRREGULAR_GRID = "irregular_grid"  # spacing or orientation varies per frame (radial scans)
 
@@ -136,6 +142,7 @@ class DicomHeader:
     bits_allocated: int = 8
     photometric: str = ""
     pixel_data_bytes: int | None = None  # bytes after the Pixel Data element header; None: absent
+    framing: str | None = None  # encapsulated pixel data: why its item framing is broken
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -163,8 +170,9 @@ class DicomHeader:
     def problem(self) -> tuple[HeaderProblem, str] | None:
         """The first reason this file cannot be a cached volume, with details; None if usable.
 
-        Truncation is only visible here for uncompressed files; a truncated compressed file is
-        caught when ``read_volume`` decodes it.
+        Truncation shows here for uncompressed files (fewer bytes than declared) and for
+        encapsulated ones (fragment items that run past the end of the file), so the header-only
+        ``audit-ids`` and the decoding ``build-cache`` reject a cut file alike.
         """
         if self.sop_class_uid != OPT_SOP_CLASS or self.modality != "OPT":
             return HeaderProblem.NOT_OCT, (
@@ -181,6 +189,8 @@ class DicomHeader:
         native = not UID(self.transfer_syntax).is_compressed
         if native and self.pixel_data_bytes < self.expected_pixel_bytes:
             return HeaderProblem.TRUNCATED, self._truncated(self.pixel_data_bytes)
+        if not native and self.framing is not None:
+            return HeaderProblem.TRUNCATED, f"pixel data truncated: encapsulated: {self.framing}"
         if not self.regular_grid:
             return HeaderProblem.IRREGULAR_GRID, (
                 "spacing or orientation varies per frame (e.g. a radial scan): not a 3D grid"
@@ -259,10 +269,21 @@ def _read_header(fh: BinaryIO, name: str) -> DicomHeader:
     except _READ_ERRORS as exc:
         raise _read_error(exc, name) from exc
     pixel_bytes = None
+    framing = None
     if tag in _PIXEL_TAGS:
-        implicit = UID(_transfer_syntax(ds, name)).is_implicit_VR
-        pixel_bytes = max(0, end - offset - (8 if implicit else 12))
-    return _header(ds, name, pixel_bytes)
+        syntax = UID(_transfer_syntax(ds, name))
+        start = offset + (8 if syntax.is_implicit_VR else 12)
+        pixel_bytes = max(0, end - start)
+        if syntax.is_compressed:
+            try:
+                framing = encapsulation_problem(fh, start, end, int(ds.get("NumberOfFrames") or 1))
+            except OSError as exc:
+                raise _read_error(exc, name) from exc
+    else:
+        cut = cut_short(ds, end)
+        if cut is not None:  # not "no PixelData": the file never got that far
+            raise DicomError(f"{name}: file truncated before its Pixel Data: {cut}")
+    return replace(_header(ds, name, pixel_bytes), framing=framing)
 
 
 def _header(ds: Dataset, name: str, pixel_bytes: int | None) -> DicomHeader:
@@ -393,4 +414,7 @@ def _why(exc: BaseException) -> str:
         return f"not a DICOM file ({exc})"
     if isinstance(exc, EOFError | struct.error):
         return f"file ends early: {exc}"
+    if isinstance(exc, BytesLengthException):  # its advice (a pydicom config switch) is not ours
+        detail = str(exc).split(" To replace this error", 1)[0]
+        return f"an element's value has the wrong length (the file may end inside it): {detail}"
     return f"{type(exc).__name__}: {exc}"

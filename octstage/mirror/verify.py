@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from octstage.errors import StorageError
-from octstage.inventory import Entry
+from octstage.mirror.inventory import Entry
 from octstage.storage.base import check_name
 from octstage.storage.local import LocalStorage
 

@@ -14,22 +14,16 @@ excluded: folder_not_id", not as "no OCT".
 
 from __future__ import annotations
 
-import json
-import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import MofNCompleteColumn, Progress
-
-from octstage.dicom import DicomHeader, read_header
-from octstage.errors import ConfigError, DicomError, OctstageError, StorageError
-from octstage.ids import Reason, is_participant_id, parse_oct_path, resolve
-from octstage.labels import DEVICES, SPLITS, STUDY_GROUPS, Participant, Problem
+from octstage.dataset.dicom import DicomHeader, read_header
+from octstage.dataset.ids import DEVICES, Reason, is_participant_id, parse_oct_path, resolve
+from octstage.dataset.labels import SPLITS, STUDY_GROUPS, Participant, Problem
+from octstage.errors import DicomError, OctstageError, StorageError
 from octstage.storage import ObjectInfo, Storage
 
 OCT_PREFIX = "retinal_oct/structural_oct/"
@@ -97,7 +91,7 @@ class Missing:
 
 @dataclass(frozen=True)
 class AuditReport:
-    """Everything ``audit-ids`` reports (``audit_report.to_json`` is its JSON form)."""
+    """Everything ``audit-ids`` reports (``audit.report.to_json`` is its JSON form)."""
 
     total: Tally
     expected: Tally  # only participants whose retinal_oct flag is not FALSE
@@ -279,46 +273,3 @@ def read_headers(
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(pool.map(read, objects))
-
-
-def run_audit(
-    labels: str | Path,
-    oct_root: str,
-    json_out: Path | None = None,
-    min_overlap: float | None = None,
-    plot: Path | None = None,
-    workers: int = 16,
-) -> int:
-    """CLI: 0 when done (and the overlap reaches ``min_overlap``), 1 when it falls short."""
-    from octstage import audit_report
-    from octstage.labels import read_participants
-    from octstage.manifest import atomic_write_text
-    from octstage.storage import open_storage
-
-    if min_overlap is not None and not 0.0 <= min_overlap <= 1.0:
-        raise ConfigError(f"--min-overlap is a share between 0 and 1, got {min_overlap}")
-    participants, problems = read_participants(str(labels))
-    storage = open_storage(oct_root)
-    objects = list_oct(storage)
-    err = Console(stderr=True)
-    with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=err) as bar:
-        task = bar.add_task("reading DICOM headers", total=len(objects))
-        # pydicom warns about odd values in damaged files; the report says what matters.
-        # Filters are process-global, so they are set here, once, outside the worker threads.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            records = read_headers(storage, objects, workers, done=lambda: bar.advance(task))
-    report = audit(participants, records, problems)
-    audit_report.render(report, Console())
-    if json_out is not None:
-        data = audit_report.to_json(report, labels=str(labels), oct_root=oct_root)
-        atomic_write_text(json_out, json.dumps(data, indent=1) + "\n")
-    if plot is not None:
-        audit_report.plot(report, plot)
-    share = report.total.overlap
-    verdict = f"{report.total.with_oct}/{report.total.labelled} labelled participants ({share:.1%})"
-    if min_overlap is not None and share < min_overlap:
-        err.print(f"[bold red]audit-ids: {verdict} have verified OCT, below {min_overlap:.1%}")
-        return 1
-    err.print(f"[green]audit-ids: {verdict} have verified OCT")
-    return 0

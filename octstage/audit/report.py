@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from octstage.audit import AuditReport, Tally
+from octstage.audit.core import AuditReport, Tally
 from octstage.provenance import code_version
 
 SHORT_GROUPS = {  # for the table and the plot; the JSON keeps the full names

@@ -2,11 +2,12 @@
 
 A worker gets names, never bytes: it opens the source itself through ``open_storage``, hashes
 the stream as it reads it (spooling a remote object to a temporary file), and decodes only when
-the cache has nothing for that SHA1 and these parameters. What it learns is kept beside the
-cache so a re-run needs no decoding:
+the cache has nothing for that SHA1 and these parameters. It writes to the cache by its URL
+(``cache.store.CacheStore``: a folder or a bucket), so a worker on another machine writes where
+the driver reads. What it learns is kept beside the cache so a re-run needs no decoding:
 
 - ``records/<cache_key>.json``: a built volume's manifest facts (written after the volume is
-  renamed into place, so a record always means a complete volume);
+  complete, so a record always means a complete volume);
 - ``rejects/<sha1>.json``: why these bytes cannot be built, valid for every parameter set of
   the same cache version. A rejection decided by the bytes alone (unreadable, truncated, radial
   grid...) is stored as its reason; one that depends on where the file sits (PatientID or eye
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -32,14 +32,15 @@ from pathlib import Path
 
 import cv2
 
-from octstage import volumestore
-from octstage.buildplan import ENVIRONMENT, Record, cache_key, header_verdict, sha1_mismatch
+from octstage.build.normalize import normalize_volume, scaled_spacing
+from octstage.build.plan import ENVIRONMENT, Record, cache_key, header_verdict, sha1_mismatch
+from octstage.cache import volumestore
+from octstage.cache.store import CacheStore
 from octstage.config import BuildConfig
-from octstage.dicom import read_header, read_volume
+from octstage.dataset.dicom import read_header, read_volume
+from octstage.dataset.ids import parse_oct_path
 from octstage.errors import DicomEnvironmentError, DicomError, OctstageError, UnsafePathError
-from octstage.ids import parse_oct_path
-from octstage.manifest import CACHE_VERSION, atomic_write_text
-from octstage.normalize import normalize_volume, scaled_spacing
+from octstage.manifest import CACHE_VERSION
 from octstage.storage import LocalStorage, Storage, check_name, open_storage
 
 _READ_CHUNK = 4 << 20
@@ -63,7 +64,7 @@ class Task:
 
     source_url: str
     name: str
-    cache_root: str
+    cache_url: str  # a folder every worker sees, or a bucket URL
     config: BuildConfig
     expected_sha1: str | None = None  # from the source inventory
 
@@ -80,33 +81,31 @@ class Outcome:
     decoded: bool = False
 
 
-def record_path(cache_root: Path, key: str) -> Path:
-    return cache_root / "records" / f"{key}.json"
+def record_name(key: str) -> str:
+    return f"records/{key}.json"
 
 
-def reject_path(cache_root: Path, sha1: str) -> Path:
-    return cache_root / "rejects" / f"{sha1}.json"
+def reject_name(sha1: str) -> str:
+    return f"rejects/{sha1}.json"
 
 
-def load_record(cache_root: Path, key: str) -> Record | None:
+def load_record(cache: CacheStore, key: str) -> Record | None:
     """The record of a complete volume for ``key``; None if either the record or the volume is
     missing (a run killed between the two leaves a volume without record: it is redone)."""
+    data = cache.read_json(record_name(key))
     try:
-        record = Record.from_dict(json.loads(record_path(cache_root, key).read_text()))
-    except (OSError, ValueError):
+        record = Record.from_dict(data if isinstance(data, dict) else {})
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    if record.cache_key != key or not (cache_root / record.zarr_path / "0" / "zarr.json").is_file():
+    if record.cache_key != key or not cache.has_volume(record.zarr_path):
         return None
     return record
 
 
-def load_reject(cache_root: Path, sha1: str, name: str) -> str | None:
+def load_reject(cache: CacheStore, sha1: str, name: str) -> str | None:
     """Why the file ``name`` with these bytes is rejected, from the store; None if not known
     (or if its stored header values now fit its path: then it must be built)."""
-    try:
-        data = json.loads(reject_path(cache_root, sha1).read_text())
-    except (OSError, ValueError):
-        return None
+    data = cache.read_json(reject_name(sha1))
     if not isinstance(data, dict) or data.get("cache_version") != CACHE_VERSION:
         return None
     if data.get("format") != REJECT_FORMAT:
@@ -120,7 +119,7 @@ def load_reject(cache_root: Path, sha1: str, name: str) -> str | None:
 
 
 def _store_reject(
-    cache_root: Path, sha1: str, reason: str, header: dict[str, str | None] | None = None
+    cache: CacheStore, sha1: str, reason: str, header: dict[str, str | None] | None = None
 ) -> str:
     doc = {
         "format": REJECT_FORMAT,
@@ -129,8 +128,20 @@ def _store_reject(
         "reason": reason,
         "header": header,
     }
-    atomic_write_text(reject_path(cache_root, sha1), json.dumps(doc) + "\n")
+    cache.write_json(reject_name(sha1), doc)
     return reason
+
+
+@functools.lru_cache(maxsize=4)
+def _cache(url: str) -> CacheStore:
+    # One client per worker process and cache, not one per file.
+    return CacheStore(url)
+
+
+def forget_clients() -> None:
+    """Drop this process's cached stores (their clients were made with the old settings)."""
+    _cache.cache_clear()
+    _storage.cache_clear()
 
 
 @functools.lru_cache(maxsize=4)
@@ -209,7 +220,7 @@ def run_task(task: Task) -> Outcome:
 
 
 def _process(task: Task, spool: Spool) -> Outcome:
-    name, root, sha1 = task.name, Path(task.cache_root), spool.sha1
+    name, root, sha1 = task.name, _cache(task.cache_url), spool.sha1
     if task.expected_sha1 is not None and task.expected_sha1 != sha1:
         return Outcome(name, sha1, reason=sha1_mismatch(name, task.expected_sha1, sha1), read=True)
     key = cache_key(sha1, task.config)
@@ -276,8 +287,8 @@ def _process(task: Task, spool: Spool) -> Outcome:
         "spacing_mm": list(stored_spacing),
         "normalization": asdict(norm),
     }
-    checksum = volumestore.write_volume(
-        root, relpath, array, stored_spacing, attributes, chunks=cfg.chunks, clevel=cfg.clevel
+    checksum = root.write_volume(
+        relpath, array, stored_spacing, attributes, chunks=cfg.chunks, clevel=cfg.clevel
     )
     record = Record(
         cache_key=key,
@@ -294,7 +305,7 @@ def _process(task: Task, spool: Spool) -> Outcome:
         normalization=norm,
         checksum=checksum,
     )
-    atomic_write_text(record_path(root, key), json.dumps(record.to_dict()) + "\n")
+    root.write_json(record_name(key), record.to_dict())
     return Outcome(name, sha1, record=record, read=True, decoded=True)
 
 

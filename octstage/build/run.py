@@ -1,15 +1,25 @@
 """``octstage build-cache``: every verified OCT volume decoded once into a uint8 Zarr cache.
 
 The driver lists the source (local folder or bucket, through ``octstage.storage``), decides
-what it can without reading (``buildplan.precheck``), reuses what the cache already holds, and
-hands the rest to dask workers by name (``buildtask.run_task`` via ``builddask.execute``), a
+what it can without reading (``plan.precheck``), reuses what the cache already holds, and
+hands the rest to dask workers by name (``task.run_task`` via ``cluster.execute``), a
 bounded window at a time so neither the workers nor the driver hold more than a few volumes.
 It then writes the QC sheet, the resolved build config and, last and atomically, the manifest.
+
+The cache is a folder or a bucket (``--out gs://...``, ``s3://...``), reached through
+``cache.store.CacheStore`` by the driver and by every worker alike: with ``--scheduler`` the
+workers may run on machines that share no disk with the driver. The credentials the driver uses
+for the source and the cache reach the workers through a dask plugin (``build.cluster``), never
+through a task's arguments or a log line. A folder cache is locked against a second build and
+cleaned of a killed run's temporaries; a bucket needs neither (nothing there is renamed, and
+every object under a key has the same bytes whoever writes it).
 
 Re-runs: a source's SHA1 is remembered in ``CACHE/source-index.json`` under a fingerprint of
 the object (local: size + mtime; bucket: size + the listed hashes). When the fingerprint is
 unchanged the SHA1 gives the cache key directly, so an unchanged source is neither re-read nor
-decoded; anything else is streamed and hashed again (hashing is cheap, decoding is not).
+decoded; anything else is streamed and hashed again (hashing is cheap, decoding is not). A
+bucket listing that carries a verified SHA1 (B2's content SHA1, the ``source-sha1`` that
+``octstage mirror`` records on GCS) needs no index at all: a lost index is rebuilt from it.
 
 Failures of the machine (I/O errors, a missing decoder, a dead worker) are reported under the
 category ``environment`` and retried on the next run; only deterministic verdicts are stored.
@@ -38,8 +48,8 @@ from rich.console import Console
 from rich.table import Table
 
 from octstage import manifest as mf
-from octstage.builddask import execute
-from octstage.buildplan import (
+from octstage.build.cluster import execute
+from octstage.build.plan import (
     DEFAULT_INVENTORY,
     OCT_PREFIXES,
     Candidate,
@@ -54,18 +64,21 @@ from octstage.buildplan import (
     summary,
     volume_entry,
 )
-from octstage.buildtask import Task, load_record, load_reject
+from octstage.build.qc import qc_sheet
+from octstage.build.task import Task, load_record, load_reject
+from octstage.cache.store import CacheStore
 from octstage.config import BuildConfig
+from octstage.dataset.labels import STUDY_GROUPS, Participant, read_participants
 from octstage.errors import ObjectNotFoundError, OctstageError, StorageError
-from octstage.labels import STUDY_GROUPS, Participant, read_participants
 from octstage.progress import interval
 from octstage.provenance import code_version
-from octstage.qc import write_qc_sheet
 from octstage.storage import LocalStorage, ObjectInfo, Storage, open_storage
+from octstage.storage.locations import credential_env, parse_location
 
 console = Console(stderr=True)
 
 INDEX_NAME = "source-index.json"
+MANIFEST_NAME = "manifest.json"
 INDEX_SAVE_SECONDS = 20.0
 # The manifest header (config) and the summary say how source bytes were checked.
 SOURCE_VERIFICATION = "source_verification"
@@ -77,31 +90,40 @@ _SKIP = " (pass --no-verify-sources to build without checking sources)"
 class SourceIndex:
     """name -> (fingerprint, sha1) of sources already hashed; saved atomically, often."""
 
-    path: Path
+    cache: CacheStore
     entries: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, path: Path) -> SourceIndex:
+    def load(cls, cache: CacheStore) -> SourceIndex:
         try:
-            data = json.loads(path.read_text())
+            data: Any = cache.read_json(INDEX_NAME)
             entries = {str(k): dict(v) for k, v in data["entries"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             entries = {}  # no index (or a damaged one): sources are simply hashed again
-        return cls(path, entries)
+        return cls(cache, entries)
 
-    def sha1(self, name: str, fingerprint: str | None) -> str | None:
-        entry = self.entries.get(name)
-        if fingerprint is None or entry is None or entry.get("fingerprint") != fingerprint:
-            return None
-        return entry.get("sha1")
+    def sha1(self, obj: ObjectInfo, fingerprint: str | None) -> str | None:
+        """The SHA1 of the object's current bytes when known without reading them: remembered
+        under the same fingerprint, or listed by the store as verified (then remembered)."""
+        entry = self.entries.get(obj.name)
+        if (
+            fingerprint is not None
+            and entry is not None
+            and entry.get("fingerprint") == fingerprint
+        ):
+            return entry.get("sha1")
+        if obj.sha1 is not None:
+            self.remember(obj.name, fingerprint, obj.sha1)
+            return obj.sha1
+        return None
 
     def remember(self, name: str, fingerprint: str | None, sha1: str) -> None:
         if fingerprint is not None:
             self.entries[name] = {"fingerprint": fingerprint, "sha1": sha1}
 
     def save(self) -> None:
-        doc = {"format": "octstage-source-index/1", "entries": self.entries}
-        mf.atomic_write_text(self.path, json.dumps(doc, sort_keys=True) + "\n")
+        doc = {"format": "octstage-source-index/1", "entries": dict(sorted(self.entries.items()))}
+        self.cache.write_json(INDEX_NAME, doc)
 
 
 def fingerprint(storage: Storage, obj: ObjectInfo) -> str | None:
@@ -120,8 +142,8 @@ def fingerprint(storage: Storage, obj: ObjectInfo) -> str | None:
 def run_build(
     source: str,
     labels: str | os.PathLike[str],
-    out: Path,
-    manifest: Path,
+    out: str | os.PathLike[str],
+    manifest: Path | None,
     config: BuildConfig,
     workers: int = 2,
     scheduler: str | None = None,
@@ -131,7 +153,9 @@ def run_build(
     verify_sources: bool = True,
     progress_seconds: float | None = None,
 ) -> int:
-    """Build (or bring up to date) the cache at ``out`` and write ``manifest``; see module doc.
+    """Build (or bring up to date) the cache at ``out`` (a folder or a bucket URL) and write
+    its manifest last: to ``manifest`` (default ``OUT/manifest.json``; for a bucket cache also
+    to ``OUT/manifest.json``, where ``octstage stage`` looks). See the module doc.
 
     Returns the exit code of ``exit_code``.
     """
@@ -143,15 +167,14 @@ def run_build(
     if inventory is not None and not verify_sources:
         raise OctstageError("--inventory and --no-verify-sources contradict each other")
     started = time.monotonic()
-    out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out):
-        _remove_temporaries(out)
+    cache = _open_cache(out)
+    with _exclusive(cache):
         participants, label_problems = read_participants(str(labels))
         storage = open_storage(source)
         objects = _list_oct(storage)
         inventory_entries = _load_inventory(storage, inventory) if verify_sources else None
         verification = "none" if inventory_entries is None else SHA1_INVENTORY
-        index = SourceIndex.load(out / INDEX_NAME)
+        index = SourceIndex.load(cache)
         fingerprints = {o.name: fingerprint(storage, o) for o in objects}
 
         state = _BuildState()
@@ -163,14 +186,15 @@ def run_build(
                 continue
             if verdict.expected_sha1 is None:  # no inventory, or no SHA1 in it
                 state.tally.unverified += 1
-            known = _reuse(out, config, verdict, index.sha1(obj.name, fingerprints[obj.name]))
+            known = _reuse(cache, config, verdict, index.sha1(obj, fingerprints[obj.name]))
             if known is None:
-                tasks.append(Task(storage.url, obj.name, str(out), config, verdict.expected_sha1))
+                tasks.append(Task(storage.url, obj.name, cache.url, config, verdict.expected_sha1))
             else:
                 state.add(obj.name, known, reused=True)
 
         saved = time.monotonic()
-        for outcome in execute(tasks, workers, scheduler, console, every):
+        access = credential_env([parse_location(source), parse_location(cache.url)])
+        for outcome in execute(tasks, workers, scheduler, console, every, access):
             state.tally.read += outcome.read
             state.tally.decoded += outcome.decoded
             if outcome.sha1 is not None:
@@ -187,7 +211,7 @@ def run_build(
         seconds = time.monotonic() - started
         stats = summary(state.tally, volumes, state.rejected.items(), seconds, len(label_problems))
         stats[SOURCE_VERIFICATION] = verification
-        _write_outputs(source, out, manifest, config, volumes, rejects, stats, json_out)
+        _write_outputs(source, cache, manifest, config, volumes, rejects, stats, json_out)
     _print_summary(stats)
     return exit_code(stats, len(objects), max_reject_share)
 
@@ -226,14 +250,14 @@ class _BuildState:
 
 
 def _reuse(
-    out: Path, config: BuildConfig, cand: Candidate, sha1: str | None
+    cache: CacheStore, config: BuildConfig, cand: Candidate, sha1: str | None
 ) -> Record | str | None:
     """A complete record or stored rejection for a source whose SHA1 is already known."""
     if sha1 is None:
         return None
     if cand.expected_sha1 is not None and cand.expected_sha1 != sha1:
         return sha1_mismatch(cand.name, cand.expected_sha1, sha1)
-    return load_record(out, cache_key(sha1, config)) or load_reject(out, sha1, cand.name)
+    return load_record(cache, cache_key(sha1, config)) or load_reject(cache, sha1, cand.name)
 
 
 def _volumes(
@@ -251,8 +275,8 @@ def _volumes(
 
 def _write_outputs(
     source: str,
-    out: Path,
-    manifest: Path,
+    cache: CacheStore,
+    manifest: Path | None,
     config: BuildConfig,
     volumes: tuple[mf.Volume, ...],
     rejects: tuple[mf.Rejected, ...],
@@ -260,14 +284,14 @@ def _write_outputs(
     json_out: Path | None,
 ) -> None:
     version = code_version()
-    write_qc_sheet(out, volumes, out / "qc.png")
+    cache.write_bytes("qc.png", qc_sheet(cache.open_array, volumes))
     resolved = {
         "code_version": version,
         "config_hash": config.params_hash(),
         "config": config.as_dict(),
-        "software": software_versions(),  # part of every cache key (buildplan.cache_key)
+        "software": software_versions(),  # part of every cache key (plan.cache_key)
     }
-    mf.atomic_write_text(out / "build-config.json", json.dumps(resolved, indent=1) + "\n")
+    cache.write_json("build-config.json", resolved, indent=1)
     if json_out is not None:
         mf.atomic_write_text(json_out, json.dumps(stats, indent=1) + "\n")
     header = mf.Header(
@@ -281,7 +305,11 @@ def _write_outputs(
         config={**config.as_dict(), SOURCE_VERIFICATION: stats[SOURCE_VERIFICATION]},
         counts=mf.count_summary(volumes, len(rejects)),
     )
-    mf.write(mf.Manifest(header, STUDY_GROUPS, volumes, rejects), manifest)
+    built = mf.Manifest(header, STUDY_GROUPS, volumes, rejects)
+    if manifest is not None:
+        mf.write(built, manifest)
+    if cache.local is None or manifest is None:  # last: a cache with a manifest is complete
+        cache.write_bytes(MANIFEST_NAME, json.dumps(mf.to_dict(built), indent=1).encode() + b"\n")
 
 
 def _list_oct(storage: Storage) -> list[ObjectInfo]:
@@ -320,14 +348,31 @@ def _load_inventory(storage: Storage, inventory: str | None) -> dict[str, Invent
         raise OctstageError(f"{exc}{_SKIP}") from exc
 
 
+def _open_cache(out: str | os.PathLike[str]) -> CacheStore:
+    """The cache at ``out``; a folder is made absolute (remote workers get it by name) and
+    created."""
+    url = os.fspath(out)
+    if "://" not in url or url.startswith("file://"):
+        folder = Path(url.removeprefix("file://")).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        url = str(folder)
+    return CacheStore(url)
+
+
 @contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
-    """One build per cache folder at a time (a second one would race on the same keys)."""
+def _exclusive(cache: CacheStore) -> Iterator[None]:
+    """One build per cache folder at a time (a second one would race on the same keys), and a
+    killed run's temporaries removed under the lock. A bucket cache has no temporaries."""
+    out = cache.local
+    if out is None:
+        yield
+        return
     with open(out / ".build.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             raise OctstageError(f"{out}: another build-cache is running on this cache") from exc
+        _remove_temporaries(out)
         yield
 
 

@@ -1,0 +1,24 @@
+"""The project's promises about itself: which Pythons it installs on, and that CI tries one."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_requires_python_allows_the_versions_the_pinned_torch_has_wheels_for() -> None:
+    spec = SpecifierSet(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    )
+    assert all(version in spec for version in ("3.11", "3.12", "3.13"))
+    assert "3.10" not in spec and "3.14" not in spec
+
+
+def test_ci_runs_the_default_suite_on_a_newer_python_too() -> None:
+    steps = (ROOT / ".ci" / "run").read_text().split()
+    assert "test" in steps and "test-py312" in steps
+    assert "test-py312:" in (ROOT / "Makefile").read_text()
