@@ -155,7 +155,8 @@ def test_verify_needs_nothing_beyond_the_base_dependencies() -> None:
 _HIDDEN_RUN = """
 import importlib.machinery, json, sys
 hidden = set(json.loads(sys.argv[2]))
-class Hide:
+class Hide(importlib.machinery.PathFinder):
+    # A subclass, so package metadata (find_distributions) is still found, as on a plain install.
     @classmethod
     def find_spec(cls, name, path=None, target=None):
         if name.split(".")[0] in hidden:
