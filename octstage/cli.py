@@ -69,6 +69,7 @@ def _audit(a: argparse.Namespace) -> int:
         json_out=Path(a.json) if a.json else None,
         min_overlap=a.min_overlap,
         plot=Path(a.plot) if a.plot else None,
+        progress_seconds=a.progress_seconds,
     )
 
 
@@ -95,7 +96,12 @@ def _build(a: argparse.Namespace) -> int:
 def _verify(a: argparse.Namespace) -> int:
     from octstage.cache.verify import run_verify
 
-    return run_verify(Path(a.manifest), cache=Path(a.cache) if a.cache else None, json_out=a.json)
+    return run_verify(
+        Path(a.manifest),
+        cache=Path(a.cache) if a.cache else None,
+        json_out=a.json,
+        progress_seconds=a.progress_seconds,
+    )
 
 
 def _mirror(a: argparse.Namespace) -> int:
@@ -119,7 +125,11 @@ def _stage(a: argparse.Namespace) -> int:
     from octstage.stage import run_stage
 
     return run_stage(
-        a.src, Path(a.dst), transfers=a.transfers, json_out=Path(a.json) if a.json else None
+        a.src,
+        Path(a.dst),
+        transfers=a.transfers,
+        json_out=Path(a.json) if a.json else None,
+        progress_seconds=a.progress_seconds,
     )
 
 
@@ -177,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when the share of labelled participants with verified OCT is below this",
     )
     s.add_argument("--plot", metavar="PNG", help="draw the overlap by split, class and device")
+    _progress_option(s)
 
     s = add(
         "build-cache",
@@ -236,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("manifest", help="manifest JSON")
     s.add_argument("--cache", help="cache root (default: the manifest's folder)")
     s.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    _progress_option(s)
 
     s = add(
         "mirror",
@@ -273,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("dst", help="local folder")
     s.add_argument("--transfers", type=int, default=16, help="parallel downloads")
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")
+    _progress_option(s)
     return p
 
 

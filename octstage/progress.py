@@ -8,10 +8,20 @@ The interval comes from ``--progress-seconds``, else ``$OCTSTAGE_PROGRESS_SECOND
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from octstage.errors import ConfigError
 
@@ -72,6 +82,43 @@ class LineProgress:
         text += f", {now - self.started:.0f} s"
         # Plain text: a file name or figure must not be read as rich markup.
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def counter(
+    console: Console, label: str, total: int, seconds: float
+) -> Iterator[Callable[[str], None]]:
+    """Yields ``advance(detail)``, called once per finished item from any thread: a rich bar on a
+    terminal, else a plain line at most every ``seconds`` and always at the last item."""
+    if console.is_terminal:
+        with Progress(
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=True,
+        ) as bar:
+            job = bar.add_task("", total=total)
+
+            def step(detail: str = "") -> None:
+                bar.update(job, advance=1, description=detail)
+
+            yield step
+        return
+    lines = LineProgress(console, label, seconds)
+    lock = threading.Lock()  # items finish on pool threads: one count, lines in order
+    done = 0
+
+    def line(detail: str = "") -> None:
+        nonlocal done
+        with lock:
+            done += 1
+            lines.update(done, total, detail, final=done == total)
+
+    yield line
 
 
 def megabytes(n: float) -> str:

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import zarr
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from zarr.storage import LocalStore
 
@@ -41,6 +40,7 @@ from octstage import manifest as manifest_mod
 from octstage.cache.volumestore import check_volume
 from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
 from octstage.manifest import atomic_write_text
+from octstage.progress import counter, interval, megabytes
 from octstage.storage import Storage, check_name, open_location
 from octstage.storage.locations import known_secrets, parse_location, scrub
 
@@ -171,9 +171,18 @@ def stage_volume(storage: Storage, dst: Path, relpath: str, checksum: str) -> tu
     return "downloaded", fetched
 
 
-def run_stage(src: str, dst: Path, *, transfers: int = 16, json_out: Path | None = None) -> int:
-    """Stage the cache at ``src`` into the local folder ``dst``; returns the exit code."""
+def run_stage(
+    src: str,
+    dst: Path,
+    *,
+    transfers: int = 16,
+    json_out: Path | None = None,
+    progress_seconds: float | None = None,
+) -> int:
+    """Stage the cache at ``src`` into the local folder ``dst``; returns the exit code.
+    Progress is a bar on a terminal, else a plain line every ``progress_seconds``."""
     started = time.monotonic()
+    every = interval(progress_seconds)  # checked before any work starts
     loc = parse_location(src)
     secrets = known_secrets([loc])
     storage = open_location(loc)
@@ -191,17 +200,9 @@ def run_stage(src: str, dst: Path, *, transfers: int = 16, json_out: Path | None
     dst.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     with (
-        Progress(
-            TextColumn("stage"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            refresh_per_second=2,
-        ) as progress,  # fmt: skip
+        counter(console, "stage", len(volumes), every) as advance,
         ThreadPoolExecutor(max_workers=max(1, transfers)) as pool,
     ):
-        task = progress.add_task("stage", total=len(volumes))
         futures = {
             rel: pool.submit(stage_volume, storage, dst, rel, checksum)
             for rel, checksum in volumes.items()
@@ -215,7 +216,10 @@ def run_stage(src: str, dst: Path, *, transfers: int = 16, json_out: Path | None
                 report.bytes += nbytes
                 report.present += status == "present"
                 report.downloaded += status == "downloaded"
-            progress.advance(task)
+            advance(
+                f"{report.downloaded} downloaded, {report.present} present, "
+                f"{len(report.failed)} failed, {megabytes(report.bytes)}"
+            )
     if not report.failed:
         atomic_write_text(dst / MANIFEST, raw.decode("utf-8"))
         report.manifest_written = True

@@ -1,7 +1,8 @@
 """``octstage audit-ids`` as a command: read the labels and headers, audit, print, write the report.
 
 The edge around ``audit.core``: it opens the storage, reads headers in threads with a progress
-bar, and hands the pure ``AuditReport`` to ``audit.report`` for the table, the JSON and the plot.
+bar (a plain line at intervals when stderr is no terminal), and hands the pure ``AuditReport``
+to ``audit.report`` for the table, the JSON and the plot.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import warnings
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import MofNCompleteColumn, Progress
 
 from octstage.audit.core import audit, list_oct, read_headers
 from octstage.audit.report import plot as plot_report
@@ -19,6 +19,7 @@ from octstage.audit.report import render, to_json
 from octstage.dataset.labels import read_participants
 from octstage.errors import ConfigError
 from octstage.manifest import atomic_write_text
+from octstage.progress import counter, interval
 from octstage.storage import open_storage
 
 
@@ -29,21 +30,21 @@ def run_audit(
     min_overlap: float | None = None,
     plot: Path | None = None,
     workers: int = 16,
+    progress_seconds: float | None = None,
 ) -> int:
     """CLI: 0 when done (and the overlap reaches ``min_overlap``), 1 when it falls short."""
+    every = interval(progress_seconds)  # checked before any work starts
     if min_overlap is not None and not 0.0 <= min_overlap <= 1.0:
         raise ConfigError(f"--min-overlap is a share between 0 and 1, got {min_overlap}")
     participants, problems = read_participants(str(labels))
     storage = open_storage(oct_root)
     objects = list_oct(storage)
     err = Console(stderr=True)
-    with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=err) as bar:
-        task = bar.add_task("reading DICOM headers", total=len(objects))
-        # pydicom warns about odd values in damaged files; the report says what matters.
-        # Filters are process-global, so they are set here, once, outside the worker threads.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            records = read_headers(storage, objects, workers, done=lambda: bar.advance(task))
+    # pydicom warns about odd values in damaged files; the report says what matters.
+    # Filters are process-global, so they are set here, once, outside the worker threads.
+    with counter(err, "audit-ids", len(objects), every) as advance, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        records = read_headers(storage, objects, workers, done=lambda: advance("headers read"))
     report = audit(participants, records, problems)
     render(report, Console())
     if json_out is not None:

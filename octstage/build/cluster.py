@@ -25,13 +25,12 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from octstage.build import task as task_module
 from octstage.build.plan import software_mismatch, software_versions
 from octstage.build.task import Outcome, Task, environment, run_task
 from octstage.errors import OctstageError
-from octstage.progress import DEFAULT_SECONDS, LineProgress
+from octstage.progress import DEFAULT_SECONDS, counter
 
 SCHEDULER_TIMEOUT = "20s"
 ACCESS_PLUGIN = "octstage-access"
@@ -179,28 +178,10 @@ def local_cluster(workers: int) -> Iterator[Any]:
 @contextmanager
 def _progress(total: int, console: Console, seconds: float) -> Iterator[Any]:
     counts = {"built": 0, "rejected": 0}
+    with counter(console, "build-cache", total, seconds) as advance:
 
-    def count(outcome: Outcome) -> str:
-        counts["built" if outcome.record is not None else "rejected"] += 1
-        return f"ok {counts['built']} rejected {counts['rejected']}"
+        def count(outcome: Outcome) -> None:
+            counts["built" if outcome.record is not None else "rejected"] += 1
+            advance(f"ok {counts['built']} rejected {counts['rejected']}")
 
-    if not console.is_terminal:  # a log file or pipe: rich's bar would print nothing there
-        lines = LineProgress(console, "build-cache", seconds)
-
-        def line(outcome: Outcome) -> None:
-            detail = count(outcome)
-            done = counts["built"] + counts["rejected"]
-            lines.update(done, total, detail, final=done == total)
-
-        yield line
-        return
-    columns = (TextColumn("build-cache"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(
-        *columns, TextColumn("{task.description}"), console=console, transient=True
-    ) as bar:
-        job = bar.add_task("", total=total)
-
-        def advance(outcome: Outcome) -> None:
-            bar.update(job, advance=1, description=count(outcome))
-
-        yield advance
+        yield count

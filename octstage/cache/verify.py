@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from octstage import manifest as mf
 from octstage.cache import volumestore
+from octstage.progress import counter, interval
 
 console = Console(stderr=True)
 SCHEMA = Path(__file__).resolve().parents[1] / "manifest.schema.json"  # package data
@@ -95,27 +95,37 @@ def validate_schema(data: Any, schema_path: Path = SCHEMA) -> tuple[str, list[st
 
 
 def verify(
-    manifest_path: Path, cache: Path | None = None, threads: int | None = None
+    manifest_path: Path,
+    cache: Path | None = None,
+    threads: int | None = None,
+    progress_seconds: float | None = None,
 ) -> VerifyReport:
-    """Check every volume of the manifest against the cache (local folder)."""
+    """Check every volume of the manifest against the cache (local folder). Progress is a bar
+    on a terminal, else a plain line every ``progress_seconds``."""
+    every = interval(progress_seconds)  # checked before any work starts
     loaded = mf.load(manifest_path)
     root = cache if cache is not None else manifest_path.parent
     report = VerifyReport(str(manifest_path), str(root), volumes=len(loaded.volumes))
     report.schema, report.schema_errors = validate_schema(json.loads(manifest_path.read_text()))
     # zarr's blosc and hashlib release the GIL on large buffers: threads give real parallelism.
     workers = threads or min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers) as pool, Progress(console=console, transient=True) as bar:
-        job = bar.add_task("verify", total=len(loaded.volumes))
+    with (
+        ThreadPoolExecutor(workers) as pool,
+        counter(console, "verify", len(loaded.volumes), every) as advance,
+    ):
         for volume, finding in zip(
             loaded.volumes, pool.map(lambda v: check_entry(root, v), loaded.volumes), strict=True
         ):
-            bar.advance(job)
             if finding is None:
                 report.verified += 1
             elif finding[0] == "missing":
                 report.missing.append(volume.zarr_path)
             else:
                 report.changed.append({"zarr_path": volume.zarr_path, "why": finding[1]})
+            advance(
+                f"{report.verified} verified, {len(report.missing)} missing, "
+                f"{len(report.changed)} changed"
+            )
     listed = {v.zarr_path for v in loaded.volumes}
     for relpath, hidden in volume_folders(root):
         if hidden:
@@ -125,9 +135,14 @@ def verify(
     return report
 
 
-def run_verify(manifest: Path, cache: Path | None = None, json_out: bool = False) -> int:
+def run_verify(
+    manifest: Path,
+    cache: Path | None = None,
+    json_out: bool = False,
+    progress_seconds: float | None = None,
+) -> int:
     """CLI: print the report (a table, or JSON on stdout); exit 0 clean, 1 problems."""
-    report = verify(manifest, cache)
+    report = verify(manifest, cache, progress_seconds=progress_seconds)
     if json_out:
         sys.stdout.write(json.dumps(report.as_dict(), indent=1) + "\n")
     else:
