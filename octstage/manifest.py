@@ -19,6 +19,8 @@ from typing import Any
 from octstage.errors import ManifestError as ManifestError  # octtrain catches it from here
 
 SCHEMA_VERSION = 1
+# The manifest's JSON Schema, package data beside this module (verify and stage read it).
+SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 # Bump when anything changes what a cached volume contains for the same source and parameters.
 CACHE_VERSION = 1
 

@@ -28,7 +28,6 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import zarr
@@ -81,7 +80,7 @@ def shard_keys(array_dir: Path) -> list[str]:
 @functools.cache
 def zarr_path_pattern() -> re.Pattern[str]:
     """The manifest schema's own pattern for a volume's ``zarr_path`` (one source of truth)."""
-    schema = json.loads((resources.files("octstage") / "manifest.schema.json").read_text())
+    schema = json.loads(manifest_mod.SCHEMA_PATH.read_text())
     return re.compile(schema["$defs"]["volume"]["properties"]["zarr_path"]["pattern"])
 
 

@@ -309,7 +309,7 @@ def _write_outputs(
     if manifest is not None:
         mf.write(built, manifest)
     if cache.local is None or manifest is None:  # last: a cache with a manifest is complete
-        cache.write_bytes(MANIFEST_NAME, json.dumps(mf.to_dict(built), indent=1).encode() + b"\n")
+        cache.write_json(MANIFEST_NAME, mf.to_dict(built), indent=1)
 
 
 def _list_oct(storage: Storage) -> list[ObjectInfo]:

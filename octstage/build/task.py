@@ -93,8 +93,10 @@ def load_record(cache: CacheStore, key: str) -> Record | None:
     """The record of a complete volume for ``key``; None if either the record or the volume is
     missing (a run killed between the two leaves a volume without record: it is redone)."""
     data = cache.read_json(record_name(key))
+    if not isinstance(data, dict):
+        return None
     try:
-        record = Record.from_dict(data if isinstance(data, dict) else {})
+        record = Record.from_dict(data)
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     if record.cache_key != key or not cache.has_volume(record.zarr_path):

@@ -26,7 +26,7 @@ from octstage.cache import volumestore
 from octstage.progress import counter, interval
 
 console = Console(stderr=True)
-SCHEMA = Path(__file__).resolve().parents[1] / "manifest.schema.json"  # package data
+SCHEMA = mf.SCHEMA_PATH
 
 
 @dataclass

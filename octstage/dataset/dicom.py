@@ -20,7 +20,7 @@ import os
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from importlib import metadata
 from typing import BinaryIO
@@ -283,10 +283,10 @@ def _read_header(fh: BinaryIO, name: str) -> DicomHeader:
         cut = cut_short(ds, end)
         if cut is not None:  # not "no PixelData": the file never got that far
             raise DicomError(f"{name}: file truncated before its Pixel Data: {cut}")
-    return replace(_header(ds, name, pixel_bytes), framing=framing)
+    return _header(ds, name, pixel_bytes, framing)
 
 
-def _header(ds: Dataset, name: str, pixel_bytes: int | None) -> DicomHeader:
+def _header(ds: Dataset, name: str, pixel_bytes: int | None, framing: str | None) -> DicomHeader:
     ts = _transfer_syntax(ds, name)
     try:
         spacing, regular = _spacing(ds)
@@ -311,6 +311,7 @@ def _header(ds: Dataset, name: str, pixel_bytes: int | None) -> DicomHeader:
             bits_allocated=int(ds.BitsAllocated),
             photometric=str(ds.get("PhotometricInterpretation") or ""),
             pixel_data_bytes=pixel_bytes,
+            framing=framing,
         )
     except _READ_ERRORS as exc:
         raise DicomError(f"{name}: unusable image header: {_why(exc)}") from exc

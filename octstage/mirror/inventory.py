@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from octstage.errors import MirrorError
@@ -89,7 +89,7 @@ def remembered_hashes(previous: Inventory | None, listing: Iterable[ObjectInfo])
     """SHA1s hashed by an earlier run that still hold: same name, size and listed version."""
     if previous is None:
         return {}
-    earlier = {e.name: e for e in previous.objects if e.sha1_from == HASHED and e.sha1}
+    earlier = {e.name: e for e in previous.objects if e.sha1_from == HASHED}
     found = {}
     for o in listing:
         e = earlier.get(o.name)
@@ -116,16 +116,7 @@ def to_json(inv: Inventory) -> str:
         "format": FORMAT,
         "source": inv.source,
         "created": inv.created,
-        "objects": [
-            {
-                "name": e.name,
-                "size": e.size,
-                "sha1": e.sha1,
-                "sha1_from": e.sha1_from,
-                "version": e.version,
-            }
-            for e in inv.objects
-        ],
+        "objects": [asdict(e) for e in inv.objects],
     }
     return json.dumps(doc, ensure_ascii=False, indent=0) + "\n"
 

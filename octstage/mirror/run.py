@@ -172,8 +172,11 @@ def _run(
     dst_storage = open_location(dst_loc)
     hashed = remembered_hashes(previous_inventory(dst_storage), listing)
     report.hash_reused = len(hashed)
-    missing = [o for o in listing if not o.sha1 and o.name not in hashed]
-    missing = [o for o in missing if not o.name.startswith(RESERVED)]
+    missing = [
+        o
+        for o in listing
+        if not o.sha1 and o.name not in hashed and not o.name.startswith(RESERVED)
+    ]
     if hash_missing and report.dry_run:
         report.would_hash = [o.name for o in missing]
     elif hash_missing and missing:

@@ -9,13 +9,9 @@ backend module, and only when such a URL is opened.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from octstage.storage.base import ObjectInfo, Storage, check_name, join_name
 from octstage.storage.local import LocalStorage
-
-if TYPE_CHECKING:
-    from octstage.storage.locations import Location
+from octstage.storage.locations import Location, parse_location
 
 __all__ = [
     "LocalStorage",
@@ -30,21 +26,9 @@ __all__ = [
 
 def open_storage(url: str) -> Storage:
     """The backend for ``url`` (local path, ``file://``, ``gs://``, ``s3://`` or ``b2://``)."""
-    if url.startswith("gs://"):
-        from octstage.storage.gcs import GcsStorage
-
-        return GcsStorage.from_url(url)
-    if url.startswith("s3://"):
-        from octstage.storage.s3 import S3Storage
-
-        return S3Storage.from_url(url)
-    if url.startswith("b2://"):
-        from octstage.storage.b2 import B2Storage
-
-        return B2Storage.from_url(url)
-    if url.startswith("file://"):
-        url = url[len("file://") :]
-    return LocalStorage(url)
+    if url.startswith(("gs://", "s3://", "b2://")):
+        return open_location(parse_location(url))
+    return LocalStorage(url.removeprefix("file://"))
 
 
 def open_location(loc: Location) -> Storage:

@@ -24,7 +24,7 @@ from b2sdk.v2.exception import B2Error, FileNotPresent, NonExistentBucket
 
 from octstage.errors import ObjectNotFoundError, StorageError
 from octstage.storage.base import ObjectInfo, check_name, join_name
-from octstage.storage.locations import B2Credentials, Location, b2_credentials, parse_location
+from octstage.storage.locations import B2Credentials, Location, b2_credentials
 
 LIST_PAGE = 10_000
 READ_CHUNK = 8 * 1024 * 1024
@@ -108,10 +108,6 @@ class B2Storage:
             self._bucket = api.get_bucket_by_name(bucket)
         except (NonExistentBucket, B2Error) as exc:
             raise StorageError(f"b2://{bucket}: bucket not found ({type(exc).__name__})") from None
-
-    @classmethod
-    def from_url(cls, url: str) -> B2Storage:
-        return cls.from_location(parse_location(url))
 
     @classmethod
     def from_location(cls, loc: Location) -> B2Storage:

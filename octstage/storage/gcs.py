@@ -35,7 +35,7 @@ from requests.adapters import HTTPAdapter
 from octstage.errors import ObjectNotFoundError, StorageError
 from octstage.storage.base import ObjectInfo, check_name, join_name
 from octstage.storage.guarded import GuardedReader
-from octstage.storage.locations import Location, RemoteConfig, parse_location
+from octstage.storage.locations import Location, RemoteConfig
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -159,10 +159,6 @@ class GcsStorage:
         self.prefix = prefix.strip("/")
         self.url = f"gs://{bucket}/{self.prefix}".rstrip("/")
         self._bucket = client.bucket(bucket)
-
-    @classmethod
-    def from_url(cls, url: str) -> GcsStorage:
-        return cls.from_location(parse_location(url))
 
     @classmethod
     def from_location(cls, loc: Location) -> GcsStorage:

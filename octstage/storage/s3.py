@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3fs import S3FileSystem
 
 from octstage.storage.fsspec_store import FsspecStorage
-from octstage.storage.locations import Location, S3Credentials, parse_location, s3_credentials
+from octstage.storage.locations import Location, S3Credentials, s3_credentials
 
 _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 # botocore's DEBUG output includes signed request headers (the access key id among them).
@@ -60,10 +60,6 @@ class S3Storage(FsspecStorage):
 
     scheme = "s3"
     errors = (OSError, ValueError, BotoCoreError, ClientError)
-
-    @classmethod
-    def from_url(cls, url: str) -> S3Storage:
-        return cls.from_location(parse_location(url))
 
     @classmethod
     def from_location(cls, loc: Location) -> S3Storage:
