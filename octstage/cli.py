@@ -32,8 +32,9 @@ exit codes:
   0  every listed source is in the manifest
   1  the manifest was written; some sources were excluded for deterministic reasons only
      (layout, labels, header, participant ID, truncation, radial scans...)
-  2  refused or failed (bad arguments, unreadable inventory, another build running...), or
-     more than --max-reject-share of the listed sources left out (manifest still written)
+  2  refused or failed (bad arguments, unreadable inventory or label table, another build
+     running...), or nothing kept (0 volumes), or more than --max-reject-share of the listed
+     sources left out (manifest still written in both cases)
   3  the manifest was written, but some volumes are missing for environmental reasons (I/O
      error, missing decoder, dead worker): run the same command again to retry only those""",
     "mirror": "exit codes:\n  0  every object copied (or already there) and verified\n"

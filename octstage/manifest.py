@@ -9,8 +9,10 @@ torch nor any cloud SDK.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -195,17 +197,51 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename over ``path``:
-    a reader sees the old file or the complete new one. The temporary file is removed on any
-    failure (the exception propagates)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write ``data`` to ``path`` so that a reader sees the old file or the complete new one.
+
+    Only a regular file (or a name not yet taken) is written atomically: to a temporary file
+    beside it, fsynced, then renamed over it (the temporary is removed on any failure). A
+    symlink is followed and its target written the same way, so the link stays a link. Anything
+    else (a FIFO, ``/dev/stdout``, ``/dev/null``, a terminal) is written in place: renaming over
+    it would replace the pipe or device with a new regular file that nobody reads. A directory
+    is refused. Any OSError names the path it concerns.
+    """
+    target = Path(os.path.realpath(path))  # every link in the chain followed
+    try:
+        mode: int | None = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise _named(exc, path) from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
+    if mode is not None and not stat.S_ISREG(mode):
+        try:
+            with open(target, "wb") as fh:  # a FIFO blocks here until a reader opens it
+                fh.write(data)
+        except OSError as exc:
+            raise _named(exc, path) from None
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _named(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        os.replace(tmp, target)
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _named(exc, path) from None
         raise
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """The same error, naming ``path`` (a failed ``write`` or ``fsync`` names no file)."""
+    if exc.errno is None:  # raised by hand, with its own message
+        return exc
+    return OSError(exc.errno, exc.strerror, str(path))

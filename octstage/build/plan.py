@@ -107,8 +107,10 @@ def precheck(
     size: int,
     participants: Mapping[str, Participant],
     inventory: Mapping[str, InventoryEntry] | None,
+    excluded: Mapping[str, str] | None = None,
 ) -> Candidate | str:
-    """A Candidate, or the rejection reason decided from the path, labels and inventory alone."""
+    """A Candidate, or the rejection reason decided from the path, labels and inventory alone;
+    ``excluded`` gives the reason for a participant the label table left out on purpose."""
     path_only = resolve(name, None)
     # With no PatientID given, "PatientID missing" is the answer for every well-formed path.
     if path_only.kind is not Reason.PATIENT_ID_MISSING:
@@ -118,6 +120,8 @@ def precheck(
     path = parse_oct_path(name)
     assert path is not None  # resolve() accepted the layout
     pid = path.folder_id
+    if excluded and pid in excluded:
+        return f"no label: {excluded[pid]}"
     if pid not in participants:
         return f"no label: participant {pid} has no usable row in participants.tsv"
     expected = None

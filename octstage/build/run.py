@@ -68,7 +68,7 @@ from octstage.build.qc import qc_sheet
 from octstage.build.task import Task, load_record, load_reject
 from octstage.cache.store import CacheStore
 from octstage.config import BuildConfig
-from octstage.dataset.labels import STUDY_GROUPS, Participant, read_participants
+from octstage.dataset.labels import STUDY_GROUPS, Participant, read_label_table
 from octstage.errors import ObjectNotFoundError, OctstageError, StorageError
 from octstage.progress import interval
 from octstage.provenance import code_version
@@ -169,7 +169,8 @@ def run_build(
     started = time.monotonic()
     cache = _open_cache(out)
     with _exclusive(cache):
-        participants, label_problems = read_participants(str(labels))
+        table = read_label_table(str(labels))
+        participants, label_problems = table.participants, table.problems
         storage = open_storage(source)
         objects = _list_oct(storage)
         inventory_entries = _load_inventory(storage, inventory) if verify_sources else None
@@ -180,7 +181,7 @@ def run_build(
         state = _BuildState()
         tasks: list[Task] = []
         for obj in objects:
-            verdict = precheck(obj.name, obj.size, participants, inventory_entries)
+            verdict = precheck(obj.name, obj.size, participants, inventory_entries, table.excluded)
             if isinstance(verdict, str):
                 state.rejected[obj.name] = verdict
                 continue
@@ -211,14 +212,27 @@ def run_build(
         seconds = time.monotonic() - started
         stats = summary(state.tally, volumes, state.rejected.items(), seconds, len(label_problems))
         stats[SOURCE_VERIFICATION] = verification
+        stats["label_problem_rows"] = [{"row": r, "reason": why} for r, why in label_problems]
         _write_outputs(source, cache, manifest, config, volumes, rejects, stats, json_out)
     _print_summary(stats)
+    for ref, why in label_problems[:20]:
+        console.print(f"label row {ref}: {why}", markup=False, highlight=False)
+    if len(label_problems) > 20:
+        console.print(f"[yellow]… {len(label_problems) - 20} more label rows (see --json)")
     return exit_code(stats, len(objects), max_reject_share)
 
 
 def exit_code(stats: dict[str, Any], listed: int, max_reject_share: float | None) -> int:
     """The exit code of a finished build (see the module doc); prints why when it is 2."""
     left_out = stats["rejected"]
+    if listed and not stats.get("volumes", 1):
+        console.print(
+            f"[bold red]build-cache: nothing kept: all {listed} sources left out "
+            f"({left_out} rejected: see the reasons above"
+            + (", some environmental: a re-run retries them" if stats["environment"] else "")
+            + ")"
+        )
+        return 2
     if max_reject_share is not None and listed and left_out / listed > max_reject_share:
         console.print(
             f"[bold red]build-cache: {left_out} of {listed} sources left out "

@@ -46,12 +46,11 @@ def test_bad_rows_become_problems_not_crashes() -> None:
         "4151\tUCSD\tinsulin_dependent\t61\tTEST\tfalse",
     ]
     participants, problems = parse_participants(HEADER + "\n".join(rows) + "\n", "p.tsv")
-    assert sorted(participants) == ["1001", "4151"]
-    assert participants["1001"].study_group == "healthy"  # the first of the duplicates
+    assert sorted(participants) == ["4151"]  # 1001 is listed twice with different labels
     assert (participants["4151"].split, participants["4151"].retinal_oct) == ("test", False)
     assert [ref for ref, _ in problems] == ["p.tsv:3", "p.tsv:4", "p.tsv:5", "p.tsv:6", "p.tsv:7"]
     reasons = " | ".join(why for _, why in problems)
-    for says in ("unknown_group", "'holdout'", "'abc'", "duplicate participant 1001", "'0412'"):
+    for says in ("unknown_group", "'holdout'", "'abc'", "participant 1001 listed twice", "'0412'"):
         assert says in reasons
 
 

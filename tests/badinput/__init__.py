@@ -1,0 +1,1 @@
+"""Bad input, damaged caches and repeated commands: a clear error, nothing lost."""

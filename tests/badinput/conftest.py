@@ -1,0 +1,56 @@
+"""Fixtures for the bad-input tests: a tiny clean dataset and a CLI runner that captures output."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from octstage.dataset.synth import SynthInfo, generate
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One in-process CLI run: its exit code and what it printed."""
+
+    code: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        """stdout and stderr together, with rich's line wrapping undone."""
+        return " ".join((self.out + "\n" + self.err).split())
+
+
+@pytest.fixture(scope="session")
+def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> SynthInfo:
+    """4 labelled participants, 8 clean volumes (plus 2 unlabelled participants' files)."""
+    return generate(tmp_path_factory.mktemp("badinput") / "src", participants=4, traps=False)
+
+
+@pytest.fixture
+def source(tiny_source: SynthInfo, tmp_path: Path) -> Path:
+    """A private copy of the tiny dataset, for a test to damage."""
+    return Path(shutil.copytree(tiny_source.root, tmp_path / "src"))
+
+
+@pytest.fixture
+def octstage_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Ran]:
+    """Run ``octstage ARGS`` in this process; long lines are not wrapped (COLUMNS)."""
+    from octstage.cli import main
+
+    monkeypatch.setenv("COLUMNS", "1000")
+
+    def run(*args: str | Path) -> Ran:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return Ran(code, captured.out, captured.err)
+
+    return run

@@ -1,0 +1,250 @@
+"""octstage with bad input: every case ends in a clear error naming the file, key or value, with
+a documented exit code, no traceback, and nothing already done lost.
+
+Table-driven where the cases share a shape: add a row to extend a class of bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from octstage import manifest as mf
+from octstage.dataset import labels as labels_mod
+from tests.badinput.conftest import Ran
+
+CLI = Callable[..., Ran]
+
+
+def assert_clean(ran: Ran, code: int, *names: str | Path) -> None:
+    """The exit code, no traceback, and every name in the message."""
+    assert ran.code == code, ran.text
+    assert "Traceback" not in ran.out + ran.err
+    for name in names:
+        assert str(name) in ran.text, (name, ran.text)
+
+
+# ---- outputs go where the path points: a link stays a link, a pipe stays a pipe -------------
+
+
+def _read_fifo(path: Path, got: list[bytes]) -> threading.Thread:
+    def read() -> None:
+        with open(path, "rb") as fh:
+            got.append(fh.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+def test_a_symlinked_output_writes_its_target_and_stays_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "real" / "report.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "report.json"
+    link.symlink_to(target)
+    mf.atomic_write_text(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    dangling = tmp_path / "later.json"
+    dangling.symlink_to(tmp_path / "real" / "later.json")  # target not there yet
+    mf.atomic_write_text(dangling, "made")
+    assert dangling.is_symlink() and (tmp_path / "real" / "later.json").read_text() == "made"
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["later.json", "report.json"]
+
+
+def test_a_fifo_output_is_written_in_place_not_replaced(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = _read_fifo(fifo, got)
+    mf.atomic_write_bytes(fifo, b"through the pipe")
+    reader.join(10)
+    assert got == [b"through the pipe"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the pipe, no regular file in its place
+    assert os.listdir(tmp_path) == ["pipe"]  # no temporary left beside it
+
+
+def test_a_device_output_is_written_in_place() -> None:
+    mf.atomic_write_text(Path("/dev/null"), "discarded")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_a_directory_output_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        mf.atomic_write_text(tmp_path, "x")
+
+
+def test_audit_json_through_a_link_to_a_fifo_reaches_the_reader(
+    octstage_cli: CLI, tiny_source: object, tmp_path: Path
+) -> None:
+    root = tiny_source.root  # type: ignore[attr-defined]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "report.json"
+    link.symlink_to(fifo)
+    got: list[bytes] = []
+    reader = _read_fifo(fifo, got)
+    ran = octstage_cli(
+        "audit-ids", "--labels", root / "participants.tsv", "--oct", root, "--json", link
+    )
+    reader.join(10)
+    assert_clean(ran, 0)
+    assert json.loads(got[0])["labels"] == str(root / "participants.tsv")
+    assert link.is_symlink() and stat.S_ISFIFO(os.stat(link).st_mode)
+
+
+# ---- the label table: problems by row, column and value; an unusable table is refused --------
+
+HEADER = "participant_id\tclinical_site\tstudy_group\trecommended_split\n"
+
+TABLE_REFUSED = [
+    # (case, text, what the error names)
+    ("no split column", "participant_id\tstudy_group\n1001\thealthy\n", "recommended_split"),
+    ("header only", HEADER, "header only"),
+    ("empty file", "", "no header"),
+    (
+        "no id column",
+        "id\tstudy_group\trecommended_split\n1001\thealthy\ttrain\n",
+        "participant_id",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "names"), TABLE_REFUSED, ids=[c[0] for c in TABLE_REFUSED]
+)
+def test_a_label_table_that_can_give_no_label_is_refused(
+    octstage_cli: CLI, source: Path, tmp_path: Path, case: str, text: str, names: str
+) -> None:
+    (source / "participants.tsv").write_text(text)
+    for command in (
+        [
+            "build-cache",
+            "--source",
+            source,
+            "--out",
+            tmp_path / "cache",
+            "--shape",
+            "8",
+            "32",
+            "32",
+        ],
+        ["audit-ids", "--oct", source],
+    ):
+        ran = octstage_cli(*command, "--labels", source / "participants.tsv")
+        assert_clean(ran, 2, source / "participants.tsv", names)
+    assert not (tmp_path / "cache" / "manifest.json").exists()
+
+
+ROW_PROBLEMS = [
+    # (row, what the problem names: column, value)
+    ("1001\tUW\thealthy\tholdout", ["recommended_split", "'holdout'"]),
+    ("1002\tUW\tdiabetic\ttrain", ["study_group", "'diabetic'"]),
+    ("abc\tUW\thealthy\ttrain", ["participant_id", "'abc'"]),
+    ("0412\tUW\thealthy\ttrain", ["participant_id", "'0412'"]),
+]
+
+
+def test_each_bad_row_is_named_by_row_column_and_value() -> None:
+    text = HEADER + "".join(row + "\n" for row, _ in ROW_PROBLEMS)
+    table = labels_mod.parse_label_table(text, "p.tsv")
+    assert table.participants == {}
+    assert [ref for ref, _ in table.problems] == [
+        f"p.tsv:{n}" for n in range(2, 2 + len(ROW_PROBLEMS))
+    ]
+    for (_, why), (_, names) in zip(table.problems, ROW_PROBLEMS, strict=True):
+        for name in names:
+            assert name in why
+
+
+def test_a_build_that_keeps_nothing_lists_every_bad_row_and_exits_2(
+    octstage_cli: CLI, source: Path, tmp_path: Path
+) -> None:
+    labels = source / "participants.tsv"
+    lines = labels.read_text().splitlines()
+    split = lines[0].split("\t").index("recommended_split")
+    bad = [lines[0]] + [
+        "\t".join(c if i != split else "holdout" for i, c in enumerate(r.split("\t")))
+        for r in lines[1:]
+    ]
+    labels.write_text("\n".join(bad) + "\n")
+    out = tmp_path / "cache"
+    ran = octstage_cli(
+        "build-cache",
+        "--source",
+        source,
+        "--labels",
+        labels,
+        "--out",
+        out,
+        "--shape",
+        "8",
+        "32",
+        "32",
+        "--json",
+        tmp_path / "summary.json",
+    )
+    assert_clean(ran, 2, "nothing kept")
+    for n in range(2, len(lines) + 1):
+        assert f"{labels}:{n}: participant" in ran.text and "'holdout'" in ran.text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary["label_problem_rows"]) == len(lines) - 1
+    assert mf.load(out / "manifest.json").volumes == ()  # still written: it says what was left out
+
+
+def test_a_participant_listed_twice_with_different_labels_is_left_out_naming_both_rows(
+    octstage_cli: CLI, source: Path, tmp_path: Path
+) -> None:
+    labels = source / "participants.tsv"
+    lines = labels.read_text().splitlines()
+    cols = lines[0].split("\t")
+    first = lines[1].split("\t")
+    pid = first[0]
+    other = list(first)
+    other[cols.index("study_group")] = (
+        "insulin_dependent"
+        if first[cols.index("study_group")] != "insulin_dependent"
+        else "healthy"
+    )
+    same = lines[2]  # an identical duplicate: kept, with a warning
+    labels.write_text("\n".join([*lines, "\t".join(other), same]) + "\n")
+    row_a, row_b, row_same = (
+        f"{labels}:2",
+        f"{labels}:{len(lines) + 1}",
+        f"{labels}:{len(lines) + 2}",
+    )
+
+    audit = octstage_cli(
+        "audit-ids", "--labels", labels, "--oct", source, "--json", tmp_path / "a.json"
+    )
+    assert_clean(audit, 0, row_a, row_b, pid)
+    assert pid in json.loads((tmp_path / "a.json").read_text())["oct_without_label"]
+
+    out = tmp_path / "cache"
+    ran = octstage_cli(
+        "build-cache",
+        "--source",
+        source,
+        "--labels",
+        labels,
+        "--out",
+        out,
+        "--shape",
+        "8",
+        "32",
+        "32",
+    )
+    assert_clean(ran, 1, row_a, row_b)
+    m = mf.load(out / "manifest.json")
+    assert pid not in {v.participant_id for v in m.volumes}
+    reasons = [r.reason for r in m.rejected if f"/{pid}/" in r.source]
+    assert reasons and all(row_a in r and row_b in r for r in reasons)
+    same_pid = same.split("\t")[0]
+    assert same_pid in {v.participant_id for v in m.volumes}  # the identical duplicate is kept
+    assert row_same in ran.text and "kept" in ran.text
