@@ -43,7 +43,9 @@ exit codes:
     "  2  refused or failed: bad arguments, empty source, too many deletions, overlapping\n"
     "     source and destination, an unexpected error",
     "stage": "exit codes:\n  0  every volume downloaded and verified\n"
-    "  1  some volumes failed (listed in the report)\n" + _REFUSED,
+    "  1  some volumes failed (listed in the report)\n"
+    "  2  refused or failed: bad arguments, unreadable manifest, DST holds another cache\n"
+    "     (without --replace) or files that are no cache, an unexpected error",
     "verify": "exit codes:\n  0  every volume matches the manifest, nothing extra, schema valid\n"
     "  1  volumes missing, changed or extra, or the manifest breaks the schema\n" + _REFUSED,
 }
@@ -131,6 +133,7 @@ def _stage(a: argparse.Namespace) -> int:
         transfers=a.transfers,
         json_out=Path(a.json) if a.json else None,
         progress_seconds=a.progress_seconds,
+        replace=a.replace,
     )
 
 
@@ -285,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("src", help="where the cache is (gs://, s3://, b2://, a remote: or a folder)")
     s.add_argument("dst", help="local folder")
     s.add_argument("--transfers", type=int, default=16, help="parallel downloads")
+    s.add_argument(
+        "--replace",
+        action="store_true",
+        help="DST may hold another cache: replace it (its manifest goes first; once every new "
+        "volume verified, files the new manifest does not name are removed)",
+    )
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")
     _progress_option(s)
     return p

@@ -40,6 +40,7 @@ from octstage.cache.volumestore import check_volume
 from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
 from octstage.manifest import atomic_write_text
 from octstage.progress import counter, interval, megabytes
+from octstage.stage_folder import check_destination, clear_manifest, remove_unlisted
 from octstage.storage import Storage, check_name, open_location
 from octstage.storage.locations import known_secrets, parse_location, scrub
 
@@ -60,6 +61,7 @@ class StageReport:
     bytes: int = 0
     seconds: float = 0.0
     manifest_written: bool = False
+    removed: int = 0  # files of a replaced cache that the new manifest does not name
     exit_code: int = 0
 
 
@@ -177,9 +179,11 @@ def run_stage(
     transfers: int = 16,
     json_out: Path | None = None,
     progress_seconds: float | None = None,
+    replace: bool = False,
 ) -> int:
     """Stage the cache at ``src`` into the local folder ``dst``; returns the exit code.
-    Progress is a bar on a terminal, else a plain line every ``progress_seconds``."""
+    Progress is a bar on a terminal, else a plain line every ``progress_seconds``. A ``dst``
+    holding another cache is refused unless ``replace`` (see ``stage_folder``)."""
     started = time.monotonic()
     every = interval(progress_seconds)  # checked before any work starts
     loc = parse_location(src)
@@ -196,6 +200,9 @@ def run_stage(
         raise ManifestError(f"{storage.url}/{MANIFEST}: not JSON: {exc}") from None
     volumes = volume_paths(parsed, f"{storage.url}/{MANIFEST}")
     report.volumes = len(volumes)
+    replacing = check_destination(dst, raw, replace)
+    if replacing:
+        clear_manifest(dst)
     dst.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     with (
@@ -220,6 +227,8 @@ def run_stage(
                 f"{len(report.failed)} failed, {megabytes(report.bytes)}"
             )
     if not report.failed:
+        if replacing:
+            report.removed = remove_unlisted(dst, volumes)
         atomic_write_text(dst / MANIFEST, raw.decode("utf-8"))
         report.manifest_written = True
     report.exit_code = 1 if report.failed else 0
@@ -241,6 +250,8 @@ def _print_summary(r: StageReport, console: Console) -> None:
     table.add_row("failed", str(len(r.failed)))
     speed = r.bytes / r.seconds / 1e6 if r.seconds else 0.0
     table.add_row("bytes fetched", f"{r.bytes / 1e6:,.1f} MB ({speed:,.1f} MB/s)")
+    if r.removed:
+        table.add_row("files of the replaced cache removed", str(r.removed))
     table.add_row("manifest written", "yes" if r.manifest_written else "NO: re-run to finish")
     console.print(table)
     for failure in r.failed[:20]:

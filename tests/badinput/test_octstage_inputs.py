@@ -248,3 +248,60 @@ def test_a_participant_listed_twice_with_different_labels_is_left_out_naming_bot
     same_pid = same.split("\t")[0]
     assert same_pid in {v.participant_id for v in m.volumes}  # the identical duplicate is kept
     assert row_same in ran.text and "kept" in ran.text
+
+
+# ---- stage: a folder holding another cache is refused, or replaced only when asked ------------
+
+
+@pytest.fixture(scope="module")
+def two_caches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two different tiny caches: A (8 volumes) and B (4 volumes, other bytes, same names)."""
+    from tests.octtrain.tiny_cache import write_tiny_cache
+
+    base = tmp_path_factory.mktemp("caches")
+    _, a = write_tiny_cache(base / "a", shape=(8, 32, 32), counts={"train": 1, "val": 1})
+    _, b = write_tiny_cache(base / "b", shape=(8, 32, 32), counts={"train": 1}, seed=1)
+    return a, b
+
+
+def _files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_stage_refuses_a_folder_holding_another_cache_unless_replace(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    a, b = two_caches
+    dst = tmp_path / "ssd"
+    assert octstage_cli("stage", a, dst).code == 0
+    before = {n: (dst / n).read_bytes() for n in _files(dst)}
+    (dst / "notes.txt").write_text("left by hand")
+
+    ran = octstage_cli("stage", b, dst)
+    assert_clean(ran, 2, dst, "holds another cache", "--replace")
+    before["notes.txt"] = b"left by hand"
+    assert {n: (dst / n).read_bytes() for n in _files(dst)} == before  # untouched
+
+    ran = octstage_cli("stage", b, dst, "--replace", "--json", tmp_path / "r.json")
+    assert_clean(ran, 0)
+    assert _files(dst) == _files(b)  # A's other volumes and the stray file are gone
+    assert (dst / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
+    assert json.loads((tmp_path / "r.json").read_text())["removed"] > 0
+    assert octstage_cli("verify", dst / "manifest.json").code == 0
+
+    again = octstage_cli("stage", b, dst, "--json", tmp_path / "r2.json")  # idempotent
+    assert_clean(again, 0)
+    report = json.loads((tmp_path / "r2.json").read_text())
+    assert report["present"] == report["volumes"] == 4 and report["downloaded"] == 0
+
+
+def test_stage_never_writes_into_a_folder_that_holds_no_cache(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    dst = tmp_path / "home"
+    dst.mkdir()
+    (dst / "thesis.tex").write_text("mine")
+    for extra in ([], ["--replace"]):
+        ran = octstage_cli("stage", two_caches[0], dst, *extra)
+        assert_clean(ran, 2, dst, "holds no cache manifest", "thesis.tex")
+        assert _files(dst) == {"thesis.tex"}
