@@ -47,7 +47,10 @@ exit codes:
     "  2  refused or failed: bad arguments, unreadable manifest, DST holds another cache\n"
     "     (without --replace) or files that are no cache, an unexpected error",
     "verify": "exit codes:\n  0  every volume matches the manifest, nothing extra, schema valid\n"
-    "  1  volumes missing, changed or extra, or the manifest breaks the schema\n" + _REFUSED,
+    "  1  volumes missing (gone, or a data object gone: zarr would read fill values), changed\n"
+    "     (bytes differ) or extra, or the manifest breaks the schema or contradicts itself (a\n"
+    "     volume listed twice, a participant in two splits, a label outside the classes)\n"
+    + _REFUSED,
 }
 
 

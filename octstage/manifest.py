@@ -123,6 +123,45 @@ def count_summary(volumes: tuple[Volume, ...] | list[Volume], rejected: int) -> 
     }
 
 
+def consistency_problems(manifest: Manifest) -> list[str]:
+    """What makes a manifest contradict itself, one line each (empty when consistent): a volume
+    listed twice (by ``zarr_path``, ``source_path`` or ``cache_key``: a trainer would use it
+    twice), a participant in two splits or two study groups (its volumes would leak between
+    splits), a label outside ``classes`` or one that names another class than ``study_group``."""
+    problems: list[str] = []
+    for key in ("zarr_path", "source_path", "cache_key"):
+        seen: dict[str, int] = {}
+        for n, v in enumerate(manifest.volumes):
+            value = getattr(v, key)
+            if value in seen:
+                problems.append(
+                    f"volumes[{n}]: {key} {value!r} already listed at volumes[{seen[value]}]"
+                )
+            else:
+                seen[value] = n
+    for field_name, what in (("split", "splits"), ("study_group", "study groups")):
+        values: dict[str, set[str]] = {}
+        for v in manifest.volumes:
+            values.setdefault(v.participant_id, set()).add(getattr(v, field_name))
+        for pid, found in sorted(values.items()):
+            if len(found) > 1:
+                problems.append(
+                    f"participant {pid}: in {len(found)} {what}: {', '.join(sorted(found))}"
+                )
+    for n, v in enumerate(manifest.volumes):
+        if not 0 <= v.label < len(manifest.classes):
+            problems.append(
+                f"volumes[{n}] ({v.zarr_path}): label {v.label} outside the "
+                f"{len(manifest.classes)} classes"
+            )
+        elif manifest.classes[v.label] != v.study_group:
+            problems.append(
+                f"volumes[{n}] ({v.zarr_path}): label {v.label} is class "
+                f"{manifest.classes[v.label]!r}, study_group says {v.study_group!r}"
+            )
+    return problems
+
+
 def to_dict(manifest: Manifest) -> dict[str, Any]:
     """The JSON form of a manifest (see octstage/manifest.schema.json)."""
     return {

@@ -4,7 +4,9 @@ Recomputes every listed volume's checksum (and checks its shape and dtype), repo
 are missing or changed, volume folders under ``CACHE/volumes`` the manifest does not list
 (extra: a local walk of the cache, never a bucket listing), and validates the manifest against
 the JSON Schema that ships with the package (``octstage/manifest.schema.json``). Exit 0 clean,
-1 problems.
+1 problems, each one line: a volume missing (its folder, its metadata or a data object that held
+values: zarr would silently read fill values), changed (the bytes are there and differ), extra,
+a schema violation, or the manifest contradicting itself (``manifest.consistency_problems``).
 """
 
 from __future__ import annotations
@@ -38,36 +40,62 @@ class VerifyReport:
     volumes: int = 0
     verified: int = 0
     missing: list[str] = field(default_factory=list)
+    missing_why: dict[str, str] = field(default_factory=dict)  # zarr_path -> what is gone
     changed: list[dict[str, str]] = field(default_factory=list)  # zarr_path, why
     extra: list[str] = field(default_factory=list)
     schema_errors: list[str] = field(default_factory=list)
+    inconsistent: list[str] = field(default_factory=list)  # the manifest contradicts itself
     schema: str = "skipped"  # "valid", "invalid" or "skipped: <why>"
     temporaries: list[str] = field(default_factory=list)  # leftovers of a killed build (harmless)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.changed or self.extra or self.schema_errors)
+        return not (
+            self.missing or self.changed or self.extra or self.schema_errors or self.inconsistent
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
 
 
 def check_entry(cache: Path, volume: mf.Volume) -> tuple[str, str] | None:
-    """``("missing"|"changed", why)`` for one volume, None when it matches the manifest."""
-    if not (cache / volume.array_path / "zarr.json").is_file():
+    """``("missing"|"changed", why)`` for one volume, None when it matches the manifest.
+
+    "missing": the volume, its metadata or a data object that held values is gone (zarr would
+    read the object as its fill value); "changed": the bytes are there and differ. An absent
+    object whose values still match was all fill value (zarr never stored it): no finding.
+    """
+    if not (cache / volume.zarr_path).exists():
         return "missing", "not in the cache"
+    for meta in ("zarr.json", "0/zarr.json"):
+        if not (cache / volume.zarr_path / meta).is_file():
+            return "missing", f"{meta} gone"
+    finding = _compare(cache, volume)
+    if finding is None:
+        return None
+    try:
+        absent = volumestore.absent_objects(cache, volume.zarr_path)
+    except Exception:  # noqa: BLE001 - unreadable metadata: the comparison's finding stands
+        absent = []
+    if absent:
+        shown = ", ".join(absent[:3]) + (f" and {len(absent) - 3} more" if len(absent) > 3 else "")
+        return "missing", (
+            f"data object(s) {shown} gone: zarr would read them as fill value ({finding})"
+        )
+    return "changed", finding
+
+
+def _compare(cache: Path, volume: mf.Volume) -> str | None:
+    """Why the stored values differ from the manifest's, or None when they match."""
     try:
         array = volumestore.read_volume(cache, volume.zarr_path)
     except Exception as exc:  # noqa: BLE001 - any read failure of this volume is its finding
-        return "changed", f"unreadable: {type(exc).__name__}: {exc}"
+        return f"unreadable: {type(exc).__name__}: {exc}"
     if tuple(array.shape) != tuple(volume.shape) or str(array.dtype) != volume.dtype:
-        return (
-            "changed",
-            f"stored {array.dtype}{array.shape}, manifest {volume.dtype}{volume.shape}",
-        )
+        return f"stored {array.dtype}{array.shape}, manifest {volume.dtype}{volume.shape}"
     actual = volumestore.array_checksum(array)
     if actual != volume.checksum:
-        return "changed", f"checksum {actual} != manifest {volume.checksum}"
+        return f"checksum {actual} != manifest {volume.checksum}"
     return None
 
 
@@ -107,6 +135,7 @@ def verify(
     root = cache if cache is not None else manifest_path.parent
     report = VerifyReport(str(manifest_path), str(root), volumes=len(loaded.volumes))
     report.schema, report.schema_errors = validate_schema(json.loads(manifest_path.read_text()))
+    report.inconsistent = mf.consistency_problems(loaded)
     # zarr's blosc and hashlib release the GIL on large buffers: threads give real parallelism.
     workers = threads or min(8, os.cpu_count() or 1)
     with (
@@ -120,6 +149,7 @@ def verify(
                 report.verified += 1
             elif finding[0] == "missing":
                 report.missing.append(volume.zarr_path)
+                report.missing_why[volume.zarr_path] = finding[1]
             else:
                 report.changed.append({"zarr_path": volume.zarr_path, "why": finding[1]})
             advance(
@@ -161,13 +191,18 @@ def _print(report: VerifyReport) -> None:
     table.add_row("schema", report.schema)
     if report.temporaries:
         table.add_row("temporaries (killed build)", str(len(report.temporaries)))
+    if report.inconsistent:
+        table.add_row("manifest contradictions", str(len(report.inconsistent)))
     console.print(table)
-    for path in report.missing[:20]:
-        console.print(f"[red]missing[/red] {path}")
-    for item in report.changed[:20]:
-        console.print(f"[red]changed[/red] {item['zarr_path']}: {item['why']}")
-    for path in report.extra[:20]:
-        console.print(f"[yellow]extra[/yellow] {path}")
-    for err in report.schema_errors[:20]:
-        console.print(f"[red]schema[/red] {err}")
+    lines = [
+        *(f"missing {p}: {report.missing_why.get(p, 'not in the cache')}" for p in report.missing),
+        *(f"changed {item['zarr_path']}: {item['why']}" for item in report.changed),
+        *(f"extra {p}: a volume folder the manifest does not list" for p in report.extra),
+        *(f"schema {err}" for err in report.schema_errors),
+        *(f"manifest {report.manifest}: {why}" for why in report.inconsistent),
+    ]
+    for line in lines[:50]:
+        console.print(line, markup=False, highlight=False)
+    if len(lines) > 50:
+        console.print(f"... {len(lines) - 50} more problems (--json lists them all)")
     console.print("[green]OK" if report.ok else "[red]PROBLEMS")

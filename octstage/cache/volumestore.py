@@ -188,3 +188,14 @@ def check_volume(cache_root: Path, relpath: str, checksum: str) -> None:
     actual = array_checksum(read_volume(cache_root, relpath))
     if actual != checksum:
         raise VerificationError(f"{relpath}: checksum {actual} does not match {checksum}")
+
+
+def absent_objects(cache_root: Path, relpath: str) -> list[str]:
+    """Data objects (shards) of a stored volume's array that are not on disk, named relative to
+    the volume folder. Zarr reads an absent object as the fill value without a word, so a
+    volume whose values changed and that lacks objects has lost data, not had it altered."""
+    array = zarr.open_array(store=str(cache_root / relpath / "0"), mode="r")
+    meta: Any = array.metadata
+    grid = meta.chunk_grid
+    keys = (meta.encode_chunk_key(c) for c in grid.all_chunk_coords(array.shape))
+    return [f"0/{key}" for key in keys if not (cache_root / relpath / "0" / key).is_file()]
