@@ -80,15 +80,20 @@ def _audit(a: argparse.Namespace) -> int:
 
 
 def _build(a: argparse.Namespace) -> int:
-    from octstage.build.run import run_build
     from octstage.config import load_build_config
+
+    # Settings are checked before the step (dask, zarr, pydicom) is imported: a refusal is quick.
+    config = load_build_config(a.config, shape=tuple(a.shape) if a.shape else None)
+    if a.inventory is not None and a.no_verify_sources:
+        raise OctstageError("--inventory and --no-verify-sources contradict each other")
+    from octstage.build.run import run_build
 
     return run_build(
         source=a.source,
         labels=a.labels,  # a path or a URL: not a Path, which would mangle gs://
         out=a.out,  # a folder or a bucket URL: not a Path, which would mangle gs://
         manifest=Path(a.manifest) if a.manifest else None,
-        config=load_build_config(a.config, shape=tuple(a.shape) if a.shape else None),
+        config=config,
         workers=a.workers,
         scheduler=a.scheduler,
         inventory=a.inventory,
@@ -140,6 +145,43 @@ def _stage(a: argparse.Namespace) -> int:
     )
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (refused by the parser, before any import)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _share(text: str) -> float:
+    """An argparse type: a share in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="octstage",
@@ -164,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add("synth", _synth, "Write the deterministic AI-READI-like demo dataset (DICOM + TSVs).")
     s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/...)")
-    s.add_argument("--participants", type=int, default=60, help="number of participants")
+    s.add_argument("--participants", type=_at_least(1), default=60, help="number of participants")
     s.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     s.add_argument(
         "--full-size",
@@ -189,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", metavar="OUT", help="write the full report as JSON here")
     s.add_argument(
         "--min-overlap",
-        type=float,
+        type=_share,
         default=None,
         help="exit 1 when the share of labelled participants with verified OCT is below this",
     )
@@ -221,12 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--shape",
-        type=int,
+        type=_at_least(1),
         nargs=3,
         metavar=("D", "H", "W"),
         help="target grid (overrides --config)",
     )
-    s.add_argument("--workers", type=int, default=2, help="local dask worker processes")
+    s.add_argument("--workers", type=_at_least(1), default=2, help="local dask worker processes")
     s.add_argument(
         "--scheduler",
         help="address of an existing dask scheduler (tcp://host:port); its workers get this "
@@ -245,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     _progress_option(s)
     s.add_argument(
         "--max-reject-share",
-        type=float,
+        type=_share,
         metavar="F",
         help="exit 2 when more than this share (0..1) of the listed sources is left out",
     )
@@ -268,9 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("dst", help="gs://bucket/prefix, a remote: or a folder")
     s.add_argument("--dry-run", action="store_true", help="say what would happen; touch nothing")
     s.add_argument("--prune", action="store_true", help="delete destination objects not in SRC")
-    s.add_argument("--max-delete", type=int, default=100, help="refuse to delete more than this")
-    s.add_argument("--transfers", type=int, default=32, help="parallel file transfers")
-    s.add_argument("--checkers", type=int, default=64, help="parallel checkers")
+    s.add_argument(
+        "--max-delete", type=_at_least(0), default=100, help="refuse to delete more than this"
+    )
+    s.add_argument("--transfers", type=_at_least(1), default=32, help="parallel file transfers")
+    s.add_argument("--checkers", type=_at_least(1), default=64, help="parallel checkers")
     s.add_argument(
         "--hash-missing",
         action="store_true",
@@ -290,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("src", help="where the cache is (gs://, s3://, b2://, a remote: or a folder)")
     s.add_argument("dst", help="local folder")
-    s.add_argument("--transfers", type=int, default=16, help="parallel downloads")
+    s.add_argument("--transfers", type=_at_least(1), default=16, help="parallel downloads")
     s.add_argument(
         "--replace",
         action="store_true",
@@ -305,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _progress_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--progress-seconds",
-        type=float,
+        type=_seconds,
         metavar="S",
         help="when stderr is not a terminal, print a progress line every S seconds "
         "(default: $OCTSTAGE_PROGRESS_SECONDS, else 30; 0 = every update)",
@@ -322,6 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # pylibjpeg-openjpeg logs every encoded tile at INFO: thousands of lines per synth run.
     logging.getLogger("openjpeg").setLevel(logging.WARNING)
     try:
+        if "progress_seconds" in args:
+            from octstage.progress import interval
+
+            interval(args.progress_seconds)  # $OCTSTAGE_PROGRESS_SECONDS too, before the step
         return int(args.func(args))
     except OctstageError as exc:
         console.print(f"[bold red]octstage {args.command}: {exc}")

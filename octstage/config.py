@@ -26,12 +26,22 @@ class BuildConfig:
     resize: str = "area"  # per-B-scan area averaging, linear across frames
 
     def __post_init__(self) -> None:
-        if len(self.shape) != 3 or any(int(s) < 1 for s in self.shape):
-            raise ConfigError(f"shape must be three positive sizes (D H W), got {self.shape}")
-        if len(self.chunks) != 3 or any(int(c) < 1 for c in self.chunks):
-            raise ConfigError(f"chunks must be three positive sizes, got {self.chunks}")
-        if len(self.subsample) != 3 or any(int(s) < 1 for s in self.subsample):
-            raise ConfigError(f"subsample must be three positive strides, got {self.subsample}")
+        for name, what in (
+            ("shape", "three positive sizes (D H W)"),
+            ("chunks", "three positive sizes"),
+            ("subsample", "three positive strides"),
+        ):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, (list, tuple))
+                or len(value) != 3
+                or not all(_is_int(x) and x >= 1 for x in value)
+            ):
+                raise ConfigError(f"{name} must be {what}, got {value!r}")
+        for name in ("p_low", "p_high"):
+            value = getattr(self, name)
+            if not _is_number(value):
+                raise ConfigError(f"{name} must be a number (a percentile), got {value!r}")
         if not 0.0 <= self.p_low < self.p_high <= 100.0:
             raise ConfigError(
                 f"percentiles must satisfy 0 <= p_low < p_high <= 100, got {self.p_low}, "
@@ -47,7 +57,7 @@ class BuildConfig:
                 f"clevel must be in 1..9 (Blosc's compression levels; 0 stores uncompressed), "
                 f"got {level!r}"
             )
-        if self.resize not in ("area", "linear"):
+        if not isinstance(self.resize, str) or self.resize not in ("area", "linear"):
             raise ConfigError(f"resize must be 'area' or 'linear', got {self.resize!r}")
         # Lists from YAML/argparse become tuples so the config stays hashable and comparable.
         for name in ("shape", "chunks", "subsample"):
@@ -59,6 +69,14 @@ class BuildConfig:
     def params_hash(self) -> str:
         """Hash of every preprocessing parameter and the cache version."""
         return config_hash(self.as_dict())
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def load_build_config(path: str | Path | None, **overrides: Any) -> BuildConfig:
@@ -80,6 +98,9 @@ def load_build_config(path: str | Path | None, **overrides: Any) -> BuildConfig:
         if unknown:
             raise ConfigError(f"{path}: unknown build settings {unknown}; known: {sorted(known)}")
         values = loaded
-    config = BuildConfig(**values)
+    try:
+        config = BuildConfig(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     given = {k: v for k, v in overrides.items() if v is not None}
     return replace(config, **given) if given else config
