@@ -260,6 +260,8 @@ def read_headers(
 
     def read(obj: ObjectInfo) -> FileRecord:
         try:
+            if obj.problem is not None:
+                return FileRecord(obj.name, obj.size, error=obj.problem)
             if parse_oct_path(obj.name) is None:
                 return FileRecord(obj.name, obj.size)
             with storage.open(obj.name, chunk_size=HEADER_CHUNK) as fh:

@@ -65,7 +65,7 @@ from octstage.build.plan import (
     volume_entry,
 )
 from octstage.build.qc import qc_sheet
-from octstage.build.task import Task, load_record, load_reject
+from octstage.build.task import Task, environment, load_record, load_reject
 from octstage.cache.store import CacheStore
 from octstage.config import BuildConfig
 from octstage.dataset.labels import STUDY_GROUPS, Participant, read_label_table
@@ -181,6 +181,10 @@ def run_build(
         state = _BuildState()
         tasks: list[Task] = []
         for obj in objects:
+            if obj.problem is not None:  # one unreadable file is one exclusion, not the end
+                why = f"unreadable: {obj.problem}"
+                state.rejected[obj.name] = environment(why) if obj.transient else why
+                continue
             verdict = precheck(obj.name, obj.size, participants, inventory_entries, table.excluded)
             if isinstance(verdict, str):
                 state.rejected[obj.name] = verdict

@@ -25,6 +25,11 @@ class ObjectInfo:
     # ETag): it changes whenever the object is rewritten, so a hash taken of one version is
     # never applied to the next.
     version: str | None = None
+    # Why the listed name cannot be read (a dangling symlink, a symlink loop): the file is
+    # excluded with this reason instead of ending the run. ``transient``: it may read on a
+    # later run (a link whose target may come back, a permission), so it is never remembered.
+    problem: str | None = None
+    transient: bool = False
 
 
 class Storage(Protocol):

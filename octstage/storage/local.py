@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -35,7 +36,7 @@ class LocalStorage:
                 path = Path(dirpath) / fname
                 name = path.relative_to(self.root).as_posix()
                 if name.startswith(prefix):
-                    found.append(ObjectInfo(name=name, size=path.stat().st_size))
+                    found.append(_listed(path, name))
         yield from sorted(found, key=lambda o: o.name)
 
     def stat(self, name: str) -> ObjectInfo:
@@ -51,6 +52,8 @@ class LocalStorage:
             return open(path, "rb")
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{path}: no such object") from exc
+        except OSError as exc:  # a symlink loop, no permission, a folder: named, not a crash
+            raise StorageError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
     def read_bytes(self, name: str) -> bytes:
         try:
@@ -66,3 +69,23 @@ class LocalStorage:
 
     def delete(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)
+
+
+def _listed(path: Path, name: str) -> ObjectInfo:
+    """The listing entry of one file; one that cannot be stat'ed carries its ``problem``."""
+    try:
+        return ObjectInfo(name=name, size=path.stat().st_size)
+    except FileNotFoundError:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = None
+        if target is None:  # gone since os.walk saw it: a later run may find it again
+            return ObjectInfo(name, 0, problem="vanished while listing", transient=True)
+        return ObjectInfo(
+            name, 0, problem=f"dangling symlink: its target {target!r} is missing", transient=True
+        )
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return ObjectInfo(name, 0, problem="symlink loop: the link never reaches a file")
+        return ObjectInfo(name, 0, problem=f"cannot stat: {exc.strerror or exc}", transient=True)

@@ -496,3 +496,59 @@ def test_a_bad_progress_environment_variable_is_refused_before_the_step(
     monkeypatch.setenv("OCTSTAGE_PROGRESS_SECONDS", "often")
     ran = octstage_cli("verify", tmp_path / "manifest.json")
     assert_clean(ran, 2, "$OCTSTAGE_PROGRESS_SECONDS", "'often'")
+
+
+# ---- one unreadable file is one exclusion with its reason, never the end of the run -----------
+
+
+def _plant_links(source: Path) -> dict[str, str]:
+    """A dangling .dcm symlink and a symlink loop, each named like a real scan of a labelled
+    participant; returns {relative name: what its exclusion must say}."""
+    real = sorted((source / "retinal_oct").rglob("*.dcm"))[0]
+    folder, stem = real.parent, real.name.rsplit(".", 2)[0]
+    dangling = folder / f"{stem}.901.dcm"
+    dangling.symlink_to(source / "elsewhere" / "gone.dcm")
+    loop = folder / f"{stem}.902.dcm"
+    loop.symlink_to(loop.name)
+    return {
+        dangling.relative_to(source).as_posix(): "dangling symlink",
+        loop.relative_to(source).as_posix(): "symlink loop",
+    }
+
+
+def test_a_dangling_symlink_and_a_loop_are_per_file_exclusions(
+    octstage_cli: CLI, source: Path, tmp_path: Path
+) -> None:
+    planted = _plant_links(source)
+    labels = source / "participants.tsv"
+    audit = octstage_cli(
+        "audit-ids", "--labels", labels, "--oct", source, "--json", tmp_path / "a.json"
+    )
+    assert_clean(audit, 0, "dangling symlink")
+    excluded = {
+        e["file"]: e["reason"] for e in json.loads((tmp_path / "a.json").read_text())["excluded"]
+    }
+    for name, says in planted.items():
+        assert says in excluded[name]
+
+    out = tmp_path / "cache"
+    ran = octstage_cli(
+        "build-cache",
+        "--source",
+        source,
+        "--labels",
+        labels,
+        "--out",
+        out,
+        "--shape",
+        "8",
+        "32",
+        "32",
+    )
+    assert_clean(ran, 3)  # the dangling link may resolve on a retry: environmental
+    m = mf.load(out / "manifest.json")
+    assert len(m.volumes) == 8  # every readable scan is still built
+    reasons = {r.source: r.reason for r in m.rejected}
+    (dangling, _), (loop, _) = planted.items()
+    assert reasons[dangling].startswith("environment: unreadable: dangling symlink")
+    assert reasons[loop].startswith("unreadable: symlink loop")
