@@ -22,6 +22,8 @@ from octstage.errors import OctstageError
 console = Console(stderr=True)
 
 _REFUSED = "  2  refused or failed: bad arguments, unreadable input, an unexpected error"
+# Every command: Ctrl-C prints one line, keeps what was finished, and exits 130.
+_INTERRUPTED = "\n  130  interrupted (Ctrl-C): what was finished is kept; run it again to go on"
 # What each subcommand's run_* really returns, shown by its --help.
 EXIT_CODES: dict[str, str] = {
     "synth": f"exit codes:\n  0  the dataset was written\n{_REFUSED}",
@@ -36,7 +38,9 @@ exit codes:
      running...), or nothing kept (0 volumes), or more than --max-reject-share of the listed
      sources left out (manifest still written in both cases)
   3  the manifest was written, but some volumes are missing for environmental reasons (I/O
-     error, missing decoder, dead worker): run the same command again to retry only those""",
+     error, missing decoder, dead worker, a dangling symlink): run the same command again to
+     retry only those; or the disk or quota filled up (the path is named; finished volumes
+     are kept, the manifest is not written)""",
     "mirror": "exit codes:\n  0  every object copied (or already there) and verified\n"
     "  1  some objects failed to copy or could not be verified (the source lists no SHA1 for\n"
     "     them: --hash-missing hashes them at the source once): see the report\n"
@@ -198,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=help,
             description=help,
-            epilog=EXIT_CODES[name],
+            epilog=EXIT_CODES[name] + _INTERRUPTED,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sp.set_defaults(func=fn)
@@ -371,8 +375,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             interval(args.progress_seconds)  # $OCTSTAGE_PROGRESS_SECONDS too, before the step
         return int(args.func(args))
+    except KeyboardInterrupt:
+        console.print(
+            f"octstage {args.command}: interrupted; what was finished is kept: run the same "
+            "command again to go on",
+            markup=False,
+            highlight=False,
+        )
+        return 130
     except OctstageError as exc:
-        console.print(f"[bold red]octstage {args.command}: {exc}")
+        console.print(f"octstage {args.command}: {exc}", style="bold red", markup=False)
+        return exc.exit_code
+    except OSError as exc:  # the disk, a permission, a path: the user's to mend, no crash
+        where = f"{exc.filename}: " if exc.filename else ""
+        reason = exc.strerror or str(exc)
+        console.print(f"octstage {args.command}: {where}{reason}", style="bold red", markup=False)
         return 2
     except Exception as exc:  # noqa: BLE001 - a crash must not read as exit 1 ("rejections")
         if args.verbose:

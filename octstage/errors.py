@@ -2,7 +2,16 @@
 
 
 class OctstageError(Exception):
-    """Base class for every deliberate octstage failure."""
+    """Base class for every deliberate octstage failure; the CLI exits with ``exit_code``."""
+
+    exit_code = 2
+
+
+class MachineError(OctstageError):
+    """The machine failed, not the input (the disk or a quota is full): the message names the
+    path, and the same command may pass once that is mended. build-cache exits 3 for it."""
+
+    exit_code = 3
 
 
 class ConfigError(OctstageError, ValueError):

@@ -26,7 +26,7 @@ import re
 import shutil
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -172,6 +172,16 @@ def stage_volume(storage: Storage, dst: Path, relpath: str, checksum: str) -> tu
     return "downloaded", fetched
 
 
+def _result(future: Future[tuple[str, int]], pool: ThreadPoolExecutor) -> tuple[str, int]:
+    """The future's result; on Ctrl-C the volumes not started are dropped (the running ones
+    finish or remove their temporary folder), so the interrupt is not held up by the rest."""
+    try:
+        return future.result()
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+
+
 def run_stage(
     src: str,
     dst: Path,
@@ -215,7 +225,7 @@ def run_stage(
         }
         for rel, future in futures.items():
             try:
-                status, nbytes = future.result()
+                status, nbytes = _result(future, pool)
             except (OctstageError, OSError, ValueError) as exc:
                 report.failed.append({"volume": rel, "reason": scrub(str(exc), secrets)})
             else:

@@ -274,4 +274,8 @@ def read_headers(
                 done()
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(read, objects))
+        try:
+            return list(pool.map(read, objects))
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)  # drop the headers not yet read
+            raise

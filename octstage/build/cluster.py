@@ -18,6 +18,8 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from itertools import islice
@@ -159,7 +161,7 @@ def local_cluster(workers: int) -> Iterator[Any]:
     # temporary of the decoders into a fresh mmap with page faults: measured 30-45% slower
     # per volume. Peak memory stays bounded by the volume in hand either way.
     no_trim = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
-    with dask_config.set(no_trim):
+    with dask_config.set(no_trim), _sigint_ignored():
         try:
             cluster = dd.LocalCluster(
                 n_workers=workers,
@@ -173,6 +175,22 @@ def local_cluster(workers: int) -> Iterator[Any]:
             raise OctstageError(f"cannot start a local dask cluster: {exc}") from exc
     with cluster:
         yield cluster
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while the worker processes are spawned, so they inherit it ignored (Python
+    keeps an ignored SIGINT at start-up): a Ctrl-C at the terminal reaches the whole process
+    group, and only the driver should act on it, by closing the cluster and cleaning up, not
+    every worker with a traceback of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager

@@ -32,6 +32,7 @@ refused.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -69,7 +70,7 @@ from octstage.build.task import Task, environment, load_record, load_reject
 from octstage.cache.store import CacheStore
 from octstage.config import BuildConfig
 from octstage.dataset.labels import STUDY_GROUPS, Participant, read_label_table
-from octstage.errors import ObjectNotFoundError, OctstageError, StorageError
+from octstage.errors import MachineError, ObjectNotFoundError, OctstageError, StorageError
 from octstage.progress import interval
 from octstage.provenance import code_version
 from octstage.storage import LocalStorage, ObjectInfo, Storage, open_storage
@@ -167,6 +168,47 @@ def run_build(
     if inventory is not None and not verify_sources:
         raise OctstageError("--inventory and --no-verify-sources contradict each other")
     started = time.monotonic()
+    try:
+        return _run(
+            source,
+            labels,
+            out,
+            manifest,
+            config,
+            workers,
+            scheduler,
+            inventory,
+            json_out,
+            max_reject_share,
+            verify_sources,
+            every,
+            started,
+        )
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = exc.filename or out
+        raise MachineError(
+            f"{where}: {exc.strerror}: free space and run the same command again (finished "
+            "volumes are kept)"
+        ) from None
+
+
+def _run(
+    source: str,
+    labels: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    manifest: Path | None,
+    config: BuildConfig,
+    workers: int,
+    scheduler: str | None,
+    inventory: str | None,
+    json_out: Path | None,
+    max_reject_share: float | None,
+    verify_sources: bool,
+    every: float,
+    started: float,
+) -> int:
     cache = _open_cache(out)
     with _exclusive(cache):
         table = read_label_table(str(labels))
@@ -199,16 +241,20 @@ def run_build(
 
         saved = time.monotonic()
         access = credential_env([parse_location(source), parse_location(cache.url)])
-        for outcome in execute(tasks, workers, scheduler, console, every, access):
-            state.tally.read += outcome.read
-            state.tally.decoded += outcome.decoded
-            if outcome.sha1 is not None:
-                index.remember(outcome.name, fingerprints[outcome.name], outcome.sha1)
-            found = outcome.record or outcome.reason or "error: no reason given"
-            state.add(outcome.name, found, reused=not outcome.decoded)
-            if time.monotonic() - saved > INDEX_SAVE_SECONDS:
-                index.save()  # a killed run keeps most of its hashing work
-                saved = time.monotonic()
+        try:
+            for outcome in execute(tasks, workers, scheduler, console, every, access):
+                state.tally.read += outcome.read
+                state.tally.decoded += outcome.decoded
+                if outcome.sha1 is not None:
+                    index.remember(outcome.name, fingerprints[outcome.name], outcome.sha1)
+                found = outcome.record or outcome.reason or "error: no reason given"
+                state.add(outcome.name, found, reused=not outcome.decoded)
+                if time.monotonic() - saved > INDEX_SAVE_SECONDS:
+                    index.save()  # a killed run keeps most of its hashing work
+                    saved = time.monotonic()
+        except KeyboardInterrupt:
+            index.save()  # finished volumes have their records; keep the hashing work too
+            raise
         index.save()
 
         volumes = _volumes(state.records, participants, state.rejected)
@@ -391,7 +437,11 @@ def _exclusive(cache: CacheStore) -> Iterator[None]:
         except BlockingIOError as exc:
             raise OctstageError(f"{out}: another build-cache is running on this cache") from exc
         _remove_temporaries(out)
-        yield
+        try:
+            yield
+        except KeyboardInterrupt:
+            _remove_temporaries(out)  # volumes cut off mid-write; finished ones are kept
+            raise
 
 
 def _remove_temporaries(out: Path) -> None:

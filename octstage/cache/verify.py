@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -28,6 +28,7 @@ from octstage.cache import volumestore
 from octstage.progress import counter, interval
 
 console = Console(stderr=True)
+T = TypeVar("T")
 SCHEMA = mf.SCHEMA_PATH
 
 
@@ -122,6 +123,15 @@ def validate_schema(data: Any, schema_path: Path = SCHEMA) -> tuple[str, list[st
     return ("invalid" if errors else "valid"), errors[:50]
 
 
+def _interruptible(pool: ThreadPoolExecutor, results: Iterator[T]) -> Iterator[T]:
+    """``results`` of ``pool.map``; on Ctrl-C the checks not started are dropped at once."""
+    try:
+        yield from results
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+
+
 def verify(
     manifest_path: Path,
     cache: Path | None = None,
@@ -142,9 +152,8 @@ def verify(
         ThreadPoolExecutor(workers) as pool,
         counter(console, "verify", len(loaded.volumes), every) as advance,
     ):
-        for volume, finding in zip(
-            loaded.volumes, pool.map(lambda v: check_entry(root, v), loaded.volumes), strict=True
-        ):
+        findings = _interruptible(pool, pool.map(lambda v: check_entry(root, v), loaded.volumes))
+        for volume, finding in zip(loaded.volumes, findings, strict=True):
             if finding is None:
                 report.verified += 1
             elif finding[0] == "missing":

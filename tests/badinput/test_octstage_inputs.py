@@ -552,3 +552,90 @@ def test_a_dangling_symlink_and_a_loop_are_per_file_exclusions(
     (dangling, _), (loop, _) = planted.items()
     assert reasons[dangling].startswith("environment: unreadable: dangling symlink")
     assert reasons[loop].startswith("unreadable: symlink loop")
+
+
+# ---- the machine: a full disk names the path; Ctrl-C is one line and loses nothing ----------
+
+
+def test_a_full_disk_in_build_cache_names_the_path_and_exits_3(
+    octstage_cli: CLI, tiny_source: object, tmp_path: Path
+) -> None:
+    root = tiny_source.root  # type: ignore[attr-defined]
+    out = tmp_path / "cache"
+    # /dev/full answers every write with ENOSPC: a real full-disk error from the kernel.
+    ran = octstage_cli(
+        "build-cache",
+        "--source",
+        root,
+        "--labels",
+        root / "participants.tsv",
+        "--out",
+        out,
+        "--shape",
+        "8",
+        "32",
+        "32",
+        "--json",
+        "/dev/full",
+    )
+    assert_clean(ran, 3, "/dev/full: No space left on device")
+    assert len(list(out.glob("records/*"))) == 8  # the finished volumes are kept
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_ctrl_c_in_build_cache_is_one_line_keeps_finished_volumes_and_frees_the_lock(
+    tiny_source: object, tmp_path: Path
+) -> None:
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = tiny_source.root  # type: ignore[attr-defined]
+    out = tmp_path / "cache"
+    argv = [
+        sys.executable,
+        "-m",
+        "octstage.cli",
+        "build-cache",
+        "--source",
+        str(root),
+        "--labels",
+        str(root / "participants.tsv"),
+        "--out",
+        str(out),
+        "--shape",
+        "8",
+        "32",
+        "32",
+        "--workers",
+        "1",
+    ]
+    # A terminal's Ctrl-C reaches the whole process group: the driver and its dask workers.
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "COLUMNS": "1000"},
+    )
+    deadline = time.monotonic() + 120
+    while not list(out.glob("records/*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the build ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    ran = Ran(proc.returncode, stdout, stderr)
+    assert_clean(ran, 130, "interrupted", "run the same command again")
+    assert "KeyboardInterrupt" not in stdout + stderr
+    kept = len(list(out.glob("records/*")))
+    assert kept >= 1 and not (out / "manifest.json").exists()
+    assert not list(out.glob("volumes/*/.tmp-*"))  # no half-written volume left behind
+    with open(out / ".build.lock", "w") as lock:  # released: a second build may start
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    from tests.octstage.build_helpers import build
+
+    code, summary = build(root, out, workers=1)
+    assert code == 1 and summary["volumes"] == 8 and summary["reused"] >= kept
