@@ -169,7 +169,10 @@ def local_cluster(workers: int) -> Iterator[Any]:
                 processes=True,
                 host="127.0.0.1",
                 dashboard_address="127.0.0.1:0",  # loopback, any free port (8787 may be taken)
-                silence_logs=logging.ERROR,
+                # Workers log a traceback at ERROR when the scheduler closes under a heartbeat
+                # (every rebuild's shutdown may race one): noise, since a task's failure reaches
+                # the driver as its outcome and a dead worker as an environmental rejection.
+                silence_logs=logging.CRITICAL,
             )
         except (OSError, RuntimeError, TimeoutError) as exc:
             raise OctstageError(f"cannot start a local dask cluster: {exc}") from exc

@@ -639,3 +639,32 @@ def test_ctrl_c_in_build_cache_is_one_line_keeps_finished_volumes_and_frees_the_
 
     code, summary = build(root, out, workers=1)
     assert code == 1 and summary["volumes"] == 8 and summary["reused"] >= kept
+
+
+_HEARTBEAT = """
+import logging
+from octstage.build.cluster import dask_client
+
+def heartbeat_lost() -> None:  # what a worker logs when the scheduler closes under a heartbeat
+    try:
+        raise OSError("Stream is closed")
+    except OSError:
+        logging.getLogger("distributed.worker").exception(
+            "Failed to communicate with scheduler during heartbeat."
+        )
+
+with dask_client(1, None) as (dd, client):
+    client.run(heartbeat_lost)
+print("done")
+"""
+
+
+def test_a_worker_losing_its_scheduler_at_shutdown_prints_no_traceback() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _HEARTBEAT], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr
+    assert "Traceback" not in proc.stderr and "heartbeat" not in proc.stderr
