@@ -109,9 +109,11 @@ def render(report: AuditReport, console: Console, examples: int = 3) -> None:
             + (" …" if len(unlabelled) > 8 else "")
         )
     for ref, reason in report.label_problems[:examples]:
-        console.print(f"[yellow]label row skipped[/] {ref}: {reason}")
+        console.print(f"[yellow]label row[/] {ref}: {reason}")
     if len(report.label_problems) > examples:
-        console.print(f"[yellow]… {len(report.label_problems) - examples} more label rows skipped")
+        console.print(
+            f"[yellow]… {len(report.label_problems) - examples} more label rows with problems"
+        )
     for flag in report.flags:
         console.print(f"[bold red]no verified OCT:[/] {flag}")
 
