@@ -134,6 +134,8 @@ def test_a_label_table_that_can_give_no_label_is_refused(
             "8",
             "32",
             "32",
+            "--workers",
+            "1",
         ],
         ["audit-ids", "--oct", source],
     ):
@@ -187,6 +189,8 @@ def test_a_build_that_keeps_nothing_lists_every_bad_row_and_exits_2(
         "8",
         "32",
         "32",
+        "--workers",
+        "1",
         "--json",
         tmp_path / "summary.json",
     )
@@ -239,6 +243,8 @@ def test_a_participant_listed_twice_with_different_labels_is_left_out_naming_bot
         "8",
         "32",
         "32",
+        "--workers",
+        "1",
     )
     assert_clean(ran, 1, row_a, row_b)
     m = mf.load(out / "manifest.json")
@@ -543,6 +549,8 @@ def test_a_dangling_symlink_and_a_loop_are_per_file_exclusions(
         "8",
         "32",
         "32",
+        "--workers",
+        "1",
     )
     assert_clean(ran, 3)  # the dangling link may resolve on a retry: environmental
     m = mf.load(out / "manifest.json")
@@ -574,6 +582,8 @@ def test_a_full_disk_in_build_cache_names_the_path_and_exits_3(
         "8",
         "32",
         "32",
+        "--workers",
+        "1",
         "--json",
         "/dev/full",
     )
