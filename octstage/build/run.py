@@ -33,13 +33,9 @@ refused.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
-import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +46,7 @@ from rich.table import Table
 
 from octstage import manifest as mf
 from octstage.build.cluster import execute
+from octstage.build.lock import exclusive, open_cache
 from octstage.build.plan import (
     DEFAULT_INVENTORY,
     OCT_PREFIXES,
@@ -209,8 +206,8 @@ def _run(
     every: float,
     started: float,
 ) -> int:
-    cache = _open_cache(out)
-    with _exclusive(cache):
+    cache = open_cache(out)
+    with exclusive(cache):
         table = read_label_table(str(labels))
         participants, label_problems = table.participants, table.problems
         storage = open_storage(source)
@@ -410,46 +407,6 @@ def _load_inventory(storage: Storage, inventory: str | None) -> dict[str, Invent
         raise OctstageError(f"{where}: source inventory is not JSON: {exc}{_SKIP}") from exc
     except OctstageError as exc:
         raise OctstageError(f"{exc}{_SKIP}") from exc
-
-
-def _open_cache(out: str | os.PathLike[str]) -> CacheStore:
-    """The cache at ``out``; a folder is made absolute (remote workers get it by name) and
-    created."""
-    url = os.fspath(out)
-    if "://" not in url or url.startswith("file://"):
-        folder = Path(url.removeprefix("file://")).resolve()
-        folder.mkdir(parents=True, exist_ok=True)
-        url = str(folder)
-    return CacheStore(url)
-
-
-@contextmanager
-def _exclusive(cache: CacheStore) -> Iterator[None]:
-    """One build per cache folder at a time (a second one would race on the same keys), and a
-    killed run's temporaries removed under the lock. A bucket cache has no temporaries."""
-    out = cache.local
-    if out is None:
-        yield
-        return
-    with open(out / ".build.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise OctstageError(f"{out}: another build-cache is running on this cache") from exc
-        _remove_temporaries(out)
-        try:
-            yield
-        except KeyboardInterrupt:
-            _remove_temporaries(out)  # volumes cut off mid-write; finished ones are kept
-            raise
-
-
-def _remove_temporaries(out: Path) -> None:
-    """Half-written files of a killed run (hidden, never read): safe to drop under the lock."""
-    for tmp in (out / "volumes").glob("*/.tmp-*"):
-        shutil.rmtree(tmp, ignore_errors=True)
-    for tmp in [*(out / "records").glob(".*.tmp"), *(out / "rejects").glob(".*.tmp")]:
-        tmp.unlink(missing_ok=True)
 
 
 def _print_summary(stats: dict[str, Any]) -> None:
