@@ -17,6 +17,7 @@ from octstage.audit.core import audit, list_oct, read_headers
 from octstage.audit.report import plot as plot_report
 from octstage.audit.report import render, to_json
 from octstage.dataset.labels import read_participants
+from octstage.dataset.release import read_manifest_tsv
 from octstage.errors import ConfigError
 from octstage.manifest import atomic_write_text
 from octstage.progress import counter, interval
@@ -38,6 +39,7 @@ def run_audit(
         raise ConfigError(f"--min-overlap is a share between 0 and 1, got {min_overlap}")
     participants, problems = read_participants(str(labels))
     storage = open_storage(oct_root)
+    tsv = read_manifest_tsv(storage)  # the release's own index: a fourth witness
     objects = list_oct(storage)
     err = Console(stderr=True)
     # pydicom warns about odd values in damaged files; the report says what matters.
@@ -45,7 +47,7 @@ def run_audit(
     with counter(err, "audit-ids", len(objects), every) as advance, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         records = read_headers(storage, objects, workers, done=lambda: advance("headers read"))
-    report = audit(participants, records, problems)
+    report = audit(participants, records, problems, tsv)
     render(report, Console())
     if json_out is not None:
         data = to_json(report, labels=str(labels), oct_root=oct_root)

@@ -10,7 +10,7 @@ that carries the scan size where the device has several (``Macula, 6 x 6``).
 ``parse_manifest_tsv`` is pure: text in, one ``TsvRow`` per file out, keyed by the file's path
 relative to the dataset root. A table that cannot be trusted as a whole (a missing column, a
 value that is not a number, a path listed twice) raises ``ReleaseError`` naming the file, the
-line, the column and the value.
+line, the column and the value. ``read_manifest_tsv`` fetches it from a dataset root.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import csv
 import io
 from dataclasses import dataclass
 
-from octstage.errors import ReleaseError
+from octstage.errors import ObjectNotFoundError, ReleaseError
+from octstage.storage import Storage
 
 TSV_NAME = "retinal_oct/manifest.tsv"
 # Device folder -> (manufacturer, manufacturers_model_name) as manifest.tsv spells them.
@@ -141,3 +142,17 @@ def parse_manifest_tsv(text: str, source: str) -> dict[str, TsvRow]:
             path=path,
         )
     return rows
+
+
+def read_manifest_tsv(storage: Storage) -> dict[str, TsvRow] | None:
+    """The dataset root's ``retinal_oct/manifest.tsv`` parsed, or None when it has none."""
+    try:
+        data = storage.read_bytes(TSV_NAME)
+    except ObjectNotFoundError:
+        return None
+    source = f"{storage.url}/{TSV_NAME}"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReleaseError(f"{source}: not UTF-8 text: {exc}") from exc
+    return parse_manifest_tsv(text, source)
