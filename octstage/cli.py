@@ -90,6 +90,8 @@ def _build(a: argparse.Namespace) -> int:
         max_reject_share=a.max_reject_share,
         verify_sources=not a.no_verify_sources,
         progress_seconds=a.progress_seconds,
+        from_tsv=a.from_tsv,
+        concepts=tuple(a.concept or ()),
     )
 
 
@@ -235,6 +237,20 @@ def build_parser() -> argparse.ArgumentParser:
         'the manifest records "source_verification": "none"',
     )
     s.add_argument("--json", metavar="OUT", help="write the build summary as JSON here")
+    s.add_argument(
+        "--from-tsv",
+        action="store_true",
+        help="take the file list from the release's retinal_oct/manifest.tsv instead of listing "
+        "the tree (a listed file that is not there is rejected)",
+    )
+    s.add_argument(
+        "--concept",
+        type=int,
+        action="append",
+        metavar="ID",
+        help="copy this OMOP concept (e.g. 3004410, HbA1c) per participant from clinical_data/ "
+        "into every volume's clinical values; repeat for more",
+    )
     _progress_option(s)
     s.add_argument(
         "--max-reject-share",

@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from octstage.audit import witness
 from octstage.dataset.dicom import DicomHeader, read_header
 from octstage.dataset.ids import DEVICES, Reason, is_participant_id, parse_oct_path, resolve
 from octstage.dataset.labels import SPLITS, STUDY_GROUPS, Participant, Problem
 from octstage.dataset.release import TsvRow
+from octstage.dataset.witness import check_row
 from octstage.errors import DicomError, OctstageError, StorageError
 from octstage.storage import ObjectInfo, Storage
 
@@ -159,7 +159,16 @@ def judge(record: FileRecord, row: TsvRow | None = None) -> FileOutcome:
     if problem is not None:
         return _exclude(out, problem[0].value, problem[1])
     assert path is not None and res.participant_id is not None  # resolve() accepted both
-    disagreement = witness.check_row(row, path, header, res.participant_id) if row else None
+    disagreement = None
+    if row is not None:
+        disagreement = check_row(
+            row,
+            device=path.device,
+            participant_id=res.participant_id,
+            laterality=header.laterality or path.laterality,
+            shape=header.shape,
+            header_model=header.model,
+        )
     if disagreement is not None:
         return _exclude(out, *disagreement)
     return FileOutcome(record.name, res.participant_id, claimed, out.device, region=region)
