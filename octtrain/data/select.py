@@ -37,7 +37,7 @@ class Selection:
 
 def _keys(v: Volume) -> dict[str, tuple[str, ...]]:
     region = v.anatomic_region
-    full = f"{region}, {v.scan_size}" if v.scan_size else region
+    full = f"{region}, {v.scan_size}" if region and v.scan_size else region
     return {
         "device": (v.device, v.device_model),
         "region": (region, full),
