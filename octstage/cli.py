@@ -70,6 +70,11 @@ def _audit(a: argparse.Namespace) -> int:
         min_overlap=a.min_overlap,
         plot=Path(a.plot) if a.plot else None,
         progress_seconds=a.progress_seconds,
+        select={
+            "device": tuple(a.select_device or ()),
+            "region": tuple(a.select_region or ()),
+            "eye": tuple(a.select_eye or ()),
+        },
     )
 
 
@@ -189,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when the share of labelled participants with verified OCT is below this",
     )
     s.add_argument("--plot", metavar="PNG", help="draw the overlap by split, class and device")
+    for key, example in (("device", "Triton"), ("region", "Macula"), ("eye", "R")):
+        s.add_argument(
+            f"--select-{key}",
+            action="append",
+            metavar=key.upper(),
+            help=f"also report the counts of the files a training run's data.select.{key} "
+            f"keeps (e.g. {example}); repeat for more",
+        )
     _progress_option(s)
 
     s = add(

@@ -162,3 +162,23 @@ def test_a_malformed_manifest_tsv_is_a_clear_error(
     err = capsys.readouterr().err
     flat = "".join(err.split())  # rich wraps lines to the terminal's width
     assert "manifest.tsv" in flat and "".join(message.split()) in flat and "Traceback" not in err
+
+
+def test_the_audit_reports_a_training_selection(synth_info: SynthInfo, tmp_path: Path) -> None:
+    """--select-*: the counts of the volumes data.select would keep (device by model or folder,
+    region by name), the same files build-cache would put in the manifest."""
+    out = tmp_path / "audit.json"
+    root = synth_info.root
+    args = ["audit-ids", "--labels", str(root / "participants.tsv"), "--oct", str(root)]
+    select = ["--select-device", "Cirrus", "--select-region", "Macula", "--select-eye", "R"]
+    assert main([*args, *select, "--json", str(out)]) == 0
+    sel = json.loads(out.read_text())["selection"]
+    keep = [
+        f for f in synth_info.files
+        if f not in synth_info.excluded and f not in synth_info.unlisted
+        and "/zeiss_cirrus/" in f and synth_info.regions[f].startswith("Macula") and "_r_" in f
+    ]  # fmt: skip
+    assert keep and sel["volumes"] == len(keep)
+    assert sel["with_oct"] == len({f.split("/")[3] for f in keep})
+    assert (sel["device"], sel["region"], sel["eye"]) == (["Cirrus"], ["Macula"], ["R"])
+    assert sum(t["with_oct"] for t in sel["by_split"].values()) == sel["with_oct"]
