@@ -162,7 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=fn)
         return sp
 
-    s = add("synth", _synth, "Write the deterministic AI-READI-like demo dataset (DICOM + TSVs).")
+    s = add(
+        "synth",
+        _synth,
+        "Write the deterministic AI-READI twin (DICOM, manifest.tsv, participants, OMOP tables).",
+    )
     s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/...)")
     s.add_argument("--participants", type=int, default=60, help="number of participants")
     s.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")

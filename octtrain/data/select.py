@@ -101,10 +101,14 @@ def relabel(manifest: Manifest, cfg: LabelConfig) -> tuple[Manifest, str]:
 
 
 def prepare(
-    manifest: Manifest, select_cfg: SelectConfig, label_cfg: LabelConfig, needed: Sequence[str]
+    manifest: Manifest,
+    select_cfg: SelectConfig,
+    label_cfg: LabelConfig,
+    needed: Sequence[str],
+    every_class_in: str | None = None,
 ) -> tuple[Manifest, Selection]:
     """``select`` then ``relabel``; every ``needed`` split must keep volumes and, for a
-    classification, the first of them (training) a volume of every class."""
+    classification, the ``every_class_in`` split (training) a volume of every class."""
     chosen = select(manifest, select_cfg)
     labelled, target = relabel(chosen, label_cfg)
     for split in needed:
@@ -113,12 +117,12 @@ def prepare(
                 f"split {split!r} has no volume after data.select {_describe(select_cfg)} and "
                 f"data.label {target} ({len(chosen.split(split))} selected, none with a value)"
             )
-    if needed and not label_cfg.regression:
-        present = {v.label for v in labelled.split(needed[0])}
+    if every_class_in is not None and not label_cfg.regression:
+        present = {v.label for v in labelled.split(every_class_in)}
         empty = [c for i, c in enumerate(labelled.classes) if i not in present]
         if empty:
             raise DataError(
-                f"class(es) {empty} have no volume in split {needed[0]!r} after data.select "
+                f"class(es) {empty} have no volume in split {every_class_in!r} after data.select "
                 f"{_describe(select_cfg)}; change data.label.bins or the selection"
             )
     info = Selection(

@@ -88,7 +88,7 @@ def test_a_value_no_volume_has_is_an_error_naming_it(manifest: mf.Manifest) -> N
 
 def test_a_concept_as_named_bins(manifest: mf.Manifest) -> None:
     cfg = LabelConfig(concept=HBA1C, bins=(5.7, 6.5), names=("normal", "prediabetes", "diabetes"))
-    labelled, info = prepare(manifest, SelectConfig(), cfg, ["train", "val"])
+    labelled, info = prepare(manifest, SelectConfig(), cfg, ["train", "val"], "train")
     assert labelled.classes == ("normal", "prediabetes", "diabetes")
     for v in labelled.volumes:
         value = v.clinical[str(HBA1C)]
@@ -101,7 +101,7 @@ def test_a_concept_as_named_bins(manifest: mf.Manifest) -> None:
 def test_an_empty_split_or_class_is_an_error_before_training(manifest: mf.Manifest) -> None:
     wide = LabelConfig(concept=HBA1C, bins=(100.0,), names=("all", "never"))
     with pytest.raises(DataError, match=r"class\(es\) \['never'\] have no volume in split"):
-        prepare(manifest, SelectConfig(), wide, ["train", "val"])
+        prepare(manifest, SelectConfig(), wide, ["train", "val"], "train")
     # one eye of one device of one region leaves the val split (2 volumes a class) empty
     narrow = SelectConfig(device=("Cirrus",), region=("Optic Disc",), eye=("R",))
     with pytest.raises(DataError, match=r"split 'val' has no volume after data\.select"):
