@@ -147,3 +147,13 @@ def test_a_config_with_select_and_label_loads_from_yaml() -> None:
     assert (cfg.data.label.concept, cfg.data.label.task) == (HBA1C, "regression")
     over = load_config(FinetuneConfig, None, ["data.select.region=[Macula, Optic Disc]"])
     assert over.data.select.region == ("Macula", "Optic Disc")
+
+
+def test_pretraining_takes_a_selection_but_refuses_a_label(tmp_path: Path) -> None:
+    from octtrain.config.pretrain import PretrainConfig
+    from octtrain.train.pretrain import run_pretrain
+
+    cfg = load_config(PretrainConfig, None, [f"data.label.concept={HBA1C}",
+                                             "data.label.task=regression"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"data\.label\.concept: pretraining learns without"):
+        run_pretrain(cfg)
