@@ -17,7 +17,7 @@ XLA_STAMP := $(XLA_VENV)/.installed
 PY312_STAMP := $(PY312_VENV)/.installed
 DEMO_DIR ?= demo-output
 
-.PHONY: demo test test-slow test-xla test-py312 lint bench clean
+.PHONY: demo demo-hba1c test test-slow test-xla test-py312 lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ $(PY312_STAMP): pyproject.toml
 
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo.sh $(DEMO_DIR)
+
+# After `make demo`: fine-tune macula-only on HbA1c (regression) and report its test MAE.
+demo-hba1c: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo-hba1c.sh $(DEMO_DIR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check octstage octtrain tests bench scripts

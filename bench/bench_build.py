@@ -50,8 +50,7 @@ from octstage.build.task import Task, run_task
 from octstage.cache.volumestore import write_volume
 from octstage.config import BuildConfig
 from octstage.dataset.dicom import read_volume
-from octstage.dataset.synth import PROTOCOLS
-from octstage.dataset.synth_oct import render_retina, write_oct_dicom
+from octstage.dataset.synth_oct import MAIN_REGION, SCANS, render_retina, write_oct_dicom
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.doubles, tests.octstage
 from tests.doubles.gcs import GcsDouble
@@ -69,7 +68,9 @@ def make_dataset(root: Path, per_device: int, j2k: bool) -> list[str]:
     names: list[str] = []
     rows = ["participant_id\tclinical_site\tstudy_group\trecommended_split\tretinal_oct"]
     rng = np.random.default_rng(0)
-    for device, (protocol, shape, _, spacing) in PROTOCOLS.items():
+    for device, region in MAIN_REGION.items():
+        scan = SCANS[(device, region)]
+        protocol, shape, spacing = scan.protocol, scan.shape, scan.spacing_mm
         volume = None
         for i in range(per_device):
             pid = PARTICIPANTS[i % len(PARTICIPANTS)]

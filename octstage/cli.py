@@ -80,6 +80,11 @@ def _audit(a: argparse.Namespace) -> int:
         min_overlap=a.min_overlap,
         plot=Path(a.plot) if a.plot else None,
         progress_seconds=a.progress_seconds,
+        select={
+            "device": tuple(a.select_device or ()),
+            "region": tuple(a.select_region or ()),
+            "eye": tuple(a.select_eye or ()),
+        },
     )
 
 
@@ -105,6 +110,8 @@ def _build(a: argparse.Namespace) -> int:
         max_reject_share=a.max_reject_share,
         verify_sources=not a.no_verify_sources,
         progress_seconds=a.progress_seconds,
+        from_tsv=a.from_tsv,
+        concepts=tuple(a.concept or ()),
     )
 
 
@@ -208,7 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=fn)
         return sp
 
-    s = add("synth", _synth, "Write the deterministic AI-READI-like demo dataset (DICOM + TSVs).")
+    s = add(
+        "synth",
+        _synth,
+        "Write the deterministic AI-READI twin (DICOM, manifest.tsv, participants, OMOP tables).",
+    )
     s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/...)")
     s.add_argument("--participants", type=_at_least(1), default=60, help="number of participants")
     s.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
@@ -240,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when the share of labelled participants with verified OCT is below this",
     )
     s.add_argument("--plot", metavar="PNG", help="draw the overlap by split, class and device")
+    for key, example in (("device", "Triton"), ("region", "Macula"), ("eye", "R")):
+        s.add_argument(
+            f"--select-{key}",
+            action="append",
+            metavar=key.upper(),
+            help=f"also report the counts of the files a training run's data.select.{key} "
+            f"keeps (e.g. {example}); repeat for more",
+        )
     _progress_option(s)
 
     s = add(
@@ -288,6 +307,20 @@ def build_parser() -> argparse.ArgumentParser:
         'the manifest records "source_verification": "none"',
     )
     s.add_argument("--json", metavar="OUT", help="write the build summary as JSON here")
+    s.add_argument(
+        "--from-tsv",
+        action="store_true",
+        help="take the file list from the release's retinal_oct/manifest.tsv instead of listing "
+        "the tree (a listed file that is not there is rejected)",
+    )
+    s.add_argument(
+        "--concept",
+        type=int,
+        action="append",
+        metavar="ID",
+        help="copy this OMOP concept (e.g. 3004410, HbA1c) per participant from clinical_data/ "
+        "into every volume's clinical values; repeat for more",
+    )
     _progress_option(s)
     s.add_argument(
         "--max-reject-share",

@@ -58,3 +58,8 @@ class DicomEnvironmentError(DicomError):
     """A file could not be read or decoded because of this machine, not because of its bytes
     (no decoder plugin for its transfer syntax, an I/O error on a network disk): a later run may
     succeed, so this verdict is reported but never remembered."""
+
+
+class ReleaseError(OctstageError):
+    """A table of the release (retinal_oct/manifest.tsv, a clinical_data/ OMOP table) is
+    malformed, or asks for something it does not hold (an unknown concept id)."""

@@ -60,11 +60,34 @@ class Volume:
     normalization: Normalization
     checksum: str  # "sha256:<hex>" of the stored array's values (C order)
     cache_key: str
+    # What the release's retinal_oct/manifest.tsv says (fields added after the first manifests:
+    # an older manifest loads with them empty). device_model: "Spectralis", "Maestro2", "Triton",
+    # "Cirrus" (from the device folder when the source has no manifest.tsv); anatomic_region:
+    # "Macula", "Optic Disc", "Wide Field" ("" = unknown: no manifest.tsv); scan_size: the scan
+    # size the release spells after the region ("6 x 6", "12 x 12", in mm; "" where it gives none).
+    device_model: str = ""
+    anatomic_region: str = ""
+    scan_size: str = ""
+    # The participant's clinical values build-cache copied (--concept): concept id (as a string,
+    # the JSON key) -> value; a concept the participant has no usable value for is absent.
+    clinical: dict[str, float] = field(default_factory=dict)
 
     @property
     def array_path(self) -> str:
         """Path of the Zarr array (relative to the cache root)."""
         return f"{self.zarr_path}/0"
+
+
+@dataclass(frozen=True)
+class Concept:
+    """A clinical concept build-cache copied from clinical_data/ into the volumes' ``clinical``."""
+
+    concept_id: int  # OMOP concept id, e.g. 3004410 (HbA1c)
+    name: str  # the table's source value, e.g. "hba1c"
+    unit: str  # e.g. "%"; "" when the table gives none
+    table: str  # measurement / observation / condition_occurrence
+    participants: int  # participants with a usable value
+    missing: dict[str, int] = field(default_factory=dict)  # missing code -> rows dropped
 
 
 @dataclass(frozen=True)
@@ -97,6 +120,7 @@ class Manifest:
     volumes: tuple[Volume, ...]
     rejected: tuple[Rejected, ...] = field(default=())
     schema_version: int = SCHEMA_VERSION
+    concepts: tuple[Concept, ...] = field(default=())
 
     def split(self, name: str) -> tuple[Volume, ...]:
         """The volumes of one split, in manifest order."""
@@ -105,12 +129,14 @@ class Manifest:
 
 def count_summary(volumes: tuple[Volume, ...] | list[Volume], rejected: int) -> dict[str, Any]:
     """Counts for the manifest header: volumes, participants, by split, class and device."""
-    by: dict[str, dict[str, int]] = {"split": {}, "study_group": {}, "device": {}}
+    by: dict[str, dict[str, int]] = {"split": {}, "study_group": {}, "device": {}, "region": {}}
     for v in volumes:
+        region = ", ".join(x for x in (v.anatomic_region, v.scan_size) if x) or "unknown"
         for key, value in (
             ("split", v.split),
             ("study_group", v.study_group),
             ("device", v.device),
+            ("region", region),
         ):
             by[key][value] = by[key].get(value, 0) + 1
     return {
@@ -120,6 +146,7 @@ def count_summary(volumes: tuple[Volume, ...] | list[Volume], rejected: int) -> 
         "by_split": by["split"],
         "by_study_group": by["study_group"],
         "by_device": by["device"],
+        "by_region": by["region"],
     }
 
 
@@ -164,13 +191,16 @@ def consistency_problems(manifest: Manifest) -> list[str]:
 
 def to_dict(manifest: Manifest) -> dict[str, Any]:
     """The JSON form of a manifest (see octstage/manifest.schema.json)."""
-    return {
+    out = {
         "schema_version": manifest.schema_version,
         "header": asdict(manifest.header),
         "classes": list(manifest.classes),
         "volumes": [_volume_to_dict(v) for v in manifest.volumes],
         "rejected": [asdict(r) for r in manifest.rejected],
     }
+    if manifest.concepts:
+        out["concepts"] = [asdict(c) for c in manifest.concepts]
+    return out
 
 
 def _volume_to_dict(v: Volume) -> dict[str, Any]:
@@ -198,9 +228,10 @@ def from_dict(data: dict[str, Any], source: str = "<manifest>") -> Manifest:
         volumes = tuple(_volume_from_dict(v) for v in data["volumes"])
         rejected = tuple(Rejected(**r) for r in data["rejected"])
         classes = tuple(str(c) for c in data["classes"])
+        concepts = tuple(Concept(**c) for c in data.get("concepts", ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{source}: malformed manifest: {exc!r}") from exc
-    return Manifest(header, classes, volumes, rejected)
+    return Manifest(header, classes, volumes, rejected, concepts=concepts)
 
 
 def _volume_from_dict(d: dict[str, Any]) -> Volume:
@@ -208,6 +239,7 @@ def _volume_from_dict(d: dict[str, Any]) -> Volume:
     d["normalization"] = Normalization(**d["normalization"])
     for key in ("source_shape", "spacing_mm", "shape"):
         d[key] = tuple(d[key])
+    d["clinical"] = {str(k): float(x) for k, x in d.get("clinical", {}).items()}
     return Volume(**d)
 
 

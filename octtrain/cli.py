@@ -83,7 +83,7 @@ def _finetune(args: argparse.Namespace) -> int:
         log.info(
             "run folder: %s; best %s %s at epoch %s (checkpoint %s); %d validation failure(s)",
             result.run_dir,
-            cfg.early_stopping.metric,
+            "-MAE" if cfg.data.label.regression else cfg.early_stopping.metric,
             "n/a" if result.best_score is None else f"{result.best_score:.4f}",
             result.best_unit,
             result.best_checkpoint,

@@ -3,6 +3,8 @@
 #   synth -> upload to the B2 double -> octstage mirror b2: -> GCS double -> audit-ids (from GCS)
 #   -> build-cache (from GCS) -> mirror the cache to GCS -> stage to "local SSD" -> verify
 #   -> octtrain pretrain -> finetune -> evaluate (test metrics table).
+# The cache carries each participant's HbA1c (OMOP concept 3004410, from clinical_data/), so
+# scripts/demo-hba1c.sh can then fine-tune macula-only on it (regression) from the same run.
 # Usage: scripts/demo.sh [OUT_DIR]   (make demo calls it with the venv's bin on PATH)
 set -euo pipefail
 OUT=${1:-demo-output}
@@ -37,14 +39,14 @@ octstage mirror b2:aireadi/v3 gs://mirror/v3 --transfers 8 --json "$OUT/mirror.j
 step "    again: an unchanged source transfers 0 bytes"
 octstage mirror b2:aireadi/v3 gs://mirror/v3 --transfers 8 --json "$OUT/mirror-again.json"
 
-step "5/12 audit participant IDs (labels vs OCT) from the GCS mirror"
+step "5/12 audit participant IDs (labels vs OCT, checked against retinal_oct/manifest.tsv) from GCS"
 octstage audit-ids --labels gs://mirror/v3/participants.tsv --oct gs://mirror/v3 \
   --json "$OUT/audit.json" --plot "$OUT/audit.png" --min-overlap 0.5
 
-step "6/12 build the Zarr cache from GCS (dask, 2 workers); rejected files are expected"
+step "6/12 build the Zarr cache from GCS (dask, 2 workers; HbA1c copied); rejected files expected"
 octstage build-cache --source gs://mirror/v3 --labels gs://mirror/v3/participants.tsv \
   --out "$OUT/cache" --manifest "$OUT/cache/manifest.json" --config configs/stage/demo.yaml --workers 2 \
-  --json "$OUT/build.json" || [ $? -eq 1 ]
+  --concept 3004410 --json "$OUT/build.json" || [ $? -eq 1 ]
 
 step "7/12 publish the cache to GCS"
 octstage mirror "$OUT/cache" gs://cache/demo --transfers 8 --json "$OUT/publish.json"

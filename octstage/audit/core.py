@@ -6,7 +6,9 @@ not be read) in, an ``AuditReport`` out. ``scan`` does the I/O through the Stora
 only (stop before pixels), in threads because remote reads are latency-bound.
 
 A file counts for a participant only when folder, file-name prefix and PatientID agree
-(``ids.resolve``) and its header describes a usable volume (``DicomHeader.problem``). A file
+(``ids.resolve``), its header describes a usable volume (``DicomHeader.problem``) and, when the
+release's ``retinal_oct/manifest.tsv`` is given, its row there agrees too (``witness``): files
+the table lists that are not there, and files there that it does not list, are reported. A file
 that is excluded is still *attributed* to every labelled participant that any of its three ID
 sources names, so a participant whose scans sit in ``7049_old/`` is reported as "files
 excluded: folder_not_id", not as "no OCT".
@@ -23,6 +25,8 @@ from typing import Any
 from octstage.dataset.dicom import DicomHeader, read_header
 from octstage.dataset.ids import DEVICES, Reason, is_participant_id, parse_oct_path, resolve
 from octstage.dataset.labels import SPLITS, STUDY_GROUPS, Participant, Problem
+from octstage.dataset.release import TsvRow
+from octstage.dataset.witness import check_row
 from octstage.errors import DicomError, OctstageError, StorageError
 from octstage.storage import ObjectInfo, Storage
 
@@ -59,8 +63,9 @@ class FileOutcome:
     participant_id: str | None  # set only when verified and usable
     claimed: tuple[str, ...]  # every valid ID its folder, file name or PatientID gives
     device: str | None
-    kind: str | None = None  # exclusion category (ids.Reason, HeaderProblem or "unreadable")
+    kind: str | None = None  # exclusion category (ids.Reason, HeaderProblem, "unreadable", tsv_*)
     reason: str | None = None  # human-readable, names the values
+    region: str | None = None  # anatomic_region from manifest.tsv; None when it has no row
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,9 @@ class AuditReport:
     oct_without_label: tuple[str, ...]  # verified participants absent from participants.tsv
     label_problems: tuple[Problem, ...] = ()
     flags: tuple[str, ...] = field(default=())  # splits / classes with no verified participant
+    tsv_rows: int | None = None  # rows of retinal_oct/manifest.tsv; None: there is none
+    tsv_missing: tuple[str, ...] = ()  # files manifest.tsv lists that are not there
+    tsv_unlisted: tuple[str, ...] = ()  # .dcm files there that manifest.tsv does not list
 
     @property
     def excluded(self) -> tuple[FileOutcome, ...]:
@@ -121,8 +129,9 @@ class AuditReport:
         return Counter(m.reason for m in self.labelled_without_oct)
 
 
-def judge(record: FileRecord) -> FileOutcome:
-    """Verify one file: path layout, readable header, agreeing IDs, usable volume (in order)."""
+def judge(record: FileRecord, row: TsvRow | None = None) -> FileOutcome:
+    """Verify one file: path layout, readable header, agreeing IDs, usable volume, and its
+    manifest.tsv ``row`` when there is one (in that order)."""
     header = record.header
     res = resolve(record.name, header.patient_id if header else None)
     path = parse_oct_path(record.name)
@@ -133,11 +142,13 @@ def judge(record: FileRecord) -> FileOutcome:
                 path.folder_id if path else None,
                 path.file_id if path else None,
                 (header.patient_id or "").strip() if header else None,
+                row.participant_id if row else None,
             )
             if v and is_participant_id(v)
         )
     )
-    out = FileOutcome(record.name, None, claimed, path.device if path else None)
+    region = row.anatomic_region if row else None
+    out = FileOutcome(record.name, None, claimed, path.device if path else None, region=region)
     if res.kind is not None and res.kind not in _HEADER_ID_KINDS:
         return _exclude(out, res.kind.value, res.reason)
     if header is None:
@@ -147,16 +158,33 @@ def judge(record: FileRecord) -> FileOutcome:
     problem = header.problem()
     if problem is not None:
         return _exclude(out, problem[0].value, problem[1])
-    return FileOutcome(record.name, res.participant_id, claimed, out.device)
+    assert path is not None and res.participant_id is not None  # resolve() accepted both
+    disagreement = None
+    if row is not None:
+        disagreement = check_row(
+            row,
+            device=path.device,
+            participant_id=res.participant_id,
+            laterality=header.laterality or path.laterality,
+            shape=header.shape,
+            header_model=header.model,
+        )
+    if disagreement is not None:
+        return _exclude(out, *disagreement)
+    return FileOutcome(record.name, res.participant_id, claimed, out.device, region=region)
 
 
 def audit(
     participants: Mapping[str, Participant],
     records: Iterable[FileRecord],
     label_problems: Sequence[Problem] = (),
+    tsv: Mapping[str, TsvRow] | None = None,
 ) -> AuditReport:
-    """The overlap between labels and verified OCT, and a reason for every gap."""
-    files = tuple(judge(r) for r in sorted(records, key=lambda r: r.name))
+    """The overlap between labels and verified OCT, and a reason for every gap; ``tsv`` is the
+    release's manifest.tsv by path (``release.parse_manifest_tsv``), None when there is none."""
+    rows = tsv or {}
+    files = tuple(judge(r, rows.get(r.name)) for r in sorted(records, key=lambda r: r.name))
+    names = {f.name for f in files}
     verified: dict[str, set[str]] = defaultdict(set)  # participant -> devices
     seen_on: dict[str, set[str]] = defaultdict(set)  # device -> claimed participants
     attributed: dict[str, list[FileOutcome]] = defaultdict(list)
@@ -202,6 +230,11 @@ def audit(
         oct_without_label=tuple(sorted(set(verified) - set(participants))),
         label_problems=tuple(label_problems),
         flags=_flags(participants, with_oct),
+        tsv_rows=None if tsv is None else len(tsv),
+        tsv_missing=tuple(sorted(set(rows) - names)),
+        tsv_unlisted=tuple(
+            sorted(n for n in names if tsv is not None and n not in rows and parse_oct_path(n))
+        ),
     )
 
 
@@ -233,7 +266,7 @@ def _flags(participants: Mapping[str, Participant], with_oct: set[str]) -> tuple
 
 
 def _exclude(out: FileOutcome, kind: str, reason: str | None) -> FileOutcome:
-    return FileOutcome(out.name, None, out.claimed, out.device, kind, reason or kind)
+    return FileOutcome(out.name, None, out.claimed, out.device, kind, reason or kind, out.region)
 
 
 def list_oct(storage: Storage) -> list[ObjectInfo]:

@@ -58,6 +58,13 @@ def to_json(report: AuditReport, *, labels: str, oct_root: str) -> dict[str, Any
             for f in excluded
         ],
         "flags": list(report.flags),
+        "manifest_tsv": None
+        if report.tsv_rows is None
+        else {
+            "rows": report.tsv_rows,
+            "missing": list(report.tsv_missing),
+            "unlisted": list(report.tsv_unlisted),
+        },
         "label_problems": [{"row": r, "reason": why} for r, why in report.label_problems],
     }
 
@@ -101,6 +108,20 @@ def render(report: AuditReport, console: Console, examples: int = 3) -> None:
     if report.excluded:
         console.print(files)
 
+    if report.tsv_rows is None:
+        console.print("no retinal_oct/manifest.tsv: three witnesses only (folder, name, header)")
+    else:
+        console.print(
+            f"retinal_oct/manifest.tsv: {report.tsv_rows} rows; "
+            f"{len(report.tsv_missing)} listed files missing, "
+            f"{len(report.tsv_unlisted)} files present but not listed"
+        )
+        for title, names in (("listed, missing", report.tsv_missing),
+                             ("present, not listed", report.tsv_unlisted)):  # fmt: skip
+            for name in names[:examples]:
+                console.print(f"[yellow]manifest.tsv {title}:[/] {name}")
+            if len(names) > examples:
+                console.print(f"[yellow]… {len(names) - examples} more {title}")
     unlabelled = report.oct_without_label
     if unlabelled:
         console.print(

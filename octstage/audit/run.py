@@ -2,7 +2,10 @@
 
 The edge around ``audit.core``: it opens the storage, reads headers in threads with a progress
 bar (a plain line at intervals when stderr is no terminal), and hands the pure ``AuditReport``
-to ``audit.report`` for the table, the JSON and the plot.
+to ``audit.report`` for the table, the JSON and the plot. ``--select-device`` /
+``--select-region`` / ``--select-eye`` audit the same volumes a training run's ``data.select``
+keeps (same matching: a device by folder or model, a region by name or the release's full
+spelling), reported beside the whole audit.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from octstage.audit.core import audit, list_oct, read_headers
+from octstage.audit.core import AuditReport, FileRecord, audit, list_oct, read_headers
 from octstage.audit.report import plot as plot_report
 from octstage.audit.report import render, to_json
+from octstage.dataset.ids import parse_oct_path
 from octstage.dataset.labels import read_participants
+from octstage.dataset.release import DEVICE_MODELS, TsvRow, read_manifest_tsv, split_region
 from octstage.errors import ConfigError
 from octstage.manifest import atomic_write_text
 from octstage.progress import counter, interval
@@ -31,6 +36,7 @@ def run_audit(
     plot: Path | None = None,
     workers: int = 16,
     progress_seconds: float | None = None,
+    select: dict[str, tuple[str, ...]] | None = None,
 ) -> int:
     """CLI: 0 when done (and the overlap reaches ``min_overlap``), 1 when it falls short."""
     every = interval(progress_seconds)  # checked before any work starts
@@ -38,6 +44,7 @@ def run_audit(
         raise ConfigError(f"--min-overlap is a share between 0 and 1, got {min_overlap}")
     participants, problems = read_participants(str(labels))
     storage = open_storage(oct_root)
+    tsv = read_manifest_tsv(storage)  # the release's own index: a fourth witness
     objects = list_oct(storage)
     err = Console(stderr=True)
     # pydicom warns about odd values in damaged files; the report says what matters.
@@ -45,10 +52,26 @@ def run_audit(
     with counter(err, "audit-ids", len(objects), every) as advance, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         records = read_headers(storage, objects, workers, done=lambda: advance("headers read"))
-    report = audit(participants, records, problems)
+    report = audit(participants, records, problems, tsv)
     render(report, Console())
+    chosen = {k: v for k, v in (select or {}).items() if v}
+    selected = None
+    if chosen:
+        rows = tsv or {}
+        kept = [r for r in records if _matches(r, rows.get(r.name), chosen)]
+        selected = audit(participants, kept, problems, {r.name: rows[r.name] for r in kept
+                                                          if r.name in rows})  # fmt: skip
+        _print_selection(err, chosen, selected)
     if json_out is not None:
         data = to_json(report, labels=str(labels), oct_root=oct_root)
+        if selected is not None:
+            data["selection"] = {
+                **{k: list(v) for k, v in chosen.items()},
+                **selected.total.as_dict(),
+                "volumes": sum(1 for f in selected.files if f.participant_id in participants),
+                "by_split": {k: t.as_dict() for k, t in selected.by_split.items()},
+                "by_study_group": {k: t.as_dict() for k, t in selected.by_study_group.items()},
+            }
         atomic_write_text(json_out, json.dumps(data, indent=1) + "\n")
     if plot is not None:
         plot_report(report, plot)
@@ -59,3 +82,27 @@ def run_audit(
         return 1
     err.print(f"[green]audit-ids: {verdict} have verified OCT")
     return 0
+
+
+def _matches(record: FileRecord, row: TsvRow | None, chosen: dict[str, tuple[str, ...]]) -> bool:
+    """Does the file pass the selection (octtrain's data.select semantics)?"""
+    path = parse_oct_path(record.name)
+    device = path.device if path else ""
+    region = split_region(row.anatomic_region)[0] if row else ""
+    eye = row.laterality if row else (path.laterality if path else None) or ""
+    keys = {
+        "device": {device, DEVICE_MODELS.get(device, ("", ""))[1]},
+        "region": {region, row.anatomic_region if row else ""},
+        "eye": {eye},
+    }
+    return all(set(values) & keys[key] for key, values in chosen.items())
+
+
+def _print_selection(err: Console, chosen: dict[str, tuple[str, ...]], report: AuditReport) -> None:
+    what = " ".join(f"{k}={list(v)}" for k, v in chosen.items())
+    t = report.total
+    splits = ", ".join(f"{k} {v.with_oct}/{v.labelled}" for k, v in report.by_split.items())
+    err.print(
+        f"selection {what}: {t.with_oct}/{t.labelled} labelled participants have verified OCT "
+        f"({splits})"
+    )

@@ -21,6 +21,8 @@ from octstage.config import BuildConfig
 from octstage.dataset import dicom
 from octstage.dataset.ids import Reason, parse_oct_path, resolve
 from octstage.dataset.labels import Participant
+from octstage.dataset.release import DEVICE_MODELS, TSV_NAME, TsvRow, split_region
+from octstage.dataset.witness import check_row
 from octstage.errors import OctstageError
 from octstage.manifest import Normalization, Volume
 from octstage.provenance import config_hash
@@ -235,11 +237,19 @@ def header_verdict(
         return str(exc)
 
 
-def volume_entry(name: str, record: Record, participant: Participant) -> Volume | str:
+def volume_entry(
+    name: str,
+    record: Record,
+    participant: Participant,
+    row: TsvRow | None = None,
+    clinical: Mapping[int, Mapping[str, float]] | None = None,
+) -> Volume | str:
     """The manifest entry for a built (or reused) volume, or why this path may not use it.
 
     Checks the ID and the eye again from the record, so a reused volume is held to the same
-    rules as a fresh one even if the file was moved or renamed since.
+    rules as a fresh one even if the file was moved or renamed since; then the file's row in the
+    release's manifest.tsv (``row``), which must agree too and gives the anatomic region.
+    ``clinical`` (concept id -> participant -> value) fills the volume's clinical values.
     """
     verdict = header_verdict(name, record.patient_id, record.laterality)
     if isinstance(verdict, str):
@@ -247,6 +257,23 @@ def volume_entry(name: str, record: Record, participant: Participant) -> Volume 
     participant_id, laterality = verdict
     path = parse_oct_path(name)
     assert path is not None
+    model, region, size = DEVICE_MODELS.get(path.device, ("", ""))[1], "", ""
+    if row is not None:
+        disagreement = check_row(
+            row,
+            device=path.device,
+            participant_id=participant_id,
+            laterality=laterality,
+            shape=record.source_shape,
+        )
+        if disagreement is not None:
+            return f"{TSV_NAME}: {disagreement[1]}"
+        model, (region, size) = row.model, split_region(row.anatomic_region)
+    values = {
+        str(concept): by_pid[participant_id]
+        for concept, by_pid in (clinical or {}).items()
+        if participant_id in by_pid
+    }
     return Volume(
         participant_id=participant_id,
         device=path.device,
@@ -267,6 +294,10 @@ def volume_entry(name: str, record: Record, participant: Participant) -> Volume 
         normalization=record.normalization,
         checksum=record.checksum,
         cache_key=record.cache_key,
+        device_model=model,
+        anatomic_region=region,
+        scan_size=size,
+        clinical=values,
     )
 
 

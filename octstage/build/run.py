@@ -21,6 +21,13 @@ decoded; anything else is streamed and hashed again (hashing is cheap, decoding 
 bucket listing that carries a verified SHA1 (B2's content SHA1, the ``source-sha1`` that
 ``octstage mirror`` records on GCS) needs no index at all: a lost index is rebuilt from it.
 
+The release's ``retinal_oct/manifest.tsv``, when the source has one, is read too: each volume's
+row must agree with it (``dataset.witness``; a disagreement rejects the file) and gives its
+anatomic region and scan size. ``--from-tsv`` takes the file list from that table instead of
+listing the tree (a listed file that is not there is rejected, named with its line).
+``--concept ID`` copies that OMOP concept's value per participant from ``clinical_data/`` into
+every volume (missing codes dropped and counted in the manifest's ``concepts``).
+
 Failures of the machine (I/O errors, a missing decoder, a dead worker) are reported under the
 category ``environment`` and retried on the next run; only deterministic verdicts are stored.
 
@@ -36,6 +43,8 @@ import errno
 import json
 import os
 import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,7 +75,9 @@ from octstage.build.qc import qc_sheet
 from octstage.build.task import Task, environment, load_record, load_reject
 from octstage.cache.store import CacheStore
 from octstage.config import BuildConfig
+from octstage.dataset.clinical import read_concepts
 from octstage.dataset.labels import STUDY_GROUPS, Participant, read_label_table
+from octstage.dataset.release import TSV_NAME, TsvRow, read_manifest_tsv
 from octstage.errors import MachineError, ObjectNotFoundError, OctstageError, StorageError
 from octstage.progress import interval
 from octstage.provenance import code_version
@@ -150,6 +161,8 @@ def run_build(
     max_reject_share: float | None = None,
     verify_sources: bool = True,
     progress_seconds: float | None = None,
+    from_tsv: bool = False,
+    concepts: Sequence[int] = (),
 ) -> int:
     """Build (or bring up to date) the cache at ``out`` (a folder or a bucket URL) and write
     its manifest last: to ``manifest`` (default ``OUT/manifest.json``; for a bucket cache also
@@ -180,6 +193,8 @@ def run_build(
             verify_sources,
             every,
             started,
+            from_tsv,
+            concepts,
         )
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -205,19 +220,28 @@ def _run(
     verify_sources: bool,
     every: float,
     started: float,
+    from_tsv: bool,
+    concepts: Sequence[int],
 ) -> int:
     cache = open_cache(out)
     with exclusive(cache):
         table = read_label_table(str(labels))
         participants, label_problems = table.participants, table.problems
         storage = open_storage(source)
-        objects = _list_oct(storage)
+        tsv = read_manifest_tsv(storage)  # the release's index: regions, and a fourth witness
+        clinical, concept_rows = read_concepts(storage, concepts) if concepts else ({}, ())
+        if from_tsv and tsv is None:
+            raise OctstageError(f"--from-tsv: {storage.url}/{TSV_NAME} does not exist")
+        state = _BuildState()
+        if from_tsv and tsv is not None:
+            objects = _stat_listed(storage, tsv, state.rejected)
+        else:
+            objects = _list_oct(storage)
         inventory_entries = _load_inventory(storage, inventory) if verify_sources else None
         verification = "none" if inventory_entries is None else SHA1_INVENTORY
         index = SourceIndex.load(cache)
         fingerprints = {o.name: fingerprint(storage, o) for o in objects}
 
-        state = _BuildState()
         tasks: list[Task] = []
         for obj in objects:
             if obj.problem is not None:  # one unreadable file is one exclusion, not the end
@@ -254,13 +278,15 @@ def _run(
             raise
         index.save()
 
-        volumes = _volumes(state.records, participants, state.rejected)
+        volumes = _volumes(state.records, participants, state.rejected, tsv or {}, clinical)
         rejects = tuple(mf.Rejected(n, r) for n, r in sorted(state.rejected.items()))
         seconds = time.monotonic() - started
         stats = summary(state.tally, volumes, state.rejected.items(), seconds, len(label_problems))
         stats[SOURCE_VERIFICATION] = verification
         stats["label_problem_rows"] = [{"row": r, "reason": why} for r, why in label_problems]
-        _write_outputs(source, cache, manifest, config, volumes, rejects, stats, json_out)
+        _write_outputs(
+            source, cache, manifest, config, volumes, rejects, stats, json_out, concept_rows
+        )
     _print_summary(stats)
     for ref, why in label_problems[:20]:
         console.print(f"label row {ref}: {why}", markup=False, highlight=False)
@@ -322,11 +348,16 @@ def _reuse(
 
 
 def _volumes(
-    records: dict[str, Record], participants: dict[str, Participant], rejected: dict[str, str]
+    records: dict[str, Record],
+    participants: dict[str, Participant],
+    rejected: dict[str, str],
+    tsv: Mapping[str, TsvRow],
+    clinical: Mapping[int, Mapping[str, float]],
 ) -> tuple[mf.Volume, ...]:
     volumes = []
     for name, record in records.items():
-        entry = volume_entry(name, record, participants[record.patient_id])
+        participant = participants[record.patient_id]
+        entry = volume_entry(name, record, participant, tsv.get(name), clinical)
         if isinstance(entry, str):
             rejected[name] = entry
         else:
@@ -343,6 +374,7 @@ def _write_outputs(
     rejects: tuple[mf.Rejected, ...],
     stats: dict[str, Any],
     json_out: Path | None,
+    concepts: tuple[mf.Concept, ...] = (),
 ) -> None:
     version = code_version()
     cache.write_bytes("qc.png", qc_sheet(cache.open_array, volumes))
@@ -366,11 +398,33 @@ def _write_outputs(
         config={**config.as_dict(), SOURCE_VERIFICATION: stats[SOURCE_VERIFICATION]},
         counts=mf.count_summary(volumes, len(rejects)),
     )
-    built = mf.Manifest(header, STUDY_GROUPS, volumes, rejects)
+    built = mf.Manifest(header, STUDY_GROUPS, volumes, rejects, concepts=concepts)
     if manifest is not None:
         mf.write(built, manifest)
     if cache.local is None or manifest is None:  # last: a cache with a manifest is complete
         cache.write_json(MANIFEST_NAME, mf.to_dict(built), indent=1)
+
+
+def _stat_listed(
+    storage: Storage, tsv: Mapping[str, TsvRow], rejected: dict[str, str]
+) -> list[ObjectInfo]:
+    """The files manifest.tsv lists, as objects (stat in threads: a bucket answers slowly);
+    one that is not there is rejected, named with its line."""
+
+    def stat(row: TsvRow) -> ObjectInfo | None:
+        try:
+            return storage.stat(row.path)
+        except ObjectNotFoundError:
+            rejected[row.path] = (
+                f"{TSV_NAME}: line {row.line} lists it, the source has no such file"
+            )
+            return None
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        found = [o for o in pool.map(stat, tsv.values()) if o is not None]
+    if not found:
+        raise StorageError(f"{storage.url}: none of the files {TSV_NAME} lists is there")
+    return found
 
 
 def _list_oct(storage: Storage) -> list[ObjectInfo]:

@@ -1,22 +1,44 @@
-"""The embedded AI-READI-like dataset: participants.tsv, retinal_oct/manifest.tsv and OCT DICOMs.
+"""The embedded AI-READI twin: the release's file set, tables and spellings, with traps planted.
 
-Same seed, same bytes. Participant ``i`` (0-based, in participants.tsv order) has site
-``"147"[i % 3]``, study group ``i % 4`` and device ``(i // 4) % 4``, so site, class and device
-are independent; about 70/15/15 of each class is train/val/test. Everyone has both eyes on their
-device; every fifth (``i % 5 == 4``) has a right eye on a second device too. Each file's transfer
-syntax is drawn at random from uncompressed, RLE, JPEG baseline (lossy, Pillow) and JPEG 2000
-lossless, independently of class. Small volumes are ~1/8 of the real sizes (Spectralis 8x62x96,
-at most 11 frames, each file under ~100 KB); ``full_size`` writes the real sizes.
+Written as the release is (``aireadi-loader``, the AI-READI team's own loader, reads it
+unmodified): ``participants.tsv`` + ``participants.json``; ``retinal_oct/manifest.tsv`` with the
+release's columns and spellings (``release.py``: manufacturer ``Heidelberg`` / ``Topcon`` /
+``Zeiss``, model ``Spectralis`` / ``Maestro2`` / ``Triton`` / ``Cirrus``, anatomic region with its
+scan size, ``OCT``, ``R`` / ``L``, ``filepath`` from ``/``); the OCT DICOMs under
+``retinal_oct/structural_oct/<device>/<pid>/``; and ``clinical_data/`` OMOP tables with real
+concept ids and AI-READI's missing-value codes (``synth_clinical.py``).
 
-Class signal: the ONL thickness is ``0.07 + 0.045 * label`` of the depth plus N(0, 0.02) per
-participant and N(0, 0.004) per eye (synth_oct.py), the same on every device.
+Same seed, same bytes. Participant ``i`` (0-based, in participants.tsv order) has site ``"147"[i
+% 3]``, study group ``i % 4``, device ``(i + i // 4) % 4`` and the split of its block of four
+(``i // 4``), so site, class and device are independent, about 70/15/15 of each class is
+train/val/test, and every split holds every device (a per-device evaluation has test volumes).
+Everyone has both eyes on their device's main region (Spectralis, Maestro2 and Cirrus
+``Macula``, Triton ``Macula, 12 x 12``); every fifth (``i % 5 == 4``) has a right eye on a
+second device too, on that device's other regular-grid regions in turn (``Macula, 6 x 6``,
+``Wide Field``, ``Optic Disc``, ...; Spectralis has none: its optic-disc scans are radial). Each
+file's transfer syntax is drawn at random from uncompressed, RLE, JPEG baseline (lossy, Pillow)
+and JPEG 2000 lossless, independently of class. Small volumes are ~1/8 of the real sizes
+(Spectralis 8x62x96, at most 11 frames, each file under ~100 KB); ``full_size`` writes the real
+ones (Spectralis 61x496x768, Maestro2 128x885x512, Triton 256x992x512, Cirrus 128x1024x512;
+``synth_oct.SCANS``).
+
+Signal: the ONL thickness is ``0.07 + 0.045 * label`` of the depth plus N(0, 0.02) per
+participant and N(0, 0.004) per eye (synth_oct.py), the same on every device and region; the
+participant's HbA1c rises with it (synth_clinical.py), so both study group and HbA1c are
+learnable from the volumes.
 
 The real world's mess, planted deterministically (``traps=True``, needs >= 16 participants;
-``SynthInfo`` lists what the audit and the build must find):
+``SynthInfo`` lists what the audit and the build must find). ``manifest.tsv`` describes every
+file where it lies, with its true participant and eye, as the release's index would; so the
+traps below are the mirror's and the headers' faults, which the other witnesses catch:
 - IDs from all three sites; every SOP Instance UID (and so every file name) carries a random
   participant's ID as a dotted segment (``...498.0.1651.3.17``): the incident's regex took those.
 - participants 1 and 6: ``retinal_oct`` FALSE and no OCT; participant 3: TRUE but no folder.
-- two more participants (the next two IDs) have OCT but are not in participants.tsv.
+- two more participants (the next two IDs) have OCT on disk but are in neither participants.tsv
+  nor manifest.tsv (``SynthInfo.unlisted``): files from another release version or a stray
+  upload in the mirror. The release itself cannot have them: its manifest.tsv and
+  participants.tsv come from the same export, and aireadi-loader (KeyError on the split lookup)
+  would fail on any participant its manifest lists but participants.tsv lacks.
 - 2: both eyes in a folder ``<pid>_old`` (folder_not_id).
 - 5: right eye's PatientID is participant 13's (patient_id_disagrees).
 - 7: both eyes with a blank PatientID (patient_id_missing): the participant is lost.
@@ -27,8 +49,9 @@ The real world's mess, planted deterministically (``traps=True``, needs >= 16 pa
 - 8: left eye uncompressed and truncated (the pixel data is shorter than declared), right eye
   RLE cut inside its fragments (the item framing runs past the end of the file): lost.
 - 4: a third file without Pixel Data (no_pixel_data).
-- Spectralis participants with ``i % 8 == 0``: an extra radial optic-nerve-head scan whose
+- Spectralis participants with ``i % 16 == 0``: an extra radial ``Optic Disc`` scan whose
   spacing and orientation vary per frame (irregular_grid).
+- clinical values that are AI-READI missing codes (555, 777, 888, 999) instead of numbers.
 """
 
 from __future__ import annotations
@@ -52,42 +75,19 @@ from rich.table import Table
 
 from octstage.dataset.ids import DEVICES, SITES
 from octstage.dataset.labels import STUDY_GROUPS
-from octstage.dataset.synth_oct import MAKERS, render_retina, write_oct_dicom
+from octstage.dataset.release import DEVICE_MODELS, DEVICE_REGIONS, TSV_NAME
+from octstage.dataset.synth_clinical import (
+    CLINICAL_DIR,
+    write_clinical,
+    write_participants_json,
+)
+from octstage.dataset.synth_oct import MAIN_REGION, SCANS, render_retina, write_oct_dicom
 from octstage.errors import ConfigError
 
 __all__ = ["SynthInfo", "generate", "run_synth", "write_oct_dicom"]
 
 MARKER = ".octstage-synth"  # marks a folder synth made (and may therefore clear)
 TRANSFER_SYNTAXES = (ExplicitVRLittleEndian, RLELossless, JPEGBaseline8Bit, JPEG2000Lossless)
-# device -> (protocol, real shape, small shape, real spacing mm: frames, rows, columns)
-PROTOCOLS: dict[str, tuple[str, tuple[int, int, int], tuple[int, int, int], tuple[float, ...]]] = {
-    "heidelberg_spectralis": (
-        "spectralis_ppol_mac_hr_oct",
-        (61, 496, 768),
-        (8, 62, 96),
-        (0.1203, 0.003872, 0.011337),
-    ),
-    "topcon_maestro2": (
-        "maestro2_3d_macula_oct",
-        (128, 885, 512),
-        (11, 110, 64),
-        (0.046875, 0.0026, 0.011719),
-    ),
-    "topcon_triton": (
-        "triton_3d_macula_oct",
-        (256, 992, 512),
-        (11, 124, 64),
-        (0.027344, 0.0026, 0.013672),
-    ),
-    "zeiss_cirrus": (
-        "cirrus_mac_oct_oct",
-        (128, 1024, 512),
-        (11, 128, 64),
-        (0.047244, 0.001955, 0.011742),
-    ),
-}
-# Spectralis ONH-RC: 24 radial + 3 circle B-scans, so no regular grid.
-RADIAL = ("spectralis_onh_rc_hr_oct", (27, 496, 768), (6, 62, 96), (0.0, 0.003872, 0.011337))
 OCT_DIR = "retinal_oct/structural_oct"
 MIN_PARTICIPANTS_WITH_TRAPS = 16
 _SPLIT_CYCLE = ("train",) * 3 + ("val",) + ("train",) * 2 + ("test",)  # 5/7 : 1/7 : 1/7
@@ -107,6 +107,9 @@ class SynthInfo:
     files: tuple[str, ...]  # every .dcm written, relative to root
     excluded: dict[str, str]  # file -> the reason kind the audit must give
     transfer_syntaxes: dict[str, str] = field(default_factory=dict)  # file -> syntax UID
+    regions: dict[str, str] = field(default_factory=dict)  # file -> anatomic_region
+    unlisted: tuple[str, ...] = ()  # files on disk that retinal_oct/manifest.tsv does not list
+    hba1c: dict[str, float] = field(default_factory=dict)  # participant -> HbA1c (not missing)
 
 
 @dataclass
@@ -114,6 +117,7 @@ class _File:
     pid: str  # whose eye this is
     device: str
     laterality: str
+    region: str = ""  # anatomic_region; defaults to the device's main region
     folder: str = ""  # defaults to pid
     name_id: str = ""  # the file name's first token; defaults to pid
     header_id: str | None = None  # PatientID; defaults to pid
@@ -148,6 +152,8 @@ def generate(
     excluded: dict[str, str] = {}
     syntaxes: dict[str, str] = {}
     manifest_rows: list[list[str]] = []
+    regions: dict[str, str] = {}
+    unlisted: list[str] = []
     for n, f in enumerate(files):
         file_rng = np.random.default_rng([seed, 1, n])
         ts = TRANSFER_SYNTAXES[int(file_rng.integers(len(TRANSFER_SYNTAXES)))]
@@ -155,8 +161,9 @@ def generate(
             ts = ExplicitVRLittleEndian
         elif f.kind == "truncated_compressed":
             ts = RLELossless
-        protocol, real, small, spacing = RADIAL if f.radial else PROTOCOLS[f.device]
-        shape = real if full_size else small
+        scan = SCANS[(f.device, f.region or MAIN_REGION[f.device])]
+        protocol, real, spacing = scan.protocol, scan.shape, scan.spacing_mm
+        shape = real if full_size else scan.small()
         scale = [r / s for r, s in zip(real, shape, strict=True)]
         mm = (spacing[0] * scale[0], spacing[1] * scale[1], spacing[2] * scale[2])
         other = ids[int(file_rng.integers(len(ids)))]
@@ -195,8 +202,14 @@ def generate(
         syntaxes[rel] = str(ts)
         if f.excluded:
             excluded[rel] = f.excluded
-        manifest_rows.append(_manifest_row(f, rel, uid, shape, mm, protocol))
+        regions[rel] = f.region or MAIN_REGION[f.device]
+        if f.pid in extra:  # not in the release: see the module doc
+            unlisted.append(rel)
+        else:
+            manifest_rows.append(_manifest_row(f, rel, uid, shape, mm))
     _write_manifest(out, manifest_rows)
+    hba1c = write_clinical(out, labelled, {p: i % 4 for i, p in enumerate(labelled)}, onl, seed)
+    write_participants_json(out, STUDY_GROUPS)
     (out / MARKER).write_text(f"seed={seed} participants={participants} full_size={full_size}\n")
     ok_files = {f.pid for f, rel in zip(files, written, strict=True) if rel not in excluded}
     return SynthInfo(
@@ -210,6 +223,9 @@ def generate(
         files=tuple(written),
         excluded=excluded,
         transfer_syntaxes=syntaxes,
+        regions=regions,
+        unlisted=tuple(unlisted),
+        hba1c=hba1c,
     )
 
 
@@ -217,14 +233,23 @@ def _plan(labelled: list[str], extra: list[str], traps: bool) -> list[_File]:
     """Every file to write, with the traps applied to the participants the docstring names."""
     files: list[_File] = []
     for i, pid in enumerate(labelled + extra):
-        device = DEVICES[(i // 4) % 4]
+        device = DEVICES[(i + i // 4) % 4]
         if traps and i in (1, 3, 6):
             continue
         eyes = [_File(pid, device, "R"), _File(pid, device, "L")]
-        if i % 5 == 4:
-            eyes.append(_File(pid, DEVICES[(i // 4 + 1) % 4], "R"))
-        if traps and device == "heidelberg_spectralis" and i % 8 == 0:
-            eyes.append(_File(pid, device, "R", radial=True, excluded="irregular_grid"))
+        if i % 5 == 4:  # a second device, on one of its other regular-grid regions in turn
+            second = DEVICES[(i + i // 4 + 1) % 4]
+            others = [
+                r
+                for r in DEVICE_REGIONS[second]
+                if r != MAIN_REGION[second] and not SCANS[(second, r)].radial
+            ]
+            region = others[(i // 5) % len(others)] if others else ""
+            eyes.append(_File(pid, second, "R", region=region))
+        if traps and device == "heidelberg_spectralis" and i % 16 == 0:
+            eyes.append(
+                _File(pid, device, "R", region="Optic Disc", radial=True, excluded="irregular_grid")
+            )
         files.extend(eyes)
         if not traps:
             continue
@@ -286,12 +311,12 @@ def _write_participants(
 
 
 def _manifest_row(
-    f: _File, rel: str, uid: str, shape: tuple[int, int, int], mm: tuple[float, ...], protocol: str
+    f: _File, rel: str, uid: str, shape: tuple[int, int, int], mm: tuple[float, ...]
 ) -> list[str]:
-    maker, model = MAKERS[f.device]
-    region = "optic_disc" if f.radial else "macula"
+    maker, model = DEVICE_MODELS[f.device]
+    region = f.region or MAIN_REGION[f.device]
     return [
-        f.pid, maker, model, region, "oct", f.laterality.lower(), str(shape[1]), str(shape[2]),
+        f.pid, maker, model, region, "OCT", f.laterality, str(shape[1]), str(shape[2]),
         str(shape[0]), f"{mm[1]:.6g}, {mm[2]:.6g}", f"{mm[0]:.6g}", uid, f"/{rel}", "", "",
     ]  # fmt: skip
 
@@ -305,7 +330,7 @@ def _write_manifest(out: Path, rows: list[list[str]]) -> None:
     ]  # fmt: skip
     text = "\n".join("\t".join(r) for r in [header, *rows]) + "\n"
     (out / "retinal_oct").mkdir(parents=True, exist_ok=True)
-    (out / "retinal_oct" / "manifest.tsv").write_text(text, encoding="utf-8")
+    (out / TSV_NAME).write_text(text, encoding="utf-8")
 
 
 def _prepare(out: Path) -> None:
@@ -314,7 +339,9 @@ def _prepare(out: Path) -> None:
         if not (out / MARKER).is_file():
             raise ConfigError(f"{out}: exists, is not empty and was not made by octstage synth")
         shutil.rmtree(out / "retinal_oct", ignore_errors=True)
+        shutil.rmtree(out / CLINICAL_DIR, ignore_errors=True)
         (out / "participants.tsv").unlink(missing_ok=True)
+        (out / "participants.json").unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -331,6 +358,7 @@ def run_synth(out: Path, participants: int, seed: int, full_size: bool, traps: b
     table.add_row("  without OCT", str(len(info.labelled_without_oct)))
     table.add_row("OCT without label", str(len(info.unlabelled_with_oct)))
     table.add_row("DICOM files", str(len(info.files)))
+    table.add_row("  not listed in retinal_oct/manifest.tsv", str(len(info.unlisted)))
     for ts, n in sorted(Counter(info.transfer_syntaxes.values()).items()):
         table.add_row(f"  {UID(ts).name}", str(n))
     for reason, n in sorted(Counter(info.excluded.values()).items()):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -33,13 +34,74 @@ from pydicom.uid import (
 )
 
 from octstage.dataset.dicom import OPT_SOP_CLASS
+from octstage.dataset.release import DEVICE_MODELS
 
-# Device folder -> (Manufacturer, ManufacturerModelName).
-MAKERS: dict[str, tuple[str, str]] = {
-    "heidelberg_spectralis": ("Heidelberg Engineering", "Spectralis"),
-    "topcon_maestro2": ("Topcon", "Maestro2"),
-    "topcon_triton": ("Topcon", "Triton"),
-    "zeiss_cirrus": ("Carl Zeiss Meditec", "Cirrus HD-OCT 5000"),
+# Device folder -> (Manufacturer, ManufacturerModelName), spelled as the release spells them.
+MAKERS: dict[str, tuple[str, str]] = DEVICE_MODELS
+
+
+@dataclass(frozen=True)
+class Scan:
+    """One scan protocol of one device: what the file name, header and manifest.tsv say."""
+
+    protocol: str  # the file name's protocol tokens
+    shape: tuple[int, int, int]  # real frames, rows, columns
+    spacing_mm: tuple[float, float, float]  # real, between frames, rows, columns
+    radial: bool = False  # radial B-scans: no regular grid (the irregular_grid trap)
+
+    def small(self) -> tuple[int, int, int]:
+        """About 1/8 of the real size, at most 11 frames (tests stay fast, files ~100 KB); at
+        least 32 rows and columns, below which the JPEG 2000 encoder's 6 levels do not fit."""
+        f, r, c = self.shape
+        return (min(11, max(4, -(-f // 8))), max(32, r // 8), max(32, c // 8))
+
+
+# (device, anatomic_region) -> scan. Real shapes from the release's documentation where it gives
+# them (ai-readi.md); the other regions' shapes are the twin's plausible choice.
+SCANS: dict[tuple[str, str], Scan] = {
+    ("heidelberg_spectralis", "Macula"): Scan(
+        "spectralis_ppol_mac_hr_oct", (61, 496, 768), (0.1203, 0.003872, 0.011337)
+    ),
+    ("heidelberg_spectralis", "Optic Disc"): Scan(
+        "spectralis_onh_rc_hr_oct", (27, 496, 768), (0.0, 0.003872, 0.011337), radial=True
+    ),
+    ("topcon_maestro2", "Macula"): Scan(
+        "maestro2_3d_macula_oct", (128, 885, 512), (0.046875, 0.0026, 0.011719)
+    ),
+    ("topcon_maestro2", "Macula, 6 x 6"): Scan(
+        "maestro2_macula_6x6_oct", (60, 885, 360), (0.101695, 0.0026, 0.016713)
+    ),
+    ("topcon_maestro2", "Wide Field"): Scan(
+        "maestro2_3d_wide_oct", (128, 885, 512), (0.070866, 0.0026, 0.023483)
+    ),
+    ("topcon_triton", "Macula, 12 x 12"): Scan(
+        "triton_3d_wide_oct", (256, 992, 512), (0.047059, 0.0026, 0.023483)
+    ),
+    ("topcon_triton", "Macula, 6 x 6"): Scan(
+        "triton_3d_macula_oct", (256, 992, 512), (0.023529, 0.0026, 0.011742)
+    ),
+    ("topcon_triton", "Optic Disc"): Scan(
+        "triton_3d_disc_oct", (320, 992, 320), (0.018809, 0.0026, 0.018809)
+    ),
+    ("zeiss_cirrus", "Macula"): Scan(
+        "cirrus_mac_oct_oct", (128, 1024, 512), (0.047244, 0.001955, 0.011742)
+    ),
+    ("zeiss_cirrus", "Macula, 6 x 6"): Scan(
+        "cirrus_mac_6x6_oct", (200, 1024, 200), (0.030151, 0.001955, 0.030151)
+    ),
+    ("zeiss_cirrus", "Optic Disc"): Scan(
+        "cirrus_onh_oct", (200, 1024, 200), (0.030151, 0.001955, 0.030151)
+    ),
+    ("zeiss_cirrus", "Optic Disc, 6 x 6"): Scan(
+        "cirrus_onh_6x6_oct", (200, 1024, 200), (0.030151, 0.001955, 0.030151)
+    ),
+}
+# Every participant's two eyes are scanned on their device's main region.
+MAIN_REGION: dict[str, str] = {
+    "heidelberg_spectralis": "Macula",
+    "topcon_maestro2": "Macula",
+    "topcon_triton": "Macula, 12 x 12",
+    "zeiss_cirrus": "Macula",
 }
 # Encoders: pylibjpeg's RLE is ~10x faster than pydicom's own and gives the same bytes.
 _ENCODERS: dict[str, str] = {RLELossless: "pylibjpeg", JPEG2000Lossless: "pylibjpeg"}

@@ -132,6 +132,62 @@ class AugmentConfig:
         check(self.brightness >= 0 and 0 <= self.contrast < 1, "brightness/contrast out of range")
 
 
+EYES = ("L", "R")
+LABEL_TASKS = ("classification", "regression")
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    """Which volumes of the manifest a run uses (empty: all). Each list keeps a volume whose
+    value is one of its entries: ``device`` by folder (``topcon_triton``) or model (``Triton``),
+    ``region`` by anatomic region (``Macula``: every macula scan, any scan size; or the release's
+    full spelling ``Macula, 6 x 6``), ``scan_size`` (``6 x 6``), ``eye`` (``L`` / ``R``). A value
+    no volume of the manifest has is an error (data/select.py), not an empty run."""
+
+    device: tuple[str, ...] = ()
+    region: tuple[str, ...] = ()
+    scan_size: tuple[str, ...] = ()
+    eye: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check(all(e in EYES for e in self.eye), f"eye entries must be in {EYES}, got {self.eye}")
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    """What a volume is trained to predict: ``concept: null`` is the study group (the manifest's
+    classes); an OMOP concept id that build-cache copied (``--concept``) is its clinical value,
+    as ``classification`` into the named bins (``bins``: ascending edges, ``names``: one more
+    than the edges; a value equal to an edge goes to the upper bin) or as ``regression``. A
+    volume without a usable value for the concept is left out and counted."""
+
+    concept: int | None = None
+    task: str = "classification"
+    bins: tuple[float, ...] = ()
+    names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check(self.task in LABEL_TASKS, f"task must be one of {LABEL_TASKS}, got {self.task!r}")
+        binned = self.concept is not None and self.task == "classification"
+        check(
+            binned == bool(self.bins),
+            "bins are needed exactly for a clinical concept as classification",
+        )
+        check(list(self.bins) == sorted(set(self.bins)), "bins must be strictly ascending")
+        check(
+            len(self.names) == (len(self.bins) + 1 if self.bins else 0),
+            "names: one per bin (len(bins) + 1), and none without bins",
+        )
+        check(
+            self.concept is not None or self.task == "classification",
+            "task regression needs a concept (the study group is a classification)",
+        )
+
+    @property
+    def regression(self) -> bool:
+        return self.task == "regression"
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the volumes come from and how they are loaded (batch_size is global)."""
@@ -148,6 +204,8 @@ class DataConfig:
     max_samples: int | None = None  # use only the first N volumes of each split (fast start)
     balanced_sampling: bool = False  # finetuning: draw with equal class probability
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    select: SelectConfig = field(default_factory=SelectConfig)
+    label: LabelConfig = field(default_factory=LabelConfig)
 
     def __post_init__(self) -> None:
         check(self.batch_size > 0, "batch_size must be positive")

@@ -101,7 +101,8 @@ class ManifestDataset(Dataset[dict[str, Any]]):
 
     ``dataset[i]`` is deterministic (no augmentation); ``dataset[(i, seed)]`` augments with a
     generator seeded by ``seed``. Items: ``image`` uint8 ``[1, D, H, W]``, ``gain`` and ``shift``
-    float32, ``label`` int, ``index`` int (position in this dataset), ``participant_id`` str,
+    float32, ``label`` int, ``target`` float32 (the ``target_concept``'s clinical value, for a
+    regression; 0 otherwise), ``index`` int (position in this dataset), ``participant_id`` str,
     and with a ``masker`` ``context_idx`` / ``target_idx`` int32.
     """
 
@@ -113,8 +114,10 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         transform: Transform | None = None,
         max_samples: int | None = None,
         masker: Masker | None = None,
+        target_concept: int | None = None,
     ) -> None:
         volumes = manifest.volumes if split is None else manifest.split(split)
+        self.target_key = None if target_concept is None else str(target_concept)
         self.volumes: tuple[Volume, ...] = volumes[:max_samples]
         self.cache_root = Path(cache_root)
         self.transform = transform
@@ -151,6 +154,10 @@ class ManifestDataset(Dataset[dict[str, Any]]):
             "gain": torch.tensor(gain, dtype=torch.float32),
             "shift": torch.tensor(shift, dtype=torch.float32),
             "label": v.label,
+            "target": torch.tensor(
+                v.clinical.get(self.target_key, 0.0) if self.target_key else 0.0,
+                dtype=torch.float32,
+            ),
             "index": index,
             "participant_id": v.participant_id,
         }

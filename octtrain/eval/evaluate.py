@@ -21,9 +21,11 @@ from typing import Any
 from rich.console import Console
 
 from octstage.manifest import atomic_write_text
-from octtrain.config.sections import DataConfig
+from octtrain.config.loader import from_dict
+from octtrain.config.sections import DataConfig, LabelConfig, SelectConfig
 from octtrain.data.dataset import ManifestDataset, Transform, read_manifest, to_model_input
 from octtrain.data.loaders import padded_loader
+from octtrain.data.select import prepare
 from octtrain.data.splits import check_splits
 from octtrain.errors import CheckpointError, DataError
 from octtrain.eval import metrics as mt
@@ -75,12 +77,24 @@ def run_evaluate(
     batch_size: int = 8,
     num_workers: int = 0,
     max_share: float = 0.8,
-) -> EvaluateResult:
-    """Evaluate ``checkpoint`` on ``split`` of ``manifest``; writes files on the main process."""
+) -> EvaluateResult | None:
+    """Evaluate ``checkpoint`` on ``split`` of ``manifest``; writes files on the main process.
+    A regression checkpoint is evaluated by ``evaluate_regression`` (result None)."""
     url = resolve_checkpoint(checkpoint)
     state = ckpt.load_checkpoint(url)
+    # The volumes and the target the checkpoint was trained on (data.select, data.label).
+    data_cfg = state["config"].get("data", {})
+    label = from_dict(LabelConfig, data_cfg.get("label", {}), "data.label.")
+    select = from_dict(SelectConfig, data_cfg.get("select", {}), "data.select.")
+    man, _ = prepare(read_manifest(manifest), select, label, [split])
+    if label.regression:
+        from octtrain.eval.evaluate_regression import evaluate_regression
+
+        folder = Path(out) if out else default_out(url)
+        args = (split, cache, folder, device, batch_size, num_workers)
+        evaluate_regression(state, url, man, manifest, label, *args)
+        return None
     model, classes = classifier_from_state(state)
-    man = read_manifest(manifest)
     if tuple(man.classes) != classes:
         raise DataError(
             f"{manifest}: classes {list(man.classes)} differ from the checkpoint's "

@@ -37,6 +37,8 @@ CONSOLE_KEYS = (
     "balanced_accuracy",
     "knn_balanced_accuracy",
     "feat_erank",
+    "mae",  # a regression's (data.label.task: regression)
+    "r2",
 )
 
 

@@ -8,6 +8,12 @@ so every device keeps working under SPMD); the encoder thawing at ``schedule.unf
 device in a buffer sized by the rows the step sees (the global batch under SPMD) and read once
 at the epoch's end; and validation with classification metrics, the confusion matrix, the
 prediction-collapse alarm and the early-stopping score.
+
+``data.select`` and ``data.label`` (data/select.py) choose the volumes and what they are trained
+to predict, from the manifest alone, before anything is built. A regression on a clinical
+concept (``data.label.task: regression``) uses the same skeleton with a one-output head, an MSE
+loss on the standardized target, and MAE / RMSE / R^2 where a classification has its metrics
+(eval/regression.py); its early-stopping score is ``-MAE``.
 """
 
 from __future__ import annotations
@@ -35,9 +41,11 @@ from octtrain.data.dataset import (
 )
 from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.samplers import balanced_probabilities
+from octtrain.data.select import Selection, prepare
 from octtrain.data.splits import check_splits, class_weights
 from octtrain.errors import ConfigError, DataError
 from octtrain.eval import metrics as mt
+from octtrain.eval import regression as rg
 from octtrain.eval.report import class_table, confusion_rgb, print_metrics, short
 from octtrain.eval.validation import predict
 from octtrain.models.classifier import build_classifier, encoder_from_state, make_loss
@@ -89,9 +97,16 @@ class FinetuneJob:
     validates_last = True
 
     def __init__(
-        self, cfg: FinetuneConfig, manifest: Manifest, init: str | None, backend: Backend
+        self,
+        cfg: FinetuneConfig,
+        manifest: Manifest,
+        init: str | None,
+        backend: Backend,
+        selection: Selection | None = None,
     ) -> None:
         self.backend = backend
+        self.selection = selection
+        self.regression = cfg.data.label.regression
         d = cfg.data
         self.summary = check_splits(manifest, [d.train_split, d.val_split])
         self.classes = self.summary.classes
@@ -108,7 +123,9 @@ class FinetuneJob:
         self.warmup_steps = round(cfg.schedule.warmup_epochs * self.steps_per_unit)
         self.weights = class_weights(cfg.loss, self.train_counts)
         w = None if self.weights is None else torch.tensor(self.weights, dtype=torch.float32)
-        self.loss_fn = make_loss(w, cfg.loss.label_smoothing).to(backend.device)
+        self.loss_fn: torch.nn.Module = make_loss(w, cfg.loss.label_smoothing).to(backend.device)
+        if self.regression:
+            self.loss_fn = torch.nn.MSELoss().to(backend.device)
 
         model = build_classifier(encoder, cfg.head, encoder.embed_dim, self.num_classes)
         model.freeze_encoder(frozen_at(cfg, 0))
@@ -126,6 +143,7 @@ class FinetuneJob:
         )
         self.loss_sum = torch.zeros((), device=backend.device)
         self.results: dict[int, dict[str, mt.ClassificationMetrics]] = {}
+        self.regression_results: dict[int, dict[str, rg.RegressionMetrics]] = {}
 
     def _build_data(self, manifest: Manifest) -> None:
         cfg, d = self.cfg, self.cfg.data
@@ -136,9 +154,16 @@ class FinetuneJob:
             raise DataError(f"model input {list(shape)} exceeds the cached volumes {list(cached)}")
         root = Path(d.cache) if d.cache else Path(d.manifest).parent
         aug = Transform(shape, d.augment)
-        self.train_set = ManifestDataset(manifest, root, d.train_split, aug, d.max_samples)
+        concept = d.label.concept if self.regression else None
+        self.train_set = ManifestDataset(
+            manifest, root, d.train_split, aug, d.max_samples, target_concept=concept
+        )
         self.val_set = ManifestDataset(
-            manifest, root, d.val_split, Transform(shape, None), d.max_samples
+            manifest, root, d.val_split, Transform(shape, None), d.max_samples,
+            target_concept=concept,
+        )  # fmt: skip
+        self.scale = rg.Standardizer.fit(
+            [v.clinical.get(str(concept), 0.0) for v in self.train_set.volumes]
         )
         self.steps_per_unit = len(self.train_set) // (d.batch_size * self.accum)
         if self.steps_per_unit == 0:
@@ -170,11 +195,15 @@ class FinetuneJob:
             "config": to_dict(self.cfg),
             "classes": list(self.classes),
             "metrics": self._metrics_of(epoch),
+            "regression": self.scale.as_dict() if self.regression else None,
             "init": self.init_info,
             "rng": ckpt.rng_state(),
         }
 
     def _metrics_of(self, epoch: int) -> dict[str, Any]:
+        if self.regression:
+            found = self.regression_results.get(epoch)
+            return {} if found is None else {k: m.as_dict() for k, m in found.items()}
         results = self.results.get(epoch)
         return {} if results is None else mt.to_jsonable(results["volume"], self.classes)
 
@@ -242,10 +271,18 @@ class FinetuneJob:
             with ctx:
                 with self.backend.autocast():
                     logits = self.model(to_model_input(micro))
-                loss = self.loss_fn(logits.float(), micro["label"])
+                if self.regression:
+                    target = micro["target"].float()
+                    loss = self.loss_fn(logits.float()[:, 0], self.scale.forward(target))
+                else:
+                    loss = self.loss_fn(logits.float(), micro["label"])
                 (loss / self.accum).backward()
-            probs = torch.softmax(logits.detach().float(), dim=-1)
-            row = torch.cat([probs, micro["label"].float()[:, None]], dim=1)[None]
+            if self.regression:
+                value = self.scale.inverse(logits.detach().float()[:, :1])
+                row = torch.cat([value, micro["target"].float()[:, None]], dim=1)[None]
+            else:
+                probs = torch.softmax(logits.detach().float(), dim=-1)
+                row = torch.cat([probs, micro["label"].float()[:, None]], dim=1)[None]
             slot = torch.tensor([(step % spu) * self.accum + j], device=self.backend.device)
             self.preds.index_copy_(0, slot, row)
             total = total + loss.detach()
@@ -263,6 +300,12 @@ class FinetuneJob:
         c = self.num_classes
         rows = hosts.gather_step_rows(self.backend, self.preds.reshape(-1, c + 1))
         loss = hosts.mean_over_replicas(self.backend, self.loss_sum / self.steps_per_unit)
+        if self.regression:
+            rm = rg.regression_metrics(rows[:, 0], rows[:, 1])
+            out = rg.flat("train_epoch", rm) | {"train_epoch/loss": loss}
+            out["train_epoch/samples"] = float(rm.num_samples)
+            out["train_epoch/encoder_frozen"] = float(self.raw.encoder_frozen)
+            return out, None
         labels = np.rint(rows[:, c]).astype(np.int64)
         m = mt.classification_metrics(labels, rows[:, :c], c)
         metrics = {f"train_epoch/{k}": v for k, v in mt.flat_scalars(m, self.classes).items()}
@@ -290,6 +333,8 @@ class FinetuneJob:
     def validate(self, unit: int) -> Evaluation:
         c, names, b = self.num_classes, self.classes, self.backend
         batches = b.wrap_loader(self.val_loader)
+        if self.regression:
+            return self._validate_regression(unit, batches)
         preds = predict(self.raw, batches, b, len(self.val_set), c, to_model_input)
         m = mt.classification_metrics(preds.labels, preds.probs, c)
         metrics = {f"val/{k}": v for k, v in mt.flat_scalars(m, names).items()}
@@ -310,20 +355,44 @@ class FinetuneJob:
         score = m.scalar(self.cfg.early_stopping.metric)
         return Evaluation(metrics, score, self._collapse("val", m, unit), images)
 
+    def _validate_regression(self, unit: int, batches: Any) -> Evaluation:
+        n = len(self.val_set)
+        pred, target = rg.predict_values(
+            self.raw, batches, self.backend, n, self.scale, to_model_input
+        )
+        vm = rg.regression_metrics(pred, target)
+        pids = [v.participant_id for v in self.val_set.volumes]
+        pm = rg.regression_metrics(*rg.participant_means(pids, pred, target))
+        self.regression_results[unit] = {"volume": vm, "participant": pm}
+        metrics = rg.flat("val", vm) | rg.flat("val_participant", pm)
+        metrics["val/samples"] = float(vm.num_samples)
+        return Evaluation(metrics, -vm.mae, None, {})
+
 
 def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
     """Finetune from the pretraining checkpoint ``init`` (None with ``init_encoder: random``)."""
-    manifest = read_manifest(cfg.data.manifest)
+    d = cfg.data
+    manifest, selection = prepare(
+        read_manifest(d.manifest), d.select, d.label, [d.train_split, d.val_split], d.train_split
+    )
     backend = make_backend(cfg.train.device, cfg.train.precision)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
     try:
-        job = FinetuneJob(cfg, manifest, init, backend)
+        job = FinetuneJob(cfg, manifest, init, backend, selection)
         trainer = Trainer(job, settings(job.cfg), backend)
         if backend.is_main:
             _print_start(job, trainer)
         result = trainer.run()
         best = job.results.get(result.best_unit or -1)
+        done = job.regression_results.get(result.best_unit or -1)
+        if done and backend.is_main and job.cfg.logging.console:
+            for level, m in done.items():
+                console.print(
+                    f"validation ({job.val_set.split}, {level}) at the best epoch "
+                    f"{result.best_unit}: MAE {m.mae:.4g}, RMSE {m.rmse:.4g}, R^2 {m.r2:.3f} "
+                    f"({m.num_samples} samples)"
+                )
         if best and backend.is_main and job.cfg.logging.console:
             title = f"validation ({job.val_set.split}) at the best epoch, {result.best_unit}"
             print_metrics(console, title, best, job.classes)
@@ -338,6 +407,17 @@ def _print_start(job: FinetuneJob, trainer: Trainer) -> None:
         class_table(job.classes, volumes, d.train_split, d.val_split, job.weights, job.cfg.loss)
     )
     info = job.init_info
+    if job.selection is not None:
+        sel = job.selection
+        log.info(
+            "finetune: target %s (%s); %d volumes kept, %d left out by data.select, "
+            "%d without a value",
+            sel.target,
+            "regression" if sel.regression else "classification",
+            sel.kept,
+            sel.dropped_by_select,
+            sel.dropped_no_value,
+        )
     log.info(
         "finetune: %d train / %d val volumes, %d steps/epoch (batch %d x accum %d), "
         "encoder %s from %s (step %s), head %s/%s",

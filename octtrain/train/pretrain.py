@@ -31,6 +31,7 @@ from octtrain.data.dataset import (
 )
 from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.masks import SampleMasker, mask_overlay
+from octtrain.data.select import select
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
 from octtrain.eval.pictures import attention_overlay, pca_rgb
@@ -281,7 +282,13 @@ class PretrainJob:
 
 def run_pretrain(cfg: PretrainConfig) -> RunResult:
     """Pretrain as configured; returns where the run went. Raises OcttrainError subclasses."""
-    manifest = read_manifest(cfg.data.manifest)
+    if cfg.data.label.concept is not None:
+        raise ConfigError(
+            "data.label.concept: pretraining learns without labels (its kNN monitor uses the "
+            "study group); set data.label in the finetuning config"
+        )
+    # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
+    manifest = select(read_manifest(cfg.data.manifest), cfg.data.select)
     cfg = resolve(cfg, manifest)
     backend = make_backend(cfg.train.device, cfg.train.precision)
     if backend.kind == "cpu":

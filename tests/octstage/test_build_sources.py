@@ -187,13 +187,14 @@ def test_build_from_a_bucket_matches_the_local_build(
     listed size and MD5 without reading or decoding."""
     from octstage.storage import open_storage
 
-    # A few participants' files (good ones and traps) and the labels, uploaded to the bucket.
+    # A few participants' files (good ones and traps), the labels and the release's
+    # manifest.tsv (which gives the volumes their regions), uploaded to the bucket.
     keep = set(synth_info.labelled[:12])
     names = [f for f in synth_info.files if f.split("/")[-2] in keep]
     bucket_name = request.getfixturevalue("gcs_bucket" if scheme == "gs" else "s3_bucket")
     url = f"{scheme}://{bucket_name}/aireadi"
     bucket = open_storage(url)
-    for name in [*names, "participants.tsv"]:
+    for name in [*names, "participants.tsv", "retinal_oct/manifest.tsv"]:
         bucket.write_bytes(name, (built.src / name).read_bytes())
     cache = tmp_path / "cache"
     code = run_build(url, f"{url}/participants.tsv", cache, cache / "m.json", CONFIG, workers=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,7 @@ from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGBaseline8B
 from octstage.dataset.dicom import read_header, read_volume
 from octstage.dataset.ids import DEVICES
 from octstage.dataset.labels import SPLITS, STUDY_GROUPS
+from octstage.dataset.release import DEVICE_MODELS, DEVICE_REGIONS, MISSING_CODES
 from octstage.dataset.synth import SynthInfo, generate
 from octstage.errors import ConfigError
 
@@ -57,10 +59,65 @@ def test_layout_and_tables_look_like_ai_readi(synth_info: SynthInfo) -> None:
         assert {r["recommended_split"] for r in rows if r["study_group"] == group} == set(SPLITS)
     with open(root / "retinal_oct" / "manifest.tsv", newline="") as fh:
         manifest = list(csv.DictReader(fh, delimiter="\t"))
-    assert [m["filepath"] for m in manifest] == [f"/{f}" for f in synth_info.files]
+    # The two unlabelled participants' files are on disk but not in the release's index.
+    listed = [f for f in synth_info.files if f not in synth_info.unlisted]
+    assert [m["filepath"] for m in manifest] == [f"/{f}" for f in listed]
+    assert {f.split("/")[3] for f in synth_info.unlisted} == set(synth_info.unlabelled_with_oct)
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*.dcm")) == sorted(
         synth_info.files
     )
+    assert json.loads((root / "participants.json").read_text())["study_group"]["Levels"].keys() == (
+        set(STUDY_GROUPS)
+    )
+
+
+def test_manifest_tsv_uses_the_release_spellings(synth_info: SynthInfo) -> None:
+    """The values aireadi-loader matches: makers, models, regions with scan size, OCT, R/L."""
+    with open(synth_info.root / "retinal_oct" / "manifest.tsv", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    assert {r["manufacturer"] for r in rows} == {"Heidelberg", "Topcon", "Zeiss"}
+    assert {r["manufacturers_model_name"] for r in rows} == {
+        "Spectralis", "Maestro2", "Triton", "Cirrus",
+    }  # fmt: skip
+    assert {r["imaging"] for r in rows} == {"OCT"} and {r["laterality"] for r in rows} == {"R", "L"}
+    for r in rows:
+        device = r["filepath"].split("/")[3]
+        assert DEVICE_MODELS[device] == (r["manufacturer"], r["manufacturers_model_name"])
+        assert r["anatomic_region"] in DEVICE_REGIONS[device]
+        assert r["anatomic_region"] == synth_info.regions[r["filepath"][1:]]
+        if r["filepath"][1:] not in synth_info.excluded:
+            h = read_header(synth_info.root / r["filepath"][1:], r["filepath"])
+            assert h.shape == (int(r["number_of_frames"]), int(r["height"]), int(r["width"]))
+            assert (h.manufacturer, h.model) == DEVICE_MODELS[device]
+    regions = Counter((r["manufacturers_model_name"], r["anatomic_region"]) for r in rows)
+    assert len(regions) >= 9  # beyond each device's main region
+    assert regions[("Triton", "Macula, 12 x 12")] > 20 and ("Triton", "Macula") not in regions
+
+
+def test_clinical_tables_are_omop_with_missing_codes(synth_info: SynthInfo) -> None:
+    folder = synth_info.root / "clinical_data"
+    tables = {}
+    for name in ("condition_occurrence", "measurement", "observation"):
+        with open(folder / f"{name}.csv", newline="") as fh:
+            tables[name] = list(csv.DictReader(fh))
+        assert {r["person_id"] for r in tables[name]} <= set(synth_info.labelled)
+    m = tables["measurement"]
+    assert {r["person_id"] for r in m} == set(synth_info.labelled)  # everyone has rows
+    hba1c = {r["person_id"]: float(r["value_as_number"]) for r in m
+             if r["measurement_concept_id"] == "3004410"}  # fmt: skip
+    missing = {p for p, v in hba1c.items() if v in MISSING_CODES}
+    assert 3 <= len(missing) <= 8 and len({hba1c[p] for p in missing}) >= 3
+    assert {p: v for p, v in hba1c.items() if p not in missing} == synth_info.hba1c
+    assert {r["unit_source_value"] for r in m if r["measurement_concept_id"] == "3004410"} == {"%"}
+    # HbA1c rises with the study group (and the ONL the volumes show): a learnable target.
+    by_group = [
+        np.mean([v for p, v in synth_info.hba1c.items() if synth_info.labels[p] == g])
+        for g in range(4)
+    ]
+    assert by_group == sorted(by_group) and by_group[3] - by_group[0] > 2
+    assert {r["condition_concept_id"] for r in tables["condition_occurrence"]} >= {"201826"}
+    observed = {float(r["value_as_number"]) for r in tables["observation"]}
+    assert observed & set(MISSING_CODES)
 
 
 def test_devices_encodings_and_sizes(synth_info: SynthInfo) -> None:
@@ -161,8 +218,14 @@ def test_too_few_participants_for_the_traps() -> None:
 
 @pytest.mark.slow
 def test_full_size_volumes_have_the_real_shapes(tmp_path: Path) -> None:
-    info = generate(tmp_path / "full", participants=1, full_size=True, traps=False)
-    shapes = {read_header(info.root / f, f).shape for f in info.files}
-    assert shapes == {(61, 496, 768)}
+    """One participant per device (0..3): each device's main scan at its real geometry."""
+    info = generate(tmp_path / "full", participants=4, full_size=True, traps=False)
+    shapes = {f.split("/")[2]: read_header(info.root / f, f).shape for f in info.files}
+    assert shapes == {
+        "heidelberg_spectralis": (61, 496, 768),
+        "topcon_maestro2": (128, 885, 512),
+        "topcon_triton": (256, 992, 512),
+        "zeiss_cirrus": (128, 1024, 512),
+    }
     _, vol = read_volume(info.root / info.files[0], info.files[0])
     assert vol.shape == (61, 496, 768)
