@@ -2,5 +2,6 @@
 
 ``plan`` (pure: what to build, cache keys, remembered verdicts), ``task`` (one file on a worker),
 ``normalize`` (the pixel recipe), ``cluster`` (dask: local or a scheduler address), ``qc`` (the
-QC figure), ``lock`` (the cache folder: one build at a time, temporaries cleaned) and ``run`` (the command: plan, fan out, collect, write the manifest last).
+QC figure), ``lock`` (the cache folder: one build at a time, temporaries cleaned) and ``run``
+(the command: plan, fan out, collect, write the manifest last).
 """
