@@ -43,8 +43,9 @@ def octstage(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def upload_subset(built: Built, url: str) -> list[str]:
-    """The label table and every file of the first few participants with a volume (and the
-    files rejected among them); returns the uploaded DICOM names."""
+    """The label table, every file of the first few participants with a volume (and the
+    files rejected among them) and their rows of the release's manifest.tsv (the regions come
+    from it); returns the uploaded DICOM names."""
     pids = sorted({v.participant_id for v in built.manifest.volumes})[:PARTICIPANTS]
     names = sorted(
         p.relative_to(built.src).as_posix()
@@ -54,6 +55,10 @@ def upload_subset(built: Built, url: str) -> list[str]:
     store = open_storage(url)
     for name in [*names, "participants.tsv"]:
         store.write_bytes(name, (built.src / name).read_bytes())
+    tsv = (built.src / "retinal_oct/manifest.tsv").read_text().splitlines(keepends=True)
+    column = tsv[0].rstrip("\n").split("\t").index("filepath")
+    rows = [r for r in tsv[1:] if r.rstrip("\n").split("\t")[column].lstrip("/") in names]
+    store.write_bytes("retinal_oct/manifest.tsv", "".join([tsv[0], *rows]).encode())
     return names
 
 
