@@ -35,7 +35,7 @@ import numpy as np
 from rich.console import Console
 
 from octtrain.data.loaders import Prefetcher
-from octtrain.errors import NonFiniteLossError
+from octtrain.errors import CheckpointError, DataError, NonFiniteLossError, OcttrainError
 from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
 from octtrain.eval.report import print_collapse
 from octtrain.eval.selection import EarlyStopping
@@ -111,6 +111,16 @@ class Trainer:
         log.info("resumed from %s at step %d", url, self.start_step)
 
     def _save(self, step: int, score: float | None) -> None:
+        failure = None
+        try:
+            self._write(step, score)
+        except CheckpointError as exc:
+            failure = exc
+        # Only process 0 writes: the others must learn of its failure, not wait in the barrier.
+        hosts.agree(self.backend, failure, f"writing the checkpoint of step {step}")
+        self.backend.barrier()
+
+    def _write(self, step: int, score: float | None) -> None:
         if self.ckpt is not None:
             state = self.job.state(step)
             state["step"] = step
@@ -123,7 +133,6 @@ class Trainer:
             }
             self.result.last_checkpoint = self.ckpt.save(ckpt.to_cpu(state), step, score)
             log.info("checkpoint %s", self.result.last_checkpoint)
-        self.backend.barrier()
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -166,7 +175,16 @@ class Trainer:
             job.before_step(step)
             watchdog.set_phase("data")
             t0 = time.perf_counter()
-            batch = next(batches)
+            batch, failure = None, None
+            try:
+                batch = next(batches)
+            except OcttrainError as exc:
+                failure = exc
+            except StopIteration:
+                failure = DataError(f"the training loader ended before step {done}")
+            # One host's bad volume must not leave the others in the step's collectives.
+            hosts.agree(self.backend, failure, f"loading the batch of step {done}")
+            assert batch is not None
             wait = time.perf_counter() - t0
             watchdog.set_phase("compute")
             result = job.train_step(batch, step)

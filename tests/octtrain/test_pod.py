@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,40 @@ def test_pretrain_finetune_evaluate_as_two_processes_through_the_cli(
     metrics = json.loads((out / "metrics-test.json").read_text())
     assert metrics["volume"]["num_samples"] == 8  # the 8 test volumes, each once over both hosts
     assert len({p["zarr_path"] for p in metrics["predictions"]}) == 8
+
+
+FAULT_WORKER = ROOT / "tests" / "octtrain" / "pod_fault_worker.py"
+STALL_TIMEOUT_S = 120  # configs/pretrain/tiny.yaml's train.stall_timeout_s
+
+
+@pytest.mark.parametrize(
+    ("point", "host", "kind"),
+    [
+        ("data", 1, "loading the batch of step 3"),
+        ("validation", 1, "in validation"),
+        ("checkpoint", 0, "writing the checkpoint of step 2"),
+    ],
+)
+def test_a_failure_on_one_host_stops_both_with_its_message(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, point: str, host: int, kind: str
+) -> None:
+    """Without agreement the other host waits in a collective (gloo's timeout: 10 minutes)
+    and torchrun kills it once the failing one exits: it never reaches its own verdict."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [str(FAULT_WORKER), str(out), "--config", str(PRETRAIN_TINY)]
+    args += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run"]
+    args += ["train.max_steps=6", "validation.every=2", "validation.continue_on_failure=false"]
+    args += ["checkpoint.every=2", f"checkpoint.dir={tmp_path}/host{{rank}}"]
+    started = time.monotonic()
+    torchrun(
+        [*args, "data.batch_size=8"], timeout=STALL_TIMEOUT_S + 120, POD_FAIL=f"{point}:{host}"
+    )
+    elapsed = time.monotonic() - started
+    found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [f["code"] for f in found] == [2, 2]
+    own = found[host]["errors"][-1]
+    assert ("no space left" if point == "checkpoint" else "unreadable chunk") in own
+    other = found[1 - host]["errors"][-1]
+    assert other.startswith(f"host {host} failed {kind}: ") and other.endswith(own.split(": ")[-1])
+    assert elapsed < STALL_TIMEOUT_S + 60  # startup and 2-6 steps, never a collective's timeout
