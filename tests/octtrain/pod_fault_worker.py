@@ -2,9 +2,10 @@
 simulated host, with one failure injected on one host.
 
 ``POD_FAIL=<point>:<rank>`` picks it: ``data`` (that host's training loader raises a
-``DataError`` from its ninth volume on (its third batch), as a bad volume in its local cache would), ``validation``
-(its validation loader raises from its third volume on), ``checkpoint`` (its checkpoint write raises a
-``CheckpointError``, as a full disk or a refused bucket would). ``{rank}`` in an argument becomes
+``DataError`` from its ninth volume on, its third batch, as a bad volume in its local cache
+would), ``validation`` (its validation loader raises from its ninth volume on), ``checkpoint``
+(its checkpoint write raises a ``CheckpointError``, as a full disk or a refused bucket would).
+``{rank}`` in an argument becomes
 this process's rank. Writes ``<out>/rank<r>.json`` with the CLI's exit code and the error lines
 it logged, then exits with that code (after a pause, so torchrun, which stops the other workers
 once one has failed, cannot cut the other host short of its own verdict).
