@@ -6,7 +6,8 @@ Adding a subcommand: write ``_add_<name>(subparsers)`` that registers its parser
 ``func``, and list it in ``SUBCOMMANDS``.
 
 Exit codes: 0 success, 2 refused or failed (bad config, data, checkpoint; the message says why),
-3 stopped on a non-finite loss (the checkpoints written before it stay).
+3 stopped on a non-finite loss (the checkpoints written before it stay), 4 ended by the stall
+watchdog (``train.stall_exit_s``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ log = logging.getLogger("octtrain")
 EXIT_CODES = """exit codes:
   0  finished
   2  refused or failed: bad config, data, checkpoint or backend (the message names the cause)
-  3  stopped on a non-finite loss or gradient norm (checkpoints written before it stay)"""
+  3  stopped on a non-finite loss or gradient norm (checkpoints written before it stay)
+  4  ended by the stall watchdog: no step for train.stall_exit_s (a host stuck in a collective)"""
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

@@ -314,7 +314,7 @@ class FinetuneJob:
 def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
     """Finetune from the pretraining checkpoint ``init`` (None with ``init_encoder: random``)."""
     manifest = read_manifest(cfg.data.manifest)
-    backend = make_backend(cfg.train.device, cfg.train.precision)
+    backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
     try:

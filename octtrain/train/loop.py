@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
 from octtrain.runtime.rundir import code_version, new_run_dir, write_run_info
 from octtrain.runtime.tracking import Tracker
-from octtrain.runtime.watchdog import StallWatchdog
+from octtrain.runtime.watchdog import STALL_EXIT_CODE, StallWatchdog
 from octtrain.train.job import Job, RunResult, Settings, StepResult
 
 log = logging.getLogger("octtrain")
@@ -139,7 +140,14 @@ class Trainer:
     def run(self) -> RunResult:
         """Resume if asked, train to the end (or early stop), return where things went."""
         exit_code = 1
-        watchdog = StallWatchdog(self.s.train.stall_timeout_s, self._report_stall)
+        t = self.s.train
+        watchdog = StallWatchdog(
+            t.stall_timeout_s,
+            self._report_stall,
+            t.first_step_allowance_s,
+            t.stall_exit_s,
+            self._stall_exit,
+        )
         prefetcher: Prefetcher | None = None
         try:
             self.resume()
@@ -337,6 +345,22 @@ class Trainer:
             if self.s.logging.console:
                 print_collapse(console, message)
             self.tracker.alert("collapse", message)
+
+    def _stall_exit(self, phase: str, idle: float, step: int) -> None:
+        """The watchdog's backstop (its thread): the main thread is stuck, most likely in a
+        collective whose peer is gone; say so and end the process."""
+        message = (
+            f"no step finished for {idle:.0f} s after step {step} (waiting in {phase}); "
+            f"train.stall_exit_s={self.s.train.stall_exit_s:g} reached: exiting with code "
+            f"{STALL_EXIT_CODE}. If another host failed, its log says why."
+        )
+        log.error("%s", message)
+        try:
+            self.tracker.alert("training stopped: stalled", message)
+            self.tracker.close(STALL_EXIT_CODE)
+        finally:
+            logging.shutdown()
+            os._exit(STALL_EXIT_CODE)
 
     def _report_stall(self, phase: str, idle: float, step: int) -> None:
         waiting = {

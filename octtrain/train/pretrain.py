@@ -310,7 +310,7 @@ def run_pretrain(cfg: PretrainConfig) -> RunResult:
     """Pretrain as configured; returns where the run went. Raises OcttrainError subclasses."""
     manifest = read_manifest(cfg.data.manifest)
     cfg = resolve(cfg, manifest)
-    backend = make_backend(cfg.train.device, cfg.train.precision)
+    backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
     try:
