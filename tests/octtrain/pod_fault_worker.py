@@ -4,7 +4,8 @@ simulated host, with one failure injected on one host.
 ``POD_FAIL=<point>:<rank>`` picks it: ``data`` (that host's training loader raises a
 ``DataError`` from its ninth volume on, its third batch, as a bad volume in its local cache
 would), ``validation`` (its validation loader raises from its ninth volume on), ``checkpoint``
-(its checkpoint write raises a ``CheckpointError``, as a full disk or a refused bucket would).
+(its checkpoint write raises a ``CheckpointError``, as a full disk or a refused bucket would),
+``hang`` (its ninth training volume never arrives, as a read from a dead mount).
 ``{rank}`` in an argument becomes
 this process's rank. Writes ``<out>/rank<r>.json`` with the CLI's exit code and the error lines
 it logged, then exits with that code (after a pause, so torchrun, which stops the other workers
@@ -17,6 +18,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,12 +39,14 @@ def inject(point: str, rank: int) -> None:
 
         CheckpointManager.save = save  # type: ignore[method-assign]
         return
-    split = {"data": "train", "validation": "val"}[point]
+    split = {"data": "train", "validation": "val", "hang": "train"}[point]
     getitem, calls = ManifestDataset.__getitem__, [0]
 
     def failing(self: ManifestDataset, key: Any) -> dict[str, Any]:
         if self.split == split:
             calls[0] += 1
+            if calls[0] > 8 and point == "hang":
+                threading.Event().wait()
             if calls[0] > 8:  # the third batch of 4
                 raise DataError(f"volume {key}: unreadable chunk in host {rank}'s cache")
         return getitem(self, key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -235,3 +236,38 @@ def test_a_failure_on_one_host_stops_both_with_its_message(
     other = found[1 - host]["errors"][-1]
     assert other.startswith(f"host {host} failed {kind}: ") and other.endswith(own.split(": ")[-1])
     assert elapsed < STALL_TIMEOUT_S + 60  # startup and 2-6 steps, never a collective's timeout
+
+
+def test_a_host_stuck_in_its_data_ends_both_through_the_stall_exit(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The backstop: host 1 hangs (no error to agree on), host 0 waits for it in the step's
+    agreement; both watchdogs end their process with exit 4 after train.stall_exit_s. Started
+    without torchrun, whose agent would kill the survivors itself (a pod has no such agent)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [sys.executable, str(FAULT_WORKER), str(out), "--config", str(PRETRAIN_TINY)]
+    args += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run", "checkpoint.dir="]
+    args += ["train.max_steps=6", "train.stall_timeout_s=5", "train.stall_exit_s=15"]
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    procs = [
+        subprocess.Popen(
+            args,
+            env=env(**common, RANK=str(r), LOCAL_RANK=str(r), POD_FAIL="hang:1"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        codes = [p.wait(timeout=STALL_TIMEOUT_S + 60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    stderr = [p.stderr.read() if p.stderr else "" for p in procs]
+    assert codes == [4, 4], stderr
+    assert all("train.stall_exit_s=15 reached" in e for e in stderr)
