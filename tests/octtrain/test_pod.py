@@ -271,3 +271,37 @@ def test_a_host_stuck_in_its_data_ends_both_through_the_stall_exit(
     stderr = [p.stderr.read() if p.stderr else "" for p in procs]
     assert codes == [4, 4], stderr
     assert all("train.stall_exit_s=15 reached" in e for e in stderr)
+
+
+RANK_CLI = ROOT / "tests" / "octtrain" / "rank_cli.py"
+
+
+def test_doctor_passes_when_both_hosts_see_the_same(tiny_cache: tuple[Path, Path]) -> None:
+    args = [str(RANK_CLI), "doctor", "--config", str(PRETRAIN_TINY), "--manifest"]
+    proc = torchrun([*args, str(tiny_cache[0])], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    hosts = [x for x in lines if x.startswith("host ")]
+    assert [h.split(" ")[1] for h in hosts] == ["0", "1"]  # one line per host, from process 0
+    assert all(
+        "attention sdpa (auto on cpu)" in h and "2 device(s) over 2 host(s)" in h for h in hosts
+    )
+    assert lines.count("doctor: every host agrees") == 2
+
+
+def test_doctor_fails_on_every_host_when_one_host_s_manifest_differs(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    original = mf.load(tiny_cache[0])
+    for host, volumes in ((0, original.volumes), (1, original.volumes[1:])):
+        (tmp_path / f"host{host}").mkdir()
+        mf.write(
+            dataclasses.replace(original, volumes=volumes), tmp_path / f"host{host}" / "m.json"
+        )
+    args = [str(RANK_CLI), "doctor", "--config", str(PRETRAIN_TINY), "--cache", str(tiny_cache[1])]
+    proc = torchrun([*args, "--manifest", f"{tmp_path}/host{{rank}}/m.json"], timeout=300)
+    assert proc.returncode != 0
+    verdicts = [x for x in proc.stderr.splitlines() if "doctor: the hosts disagree" in x]
+    assert len(verdicts) == 2, proc.stderr[-3000:]  # both hosts exit 2 with the same verdict
+    assert "manifest differs from host 0's on host(s) 1 (" in verdicts[0]
+    assert "cache differs" in verdicts[0]
