@@ -81,7 +81,16 @@ def test_production_lengths_pass_the_check() -> None:
     lengths = attention_lengths(cfg)
     assert lengths == {"context encoder": 2048, "target encoder": 9216, "predictor": 9216}
     check_lengths(lengths)
-    check_lengths(attention_lengths(_preset("vit90m-384")))
+    for name in ("vit90m-384", "vit29m-384-v4-32", "vit90m-384-v4-32"):
+        check_lengths(attention_lengths(_preset(name)))
+
+
+@pytest.mark.parametrize("model", ["vit29m", "vit90m"])
+def test_v4_32_presets_keep_the_v4_8_volumes_per_chip(model: str) -> None:
+    v4_8, v4_32 = _preset(f"{model}-384"), _preset(f"{model}-384-v4-32")
+    assert v4_32.data.batch_size // 16 == v4_8.data.batch_size // 4  # 16 chips vs 4
+    assert v4_32.data.batch_size % 4 == 0  # over 4 hosts
+    assert dataclasses.replace(v4_32, data=v4_8.data, train=v4_8.train) == v4_8
 
 
 def test_the_check_refuses_the_old_mask_ratio_before_compiling() -> None:
