@@ -2,11 +2,14 @@
 receives under SPMD. The Pallas kernel compiles for TPUs only, so torch_xla's ``flash_attention``
 is replaced by a recorder that answers with exact attention; everything around it (the kernel
 choice, the partition spec, the global mesh the backend set, the student's forward and backward)
-is the trainer's. Prints one ``XLA-RESULT {json}`` line."""
+is the trainer's; the backend keeps XLA's persistent compilation cache in ``argv[1]``. Prints
+one ``XLA-RESULT {json}`` line."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,8 +47,9 @@ def recorder(
     return attention.math_attention(q, k, v)
 
 
-def main() -> dict[str, Any]:
-    backend = make_backend("xla", "fp32")  # 2 devices: SPMD, the ('data',) mesh set as global
+def main(compile_cache: str) -> dict[str, Any]:
+    # 2 devices: SPMD, the ('data',) mesh set as global; compiled programs persisted on disk
+    backend = make_backend("xla", "fp32", compile_cache)
     device = backend.device
     real_choice = attention.choose("auto", device)
     pallas_missing = attention._pallas_missing()
@@ -79,8 +83,9 @@ def main() -> dict[str, Any]:
         "student_grads": grads,
         "spmd": backend.spmd,
         "blocks_match": block_b_less == flash_blocks.DEFAULT_BLOCK_SIZES,
+        "cached_files": sum(1 for p in Path(compile_cache).rglob("*") if p.is_file()),
     }
 
 
 if __name__ == "__main__":
-    print(RESULT_PREFIX + json.dumps(main()), flush=True)
+    print(RESULT_PREFIX + json.dumps(main(sys.argv[1])), flush=True)

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.xla
 
 
 @pytest.fixture(scope="module")
-def probe() -> XlaRun:
-    return run_xla("flash_probe", [], devices=2, run_dir=None)
+def probe(tmp_path_factory: pytest.TempPathFactory) -> XlaRun:
+    cache = tmp_path_factory.mktemp("xla-cache")
+    return run_xla("flash_probe", [str(cache)], devices=2, run_dir=None)
 
 
 def test_auto_says_why_it_is_not_flash_on_xla_cpu(probe: XlaRun) -> None:
@@ -39,3 +40,7 @@ def test_every_attention_of_the_student_is_sharded(probe: XlaRun) -> None:
 
 def test_block_sizes_copy_is_torch_xla_s(probe: XlaRun) -> None:
     assert probe.result["blocks_match"]
+
+
+def test_compiled_programs_persist_in_the_cache_dir(probe: XlaRun) -> None:
+    assert probe.result["cached_files"] > 0  # train.xla_cache_dir: a restart reuses them
