@@ -138,3 +138,15 @@ def test_first_log_line_names_the_kernel_and_why(
         assert main(args + overrides) == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "octtrain"]
     assert lines[0] == "attention: sdpa (auto on cpu)"
+
+
+def test_finetuning_s_first_log_line_names_the_kernel_too(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = TINY.parents[1] / "finetune" / "tiny.yaml"
+    args = ["finetune", "--config", str(config), "--manifest", str(tiny_cache[0])]
+    overrides = [f"train.output_dir={tmp_path}", "train.epochs=1", "init_encoder=random"]
+    with caplog.at_level(logging.INFO, logger="octtrain"):
+        assert main([*args, *overrides, "checkpoint.dir=None"]) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "octtrain"]
+    assert lines[0] == "attention: sdpa (auto on cpu)"
