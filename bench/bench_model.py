@@ -10,7 +10,11 @@ For each preset (``--presets vit29m,vit90m``) it prints:
    config) and the time of ONE training step, checkpointing off and on (``--skip-eager`` skips it;
    vit90m at full shape is slow on a few cores);
 4. XLA:CPU (``.venv-xla``): the compiled training step's memory read from XLA's own buffer
-   assignment (``XLA_FLAGS=--xla_dump_to``), attention math / blocked, checkpointing off / on.
+   assignment (``XLA_FLAGS=--xla_dump_to``), attention math / blocked, checkpointing off / on,
+   at batch 1, then blocked + checkpointing at the per-chip batch of the preset's v4-32 config
+   (``configs/pretrain/<preset>-384-v4-32.yaml``: global batch / 16 chips; ``--per-chip-batch``
+   overrides). Every XLA:CPU figure is of the **blocked** (scan) attention kernel: the TPU runs
+   Pallas flash attention instead, which XLA:CPU cannot compile, so a TPU's figure differs.
    The step is only compiled (the worker is stopped once the buffer assignment is dumped) unless
    ``--xla-execute`` asks to run it too;
 5. a table of all of it beside the baseline (attention=math, checkpointing off);
@@ -37,6 +41,8 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout, torch_xla venv included
 
+from octtrain.config.loader import load_config  # noqa: E402
+from octtrain.config.pretrain import PretrainConfig  # noqa: E402
 from octtrain.config.sections import ModelConfig  # noqa: E402
 from octtrain.models.jepa import (  # noqa: E402
     build_student,
@@ -48,7 +54,9 @@ from octtrain.models.jepa import (  # noqa: E402
 
 SHAPE = (64, 384, 384)
 PATCH = (4, 16, 16)
-MASK_RATIO = 0.75  # the V-JEPA recipe in configs/pretrain: the context encoder sees a quarter
+# The -384 presets' ratio: the context encoder sees 2,048 of 9,216 tokens (a length flash takes)
+MASK_RATIO = 0.7778
+V4_32_CHIPS = 16
 # The environment `make test-xla` builds (torch 2.9 + torch-xla 2.9); another with --xla-python.
 XLA_PYTHON = ROOT / ".venv-xla" / "bin" / "python"
 V4_HBM = 32 * 2**30
@@ -66,11 +74,19 @@ def model_config(preset: str, attention: str, ckpt: bool, block: int) -> ModelCo
     )
 
 
-def masks(n: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(context [1, N/4], target [1, 3N/4]) indices of a random split, as the loader draws."""
+def masks(n: int, device: torch.device | str, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(context [batch, N - K], target [batch, K]) indices of a random split (one per batch)."""
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
     k = round(MASK_RATIO * n)
-    return perm[k:].sort().values[None].to(device), perm[:k].sort().values[None].to(device)
+    context, target = perm[k:].sort().values[None], perm[:k].sort().values[None]
+    return context.repeat(batch, 1).to(device), target.repeat(batch, 1).to(device)
+
+
+def per_chip_batch(preset: str) -> int:
+    """Volumes per chip of the preset's v4-32 config (its global batch over 16 chips)."""
+    path = ROOT / "configs" / "pretrain" / f"{preset}-384-v4-32.yaml"
+    cfg = load_config(PretrainConfig, path, [])
+    return cfg.data.batch_size // V4_32_CHIPS
 
 
 def training_step(
@@ -94,13 +110,13 @@ def training_step(
     return loss.detach()
 
 
-def setup(cfg: ModelConfig, device: torch.device | str) -> tuple[Any, ...]:
+def setup(cfg: ModelConfig, device: torch.device | str, batch: int = 1) -> tuple[Any, ...]:
     torch.manual_seed(0)
     student = build_student(cfg).to(device).train()
     target = make_target(student.encoder)
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, weight_decay=0.04)
-    x = (torch.rand(1, 1, *SHAPE) * 2 - 1).to(device)
-    context, tgt = masks(student.encoder.num_patches, device)
+    x = (torch.rand(batch, 1, *SHAPE) * 2 - 1).to(device)
+    context, tgt = masks(student.encoder.num_patches, device, batch)
     return student, target, optimizer, (x, context, tgt)
 
 
@@ -221,11 +237,14 @@ def eager_worker(preset: str, attention: str, ckpt: bool, block: int) -> dict[st
 # --- 4. XLA compile worker ----------------------------------------------------------------------
 
 
-def xla_worker(preset: str, attention: str, ckpt: bool, block: int, marker: Path) -> dict[str, Any]:
+def xla_worker(
+    preset: str, attention: str, ckpt: bool, block: int, marker: Path, volumes: int = 1
+) -> dict[str, Any]:
     import torch_xla
 
     device = torch_xla.device()
-    student, target, optimizer, batch = setup(model_config(preset, attention, ckpt, block), device)
+    cfg = model_config(preset, attention, ckpt, block)
+    student, target, optimizer, batch = setup(cfg, device, volumes)
     torch_xla.sync()  # weights and inputs land in their own small graph
     loss = training_step(student, target, optimizer, batch, "xla")
     marker.write_text("step")  # the next dumped module is the training step
@@ -262,8 +281,9 @@ def run_xla(
     execute: bool,
     limit: float,
     xla_python: Path,
+    volumes: int = 1,
 ) -> dict[str, Any]:
-    tag = f"{preset}-{attention}-{'ckpt' if ckpt else 'nockpt'}"
+    tag = f"{preset}-{attention}-{'ckpt' if ckpt else 'nockpt'}-b{volumes}"
     dump = out / f"xla-{tag}"
     dump.mkdir(parents=True, exist_ok=True)
     for old in dump.iterdir():
@@ -281,6 +301,7 @@ def run_xla(
     cmd = [str(xla_python), __file__, "--worker", "xla", "--presets", preset]
     cmd += ["--attention", attention, "--block", str(block), "--marker", str(marker)]
     cmd += ["--ckpt"] if ckpt else []
+    cmd += ["--per-chip-batch", str(volumes)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     found: dict[str, Any] | None = None
@@ -353,7 +374,7 @@ def gb(value: float | None) -> str:
 def bench(preset: str, args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     report: dict[str, Any] = {"preset": preset, "shape": SHAPE, "patch": PATCH}
-    print(f"\n=== {preset} at {SHAPE}, patch {PATCH}: {(64 // 4) * 24 * 24} tokens, batch 1 ===")
+    print(f"\n=== {preset} at {SHAPE}, patch {PATCH}: {(64 // 4) * 24 * 24} tokens ===")
     f = report["flops"] = flops(preset)
     print("1. FLOPs per volume, one training step (student fwd+bwd, EMA target fwd):")
     print(f"   counted (FlopCounterMode, meta, math attention): {f['counted'] / 1e12:.3f} TFLOP")
@@ -376,7 +397,8 @@ def bench(preset: str, args: argparse.Namespace) -> dict[str, Any]:
     a = report["v4"] = v4_arithmetic(preset, args.block)
     print(f"2. One v4 chip (32 GiB HBM), batch 1, {a['params'] / 1e6:.1f}M trained parameters:")
     print(f"   weights + grads + AdamW + EMA target (fp32):   {gb(a['state_bytes'])}")
-    print(f"   per encoder layer activations (2,304 tokens):  {mb(a['enc_layer_act'])}")
+    context = 9216 - round(MASK_RATIO * 9216)
+    print(f"   per encoder layer activations ({context:,} tokens):  {mb(a['enc_layer_act'])}")
     print(f"   per predictor layer activations (9,216 tok.):  {mb(a['pred_layer_act'])}")
     print(f"   per layer kept when checkpointed (enc/pred):   {mb(a['enc_layer_ckpt_kept'])} /")
     print(f"                                                  {mb(a['pred_layer_ckpt_kept'])}")
@@ -417,15 +439,32 @@ def bench(preset: str, args: argparse.Namespace) -> dict[str, Any]:
     if not args.skip_xla and not args.xla_python.is_file():
         print(f"4. XLA:CPU skipped: no {args.xla_python} (make .venv-xla/.installed builds it)")
     elif not args.skip_xla:
-        print("4. XLA:CPU compiled training step, bf16 autocast, XLA buffer assignment:")
-        for attention, ckpt in [("math", False), ("blocked", False), ("blocked", True)]:
+        chip = args.per_chip_batch or per_chip_batch(preset)
+        print(
+            "4. XLA:CPU compiled training step, bf16 autocast, XLA buffer assignment; kernel:\n"
+            "   math = materialized, blocked = the scan kernel (a TPU runs Pallas flash instead):"
+        )
+        runs = [("math", False, 1), ("blocked", False, 1), ("blocked", True, 1)]
+        runs += [("blocked", True, chip)]  # the v4-32 preset's volumes per chip
+        for attention, ckpt, volumes in runs:
             # The materialized baseline would need its whole buffer assignment in host memory.
             execute = args.xla_execute and attention != "math"
+            if volumes == 1 and args.per_chip_only:
+                continue
             r = run_xla(
-                preset, attention, ckpt, args.block, out, execute, args.xla_limit, args.xla_python
+                preset,
+                attention,
+                ckpt,
+                args.block,
+                out,
+                execute,
+                args.xla_limit,
+                args.xla_python,
+                volumes,
             )
-            report[f"xla-{attention}-{ckpt}"] = r
-            rows.append(("xla:cpu", attention, str(ckpt), r))
+            key = f"xla-{attention}-{ckpt}" + ("" if volumes == 1 else f"-b{volumes}")
+            report[key] = r | {"kernel": attention, "volumes_per_chip": volumes}
+            rows.append(("xla:cpu", f"{attention} b{volumes}", str(ckpt), r))
             if "total" not in r:
                 print(f"   {attention} ckpt={ckpt}: FAILED {r.get('error', '')[-500:]}")
                 continue
@@ -444,16 +483,16 @@ def bench(preset: str, args: argparse.Namespace) -> dict[str, Any]:
             "   before scheduling and the checkpointed recomputation would save nothing)"
         )
     print("5. Table (baseline: attention=math, checkpointing off):")
-    print(f"   {'where':10s} {'attention':9s} {'ckpt':5s} {'memory':>12s} {'time':>9s}")
+    print(f"   {'where':10s} {'attention':11s} {'ckpt':5s} {'memory':>12s} {'time':>9s}")
     base = report.get("xla-math-False", {}).get("total")
-    print(f"   {'v4 est.':10s} {'math':9s} {'False':5s} {gb(a['total_math_no_ckpt']):>12s}")
-    print(f"   {'v4 est.':10s} {'blocked':9s} {'True':5s} {gb(a['total_blocked_ckpt']):>12s}")
+    print(f"   {'v4 est.':10s} {'math b1':11s} {'False':5s} {gb(a['total_math_no_ckpt']):>12s}")
+    print(f"   {'v4 est.':10s} {'blocked b1':11s} {'True':5s} {gb(a['total_blocked_ckpt']):>12s}")
     for where, attention, ckpt, r in rows:
         memory = r.get("total", r.get("peak_rss"))
         seconds = r.get("step_s", r.get("compile_and_step_s"))
         timing = "-" if seconds is None else f"{seconds:7.1f} s"
         ratio = f"  {memory / base:.2f}x baseline" if base and where == "xla:cpu" and memory else ""
-        print(f"   {where:10s} {attention:9s} {ckpt:5s} {gb(memory):>12s} {timing:>9s}{ratio}")
+        print(f"   {where:10s} {attention:11s} {ckpt:5s} {gb(memory):>12s} {timing:>9s}{ratio}")
     if torch.cuda.is_available():
         print("6. CUDA (code path untested when written):")
         for attention, ckpt in [("sdpa", False), ("sdpa", True)]:
@@ -473,6 +512,15 @@ def main() -> None:
     )
     parser.add_argument("--xla-limit", type=float, default=1800.0, help="seconds per XLA config")
     parser.add_argument("--block", type=int, default=1024, help="attention_block")
+    parser.add_argument(
+        "--per-chip-batch",
+        type=int,
+        default=0,
+        help="volumes per chip for the last XLA figure (0: the preset's v4-32 config's)",
+    )
+    parser.add_argument(
+        "--per-chip-only", action="store_true", help="XLA: only the per-chip-batch figure"
+    )
     # Worker mode (one config in a fresh process): not for direct use.
     parser.add_argument("--worker", choices=["eager", "xla"])
     parser.add_argument("--attention", default="auto")
@@ -484,7 +532,8 @@ def main() -> None:
         print("RESULT " + json.dumps(r), flush=True)
         return
     if args.worker == "xla":
-        r = xla_worker(args.presets, args.attention, args.ckpt, args.block, args.marker)
+        volumes = args.per_chip_batch or 1
+        r = xla_worker(args.presets, args.attention, args.ckpt, args.block, args.marker, volumes)
         print("RESULT " + json.dumps(r), flush=True)
         return
     args.skip_eager = set(filter(None, args.skip_eager.split(",")))

@@ -6,7 +6,8 @@ Adding a subcommand: write ``_add_<name>(subparsers)`` that registers its parser
 ``func``, and list it in ``SUBCOMMANDS``.
 
 Exit codes: 0 success, 2 refused or failed (bad config, data, checkpoint; the message says why),
-3 stopped on a non-finite loss (the checkpoints written before it stay).
+3 stopped on a non-finite loss (the checkpoints written before it stay), 4 ended by the stall
+watchdog (``train.stall_exit_s``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ log = logging.getLogger("octtrain")
 EXIT_CODES = """exit codes:
   0  finished
   2  refused or failed: bad config, data, checkpoint or backend (the message names the cause)
-  3  stopped on a non-finite loss or gradient norm (checkpoints written before it stay)"""
+  3  stopped on a non-finite loss or gradient norm (checkpoints written before it stay)
+  4  ended by the stall watchdog: no step for train.stall_exit_s (a host stuck in a collective)"""
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,10 +146,41 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=_evaluate)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from octtrain.config.loader import load_config
+    from octtrain.config.pretrain import PretrainConfig
+    from octtrain.errors import DataError
+    from octtrain.train.doctor import run_doctor
+
+    cfg = load_config(PretrainConfig, args.config, overrides_of(args))
+    lines, problems = run_doctor(cfg)
+    for text in lines:
+        print(text, flush=True)
+    if problems:
+        raise DataError("doctor: the hosts disagree: " + "; ".join(problems))
+    print("doctor: every host agrees", flush=True)
+    return 0
+
+
+def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "doctor",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="before a pod run, on every host at once: same code, manifest, cache, kernel, mesh",
+    )
+    p.add_argument("--config", help="the training YAML the run will use (default: defaults)")
+    p.add_argument("--manifest", required=True, help="manifest.json of the cache")
+    p.add_argument("--cache", help="cache root; default: the manifest's folder (data.cache)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="as for pretrain")
+    p.set_defaults(func=_doctor)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_pretrain,
     _add_finetune,
     _add_evaluate,
+    _add_doctor,
 ]
 
 

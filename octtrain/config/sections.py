@@ -224,6 +224,16 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "auto"  # auto: bf16 autocast on CUDA (when supported) and TPU, else fp32
     stall_timeout_s: float = 300.0  # watchdog: report when no step finished for this long
+    # Added to the watchdog's limits until this process's first step finished: the first XLA
+    # compile of a TPU step can take many minutes and is not a stall.
+    first_step_allowance_s: float = 0.0
+    # The backstop when a host hangs in a collective: after this long without a step (plus the
+    # allowance before the first), report and end the process with exit code 4. 0: never.
+    stall_exit_s: float = 0.0
+    # XLA only: torch_xla's persistent compilation cache on local disk, so a restart reuses the
+    # compiled step instead of compiling again. auto: ~/.cache/octtrain/xla on a TPU
+    # (PJRT_DEVICE=TPU), none elsewhere; null or "" disables it.
+    xla_cache_dir: str | None = "auto"
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0: the cores left after data workers
     output_dir: str = "runs"
     name: str | None = None  # None: the job's name (pretrain, finetune)
@@ -235,6 +245,12 @@ class TrainConfig:
         check(self.device in DEVICES, f"device must be one of {DEVICES}, got {self.device!r}")
         check(self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}")
         check(self.stall_timeout_s > 0, "stall_timeout_s must be positive")
+        check(self.first_step_allowance_s >= 0, "first_step_allowance_s must be >= 0")
+        check(
+            self.stall_exit_s == 0 or self.stall_exit_s >= self.stall_timeout_s,
+            "stall_exit_s must be 0 (never) or at least stall_timeout_s",
+        )
+        object.__setattr__(self, "xla_cache_dir", none_if_blank(self.xla_cache_dir))
         check(self.cpu_threads >= 0, "cpu_threads must be >= 0")
         object.__setattr__(self, "run_dir", none_if_blank(self.run_dir))
 

@@ -16,8 +16,8 @@ What this module does instead (with ``data/loaders.py``'s padded shards):
   column must then be exactly 1 in every row - the exact-once invariant, checked, so a duplicate
   or a lost sample is an error, not a silently wrong number;
 * **failures are agreed on**: a process whose local loop raises logs the traceback, zeroes its
-  contribution and still joins the reductions with a failure flag (a host sum), so no process
-  hangs and all of them see the same outcome.
+  contribution and still joins the reductions, then ``hosts.agree`` with its failure, so no
+  process hangs and all of them raise the same ``ValidationError`` with its message.
 
 No ``.item()`` runs inside the loop; batches arrive through ``Backend.wrap_loader`` like training
 batches, so under SPMD they are global arrays sharded over the devices.
@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from octtrain.errors import OcttrainError
+from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def collect(
     (on every process alike) when any process failed or the exact-once check does not hold.
     """
     table = torch.zeros(n, width + 1, device=backend.device)
-    failed = False
+    failure: ValidationError | None = None
     modes = [m.training for m in models]
     for m in models:
         m.eval()
@@ -95,21 +96,19 @@ def collect(
                 counted = torch.cat([rows.float(), torch.ones_like(valid)], dim=1) * valid
                 table.index_add_(0, batch["index"].long(), counted)
                 backend.sync()
-    except Exception:  # noqa: BLE001 - any local failure must still reach the reductions below
+    except Exception as exc:  # noqa: BLE001 - any local failure must still reach the reductions
         log.error(
             "validation failed on process %d; joining the reduction with a failure flag:\n%s",
             backend.process_index,
             traceback.format_exc(),
         )
         table.zero_()
-        failed = True
+        failure = ValidationError(f"validation failed on process {backend.process_index}: {exc}")
     finally:
         for m, mode in zip(models, modes, strict=True):
             m.train(mode)
     reduced = backend.reduce_step_sum(table).cpu().double().numpy()
-    failures = int(backend.reduce_host_sum(torch.tensor([float(failed)]))[0])
-    if failures:
-        raise ValidationError(f"validation failed on {failures} process(es); see the log above")
+    hosts.agree(backend, failure, "in validation", kind=ValidationError)
     counts = reduced[:, -1]
     if not np.allclose(counts, 1.0):
         dup = int((counts > 1.5).sum())

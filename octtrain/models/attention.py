@@ -8,12 +8,18 @@
   ``N x N`` matrix, in the forward or the backward pass (the backward recomputes each chunk's
   probabilities from the saved row log-sum-exp, as FlashAttention does); for XLA devices that have
   no fused kernel, where the materialized matrix is 2.7 GB per layer at 9,216 tokens;
-- ``flash``: torch_xla's Pallas FlashAttention, TPU only;
+- ``flash``: torch_xla's Pallas FlashAttention, TPU only, and only with the Pallas dependencies
+  (jax, jaxlib: ``torch_xla[pallas]``; ``custom_kernel`` imports without them and fails at the
+  first call). Under SPMD it gets the batch-axis partition spec and the global mesh when the
+  batch divides the mesh, so each chip computes its own samples' attention (unpartitioned, XLA
+  would replicate the custom call: every chip doing the whole global batch); the lengths it
+  takes are checked before compiling (``models/flash_blocks.py``);
 - ``math``: the plain materialized reference;
-- ``auto``: sdpa on CPU and CUDA, flash on TPU, blocked on other XLA devices (XLA:CPU).
+- ``auto``: sdpa on CPU and CUDA, flash on TPU when Pallas imports, blocked on other XLA devices
+  (XLA:CPU) and on a TPU without Pallas. ``choose`` says which and why.
 
-torch_xla is imported here only when an XLA device asks, lazily, so CPU/CUDA installs never need
-it (``runtime/xla.py`` owns everything else about XLA).
+torch_xla (and jax) are imported here only when an XLA device asks, lazily, so CPU/CUDA installs
+never need them (``runtime/xla.py`` owns everything else about XLA).
 """
 
 from __future__ import annotations
@@ -45,22 +51,67 @@ def _xla_flash() -> tuple[str, FlashFn | None]:
     return str(xr.device_type()), flash_attention
 
 
-def resolve(kind: str, device: torch.device) -> str:
-    """The concrete kernel (sdpa, blocked, flash, math) ``kind`` means on ``device``."""
-    if kind == "flash":
-        device_type, kernel = _xla_flash() if device.type == "xla" else ("", None)
-        if kernel is None or device_type != "TPU":
+@functools.cache
+def _pallas_missing() -> str | None:
+    """Why the Pallas kernels cannot run here (None: jax, jaxlib and JAX's flash kernel import)."""
+    try:
+        # torch_xla's guard: the XLA runtime must hold the TPU before JAX is imported.
+        from torch_xla.experimental.custom_kernel import jax_import_guard
+
+        jax_import_guard()
+        import jax
+        import jax.experimental.pallas  # noqa: F401
+        import jaxlib  # noqa: F401
+        from jax.experimental.pallas.ops.tpu import flash_attention  # noqa: F401
+    except ImportError as exc:
+        return f"{exc} (install torch_xla[pallas])"
+    return None
+
+
+def choose(kind: str, device: torch.device) -> tuple[str, str]:
+    """(the concrete kernel ``kind`` means on ``device``: sdpa, blocked, flash or math; why)."""
+    if kind not in ("flash", "auto"):
+        return kind, "set in model.attention"
+    if device.type != "xla":
+        if kind == "flash":
             raise ConfigError(
                 f"model.attention 'flash' needs torch_xla's flash kernel on a TPU, not {device} "
                 "(use auto, sdpa or blocked)"
             )
-        return kind
-    if kind != "auto":
-        return kind
-    if device.type != "xla":
-        return "sdpa"
+        return "sdpa", f"auto on {device.type}"
     device_type, kernel = _xla_flash()
-    return "flash" if kernel is not None and device_type == "TPU" else "blocked"
+    missing = "torch_xla's custom_kernel does not import" if kernel is None else None
+    if device_type != "TPU":
+        missing = f"the XLA device is {device_type or 'unknown'}, not a TPU"
+    missing = missing or _pallas_missing()
+    if kind == "flash":
+        if missing:
+            raise ConfigError(f"model.attention 'flash' cannot run: {missing}")
+        return "flash", "set in model.attention"
+    if missing:
+        return "blocked", f"auto: no flash, {missing}"
+    return "flash", "auto on a TPU with Pallas"
+
+
+def resolve(kind: str, device: torch.device) -> str:
+    """The concrete kernel (sdpa, blocked, flash, math) ``kind`` means on ``device``."""
+    return choose(kind, device)[0]
+
+
+def flash_sharding(batch: int) -> tuple[tuple[str | None, ...] | None, Any]:
+    """(partition spec, mesh) for torch_xla's flash call on a ``batch``: the batch axis over the
+    global mesh under SPMD when the mesh divides the batch; (None, None) otherwise (no SPMD, or
+    a batch such as the one-volume picture forward that cannot be split)."""
+    import torch_xla.runtime as xr
+
+    if not xr.is_spmd():
+        return None, None
+    import torch_xla.distributed.spmd as xs
+
+    mesh = xs.get_global_mesh()
+    if mesh is None or batch % int(mesh.mesh_shape[0]):
+        return None, None
+    return (str(mesh.axis_names[0]), None, None, None), mesh
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -180,5 +231,7 @@ def attend(
     if choice == "flash":
         kernel = _xla_flash()[1]
         assert kernel is not None  # resolve() checked
-        return kernel(q, k, v, sm_scale=1.0 / math.sqrt(q.shape[-1]))
+        spec, mesh = flash_sharding(q.shape[0])
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        return kernel(q, k, v, sm_scale=scale, partition_spec=spec, mesh=mesh)
     return math_attention(q, k, v)

@@ -110,11 +110,13 @@ def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool) -> t
         return x
     if x.device.type == "xla":
         # torch_xla's checkpoint puts an optimization barrier on the block input; with torch's,
-        # XLA merges (CSE) the recomputation with the forward and keeps every activation.
+        # XLA merges (CSE) the recomputation with the forward and keeps every activation. It
+        # puts the parameters into that barrier only when given a bound method of a module
+        # (``inspect.ismethod``): ``block.forward``, not ``block``.
         from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
 
         for block in blocks:
-            x = xla_checkpoint(block, x, use_reentrant=True)  # XLA supports only reentrant
+            x = xla_checkpoint(block.forward, x, use_reentrant=True)  # XLA: reentrant only
         return x
     for block in blocks:
         x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)

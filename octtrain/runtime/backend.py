@@ -100,8 +100,9 @@ def resolve_kind(kind: str) -> str:
     return "cpu"
 
 
-def make_backend(kind: str, precision: str = "auto") -> Backend:
-    """The backend for ``kind`` (auto, cpu, cuda, xla) and ``precision`` (auto, bf16, fp32)."""
+def make_backend(kind: str, precision: str = "auto", xla_cache_dir: str | None = None) -> Backend:
+    """The backend for ``kind`` (auto, cpu, cuda, xla) and ``precision`` (auto, bf16, fp32);
+    ``xla_cache_dir``: XLA's persistent compilation cache (XLA only; None: none)."""
     kind = resolve_kind(kind)
     if kind == "xla":
         try:
@@ -110,7 +111,7 @@ def make_backend(kind: str, precision: str = "auto") -> Backend:
             raise BackendError(
                 f"device 'xla' needs torch_xla (the .venv-xla environment): {exc}"
             ) from exc
-        backend: Backend = XlaBackend(precision=precision)
+        backend: Backend = XlaBackend(precision=precision, compile_cache=xla_cache_dir)
         return backend
     if kind not in ("cpu", "cuda"):
         raise BackendError(f"unknown device {kind!r} (auto, cpu, cuda, xla)")

@@ -15,6 +15,11 @@
 * **Decisions.** Whether and from where to resume is decided on process 0 and broadcast, and the
   checkpoint is read there and broadcast, so no process can start fresh while another resumes,
   even when only process 0 can see the checkpoint folder.
+* **Failures.** A failure on one host must not leave the others waiting in a collective.
+  Where hosts must agree (each step's batch, a validation, a checkpoint write, the resume
+  decision) every process calls ``agree`` with its own failure or None: a host sum of one flag
+  per process (and, only when one is set, of the first failing host's message), after which
+  every process raises the same kind of error with that host's message, or all go on.
 """
 
 from __future__ import annotations
@@ -28,11 +33,67 @@ import numpy.typing as npt
 import torch
 
 from octtrain.config.sections import CheckpointConfig
-from octtrain.errors import CheckpointError, ConfigError
+from octtrain.errors import (
+    BackendError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    NonFiniteLossError,
+    OcttrainError,
+)
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime.backend import Backend
 
 log = logging.getLogger("octtrain")
+
+# The kinds ``agree`` carries between hosts (their index + 1 is the flag; 0: no failure), so
+# every host raises the class its exit code comes from (cli.py: 3 non-finite, 2 the others).
+AGREED_KINDS: tuple[type[OcttrainError], ...] = (
+    OcttrainError,
+    ConfigError,
+    DataError,
+    BackendError,
+    CheckpointError,
+    NonFiniteLossError,
+)
+MESSAGE_BYTES = 1000  # of the failing host's message sent to the others
+
+
+def agree(
+    backend: Backend,
+    failure: OcttrainError | None,
+    where: str,
+    kind: type[OcttrainError] | None = None,
+) -> None:
+    """Every process learns whether any failed at this point and all raise together.
+
+    Call on every process at the same point, with this process's failure or None. The failing
+    process raises its own error; the others raise ``kind`` (default: the failing one's class
+    among ``AGREED_KINDS``) with ``host i failed <where>: <its message>``. Two host sums, the
+    second only when something failed: cheap enough for every step.
+    """
+    if backend.process_count == 1:
+        if failure is not None:
+            raise failure
+        return
+    me, flags = backend.process_index, torch.zeros(backend.process_count, dtype=torch.int64)
+    if failure is not None:
+        flags[me] = 1 + max(i for i, k in enumerate(AGREED_KINDS) if isinstance(failure, k))
+    flags = backend.reduce_host_sum(flags)
+    failed = [i for i, flag in enumerate(flags.tolist()) if flag]
+    if not failed:
+        return
+    first = failed[0]
+    text = torch.zeros(MESSAGE_BYTES, dtype=torch.int64)
+    if me == first:
+        data = str(failure).encode("utf-8")[:MESSAGE_BYTES]
+        text[: len(data)] = torch.tensor(list(data), dtype=torch.int64)
+    text = backend.reduce_host_sum(text)
+    if failure is not None:
+        raise failure
+    message = bytes(int(b) for b in text.tolist()).rstrip(b"\0").decode("utf-8", "replace")
+    raised = kind or AGREED_KINDS[int(flags[first]) - 1]
+    raise raised(f"host {first} failed {where}: {message}")
 
 
 def local_batch(global_batch: int, backend: Backend) -> int:
@@ -81,10 +142,18 @@ def mean_over_replicas(backend: Backend, value: torch.Tensor) -> float:
 
 
 def decide_resume(cfg: CheckpointConfig, directory: str | None, backend: Backend) -> str | None:
-    """The checkpoint to resume from (or None), decided on process 0 and broadcast."""
-    url = ckpt.resume_url(cfg, directory) if backend.is_main else None
-    decided: str | None = backend.broadcast_object(url)
-    return decided
+    """The checkpoint to resume from (or None), decided on process 0 and broadcast; a
+    ``CheckpointError`` there is raised on every process."""
+    url, error = None, None
+    if backend.is_main:
+        try:
+            url = ckpt.resume_url(cfg, directory)
+        except CheckpointError as exc:
+            error = str(exc)
+    decided: tuple[str | None, str | None] = backend.broadcast_object((url, error))
+    if decided[1] is not None:
+        raise CheckpointError(decided[1])
+    return decided[0]
 
 
 def load_once(url: str, backend: Backend) -> dict[str, Any]:

@@ -2,7 +2,11 @@
 
 The loop marks its phase (``"data"`` while blocked on the loader, ``"compute"`` while a step
 runs) and each finished step; a daemon thread reports once per stall, through a callback, which
-phase has lasted how long. It never stops the run: a slow first XLA compile is not an error.
+phase has lasted how long. Until the first step finished, every limit is longer by
+``first_step_allowance_s``: a slow first XLA compile is not a stall. With ``exit_after_s`` it is
+also the backstop of ``hosts.agree``: a host stuck that long in a collective (its peer died
+without a word) calls ``on_exit``, which ends the process (``STALL_EXIT_CODE``), so no host of a
+pod waits forever.
 """
 
 from __future__ import annotations
@@ -11,12 +15,28 @@ import threading
 import time
 from collections.abc import Callable
 
+STALL_EXIT_CODE = 4  # the CLI's exit code for a run ended by the watchdog
+
+Report = Callable[[str, float, int], None]
+
 
 class StallWatchdog:
-    def __init__(self, timeout_s: float, report: Callable[[str, float, int], None]) -> None:
-        """``report(phase, seconds_since_last_step, last_step)`` is called from the thread."""
+    def __init__(
+        self,
+        timeout_s: float,
+        report: Report,
+        first_step_allowance_s: float = 0.0,
+        exit_after_s: float = 0.0,
+        on_exit: Report | None = None,
+    ) -> None:
+        """``report(phase, seconds_since_last_step, last_step)`` is called from the thread;
+        ``on_exit`` (same arguments) after ``exit_after_s`` without a step (0: never)."""
         self.timeout_s = timeout_s
         self.report = report
+        self.first_step_allowance_s = first_step_allowance_s
+        self.exit_after_s = exit_after_s
+        self.on_exit = on_exit
+        self._stepped = False
         self.phase = "startup"
         self.step = 0
         self._last = time.monotonic()
@@ -32,7 +52,12 @@ class StallWatchdog:
     def set_phase(self, phase: str) -> None:
         self.phase = phase
 
+    def allowance(self) -> float:
+        """Seconds added to every limit now: the first-step allowance until a step finished."""
+        return 0.0 if self._stepped else self.first_step_allowance_s
+
     def step_done(self, step: int) -> None:
+        self._stepped = True
         self.step = step
         self._last = time.monotonic()
         self._reported = False
@@ -46,6 +71,10 @@ class StallWatchdog:
         interval = min(5.0, self.timeout_s / 4)
         while not self._stop.wait(interval):
             idle = time.monotonic() - self._last
-            if idle >= self.timeout_s and not self._reported:
+            extra = self.allowance()
+            if idle >= self.timeout_s + extra and not self._reported:
                 self._reported = True
                 self.report(self.phase, idle, self.step)
+            if self.on_exit and self.exit_after_s and idle >= self.exit_after_s + extra:
+                self.on_exit(self.phase, idle, self.step)
+                return

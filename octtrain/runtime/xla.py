@@ -15,13 +15,16 @@ and the per-host batches form the global batch (``minibatch`` sharding on multi-
 The loop reads a step's values back only after the next step was launched (``train/loop.py``),
 so a step is one graph and no ``.item()`` forces an early execution. ``compile_count`` exposes
 torch_xla's ``CompileTime`` metric: it must stop growing after the first steps, or shapes or
-Python scalars are changing from step to step.
+Python scalars are changing from step to step. With ``train.xla_cache_dir`` compiled programs
+persist on local disk (torch_xla's persistent cache), so a restart skips the first compile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +40,7 @@ from torch import nn
 from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla://" for gloo)
 
 MESH_AXIS = "data"
+AUTO_COMPILE_CACHE = "~/.cache/octtrain/xla"  # train.xla_cache_dir=auto on a TPU
 
 
 class BatchDimSharding:
@@ -113,7 +117,16 @@ class XlaBackend:
 
     kind = "xla"
 
-    def __init__(self, precision: str = "auto") -> None:
+    def __init__(self, precision: str = "auto", compile_cache: str | None = None) -> None:
+        if compile_cache == "auto":
+            tpu = os.environ.get("PJRT_DEVICE", "").upper() == "TPU"
+            compile_cache = AUTO_COMPILE_CACHE if tpu else None
+        if compile_cache:
+            # Before the runtime starts; every host keeps its own copy on its local disk.
+            path = Path(compile_cache).expanduser()
+            path.mkdir(parents=True, exist_ok=True)
+            xr.initialize_cache(str(path), readonly=False)
+        self.compile_cache = compile_cache
         devices: int = xr.global_runtime_device_count()
         self.spmd = devices > 1
         self.mesh: xs.Mesh | None = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ from octtrain.eval import metrics as mt
 from octtrain.eval import regression as rg
 from octtrain.eval.report import class_table, confusion_rgb, print_metrics, short
 from octtrain.eval.validation import predict
+from octtrain.models import flash_blocks
+from octtrain.models.attention import choose
 from octtrain.models.classifier import build_classifier, encoder_from_state, make_loss
 from octtrain.models.vit3d import ViT3D, encoder_from_config
 from octtrain.runtime import checkpoint as ckpt
@@ -375,11 +378,17 @@ def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
     manifest, selection = prepare(
         read_manifest(d.manifest), d.select, d.label, [d.train_split, d.val_split], d.train_split
     )
-    backend = make_backend(cfg.train.device, cfg.train.precision)
+    backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
     try:
+        kernel, why = choose(cfg.model.attention, backend.device)
+        log.info("attention: %s (%s)", kernel, why)
         job = FinetuneJob(cfg, manifest, init, backend, selection)
+        shape = job.cfg.model.input_shape
+        if kernel == "flash" and shape is not None:  # the encoder sees every patch
+            n = math.prod(d // p for d, p in zip(shape, job.cfg.model.patch, strict=True))
+            flash_blocks.check_lengths({"encoder": n})
         trainer = Trainer(job, settings(job.cfg), backend)
         if backend.is_main:
             _print_start(job, trainer)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import numpy as np
 from rich.console import Console
 
 from octtrain.data.loaders import Prefetcher
-from octtrain.errors import NonFiniteLossError
+from octtrain.errors import CheckpointError, DataError, NonFiniteLossError, OcttrainError
 from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
 from octtrain.eval.report import print_collapse
 from octtrain.eval.selection import EarlyStopping
@@ -45,7 +46,7 @@ from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
 from octtrain.runtime.rundir import code_version, new_run_dir, write_run_info
 from octtrain.runtime.tracking import Tracker
-from octtrain.runtime.watchdog import StallWatchdog
+from octtrain.runtime.watchdog import STALL_EXIT_CODE, StallWatchdog
 from octtrain.train.job import Job, RunResult, Settings, StepResult
 
 log = logging.getLogger("octtrain")
@@ -111,6 +112,16 @@ class Trainer:
         log.info("resumed from %s at step %d", url, self.start_step)
 
     def _save(self, step: int, score: float | None) -> None:
+        failure = None
+        try:
+            self._write(step, score)
+        except CheckpointError as exc:
+            failure = exc
+        # Only process 0 writes: the others must learn of its failure, not wait in the barrier.
+        hosts.agree(self.backend, failure, f"writing the checkpoint of step {step}")
+        self.backend.barrier()
+
+    def _write(self, step: int, score: float | None) -> None:
         if self.ckpt is not None:
             state = self.job.state(step)
             state["step"] = step
@@ -123,14 +134,20 @@ class Trainer:
             }
             self.result.last_checkpoint = self.ckpt.save(ckpt.to_cpu(state), step, score)
             log.info("checkpoint %s", self.result.last_checkpoint)
-        self.backend.barrier()
 
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
         """Resume if asked, train to the end (or early stop), return where things went."""
         exit_code = 1
-        watchdog = StallWatchdog(self.s.train.stall_timeout_s, self._report_stall)
+        t = self.s.train
+        watchdog = StallWatchdog(
+            t.stall_timeout_s,
+            self._report_stall,
+            t.first_step_allowance_s,
+            t.stall_exit_s,
+            self._stall_exit,
+        )
         prefetcher: Prefetcher | None = None
         try:
             self.resume()
@@ -166,7 +183,16 @@ class Trainer:
             job.before_step(step)
             watchdog.set_phase("data")
             t0 = time.perf_counter()
-            batch = next(batches)
+            batch, failure = None, None
+            try:
+                batch = next(batches)
+            except OcttrainError as exc:
+                failure = exc
+            except StopIteration:
+                failure = DataError(f"the training loader ended before step {done}")
+            # One host's bad volume must not leave the others in the step's collectives.
+            hosts.agree(self.backend, failure, f"loading the batch of step {done}")
+            assert batch is not None
             wait = time.perf_counter() - t0
             watchdog.set_phase("compute")
             result = job.train_step(batch, step)
@@ -319,6 +345,22 @@ class Trainer:
             if self.s.logging.console:
                 print_collapse(console, message)
             self.tracker.alert("collapse", message)
+
+    def _stall_exit(self, phase: str, idle: float, step: int) -> None:
+        """The watchdog's backstop (its thread): the main thread is stuck, most likely in a
+        collective whose peer is gone; say so and end the process."""
+        message = (
+            f"no step finished for {idle:.0f} s after step {step} (waiting in {phase}); "
+            f"train.stall_exit_s={self.s.train.stall_exit_s:g} reached: exiting with code "
+            f"{STALL_EXIT_CODE}. If another host failed, its log says why."
+        )
+        log.error("%s", message)
+        try:
+            self.tracker.alert("training stopped: stalled", message)
+            self.tracker.close(STALL_EXIT_CODE)
+        finally:
+            logging.shutdown()
+            os._exit(STALL_EXIT_CODE)
 
     def _report_stall(self, phase: str, idle: float, step: int) -> None:
         waiting = {

@@ -11,6 +11,7 @@ collapse by their effective rank).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,15 @@ from octtrain.data.dataset import (
     volume_shape,
 )
 from octtrain.data.loaders import padded_loader, train_loader
-from octtrain.data.masks import SampleMasker, mask_overlay
+from octtrain.data.masks import SampleMasker, mask_overlay, num_masked
 from octtrain.data.select import select
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
 from octtrain.eval.pictures import attention_overlay, pca_rgb
 from octtrain.eval.probe import knn_balanced_accuracy
 from octtrain.eval.validation import collect
+from octtrain.models import flash_blocks
+from octtrain.models.attention import choose
 from octtrain.models.jepa import build_student, ema_update, jepa_loss, make_target, target_features
 from octtrain.models.vit3d import Block
 from octtrain.runtime import checkpoint as ckpt
@@ -46,6 +49,8 @@ from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, moni
 from octtrain.train.loop import Trainer
 from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
 from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
+
+log = logging.getLogger("octtrain")
 
 
 def resolve(cfg: PretrainConfig, manifest: Manifest) -> PretrainConfig:
@@ -68,6 +73,28 @@ def resolve(cfg: PretrainConfig, manifest: Manifest) -> PretrainConfig:
     except ConfigError as exc:
         raise ConfigError(f"model: {exc} (cached volumes are {list(shape)})") from None
     return dataclasses.replace(cfg, model=model)
+
+
+def attention_lengths(cfg: PretrainConfig) -> dict[str, int]:
+    """The token count each attention of a step sees (a resolved config): the context encoder
+    sees the ``N - K`` unmasked patches, the target encoder all ``N``, the predictor the context
+    plus one slot per masked patch (``N`` again)."""
+    assert cfg.model.input_shape is not None
+    n = math.prod(s // p for s, p in zip(cfg.model.input_shape, cfg.model.patch, strict=True))
+    return {
+        "context encoder": n - num_masked(n, cfg.mask.ratio),
+        "target encoder": n,
+        "predictor": n,
+    }
+
+
+def check_kernel(cfg: PretrainConfig, device: torch.device) -> tuple[str, str]:
+    """(the attention kernel this run uses on ``device``, why); ``ConfigError`` before any
+    compile when it is flash and a length does not fit its blocks."""
+    kernel, why = choose(cfg.model.attention, device)
+    if kernel == "flash":
+        flash_blocks.check_lengths(attention_lengths(cfg))
+    return kernel, why
 
 
 def settings(cfg: PretrainConfig) -> Settings:
@@ -290,10 +317,12 @@ def run_pretrain(cfg: PretrainConfig) -> RunResult:
     # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
     manifest = select(read_manifest(cfg.data.manifest), cfg.data.select)
     cfg = resolve(cfg, manifest)
-    backend = make_backend(cfg.train.device, cfg.train.precision)
+    backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
     try:
+        kernel, why = check_kernel(cfg, backend.device)
+        log.info("attention: %s (%s)", kernel, why)
         return Trainer(PretrainJob(cfg, manifest, backend), settings(cfg), backend).run()
     finally:
         backend.close()

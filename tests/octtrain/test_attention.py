@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 import torch
 
+from octtrain.cli import main
 from octtrain.config.sections import ModelConfig
 from octtrain.errors import ConfigError
-from octtrain.models.attention import attend, resolve
+from octtrain.models import attention
+from octtrain.models.attention import attend, choose, resolve
 from octtrain.models.jepa import build_student, jepa_loss
 
+TINY = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "tiny.yaml"
 KINDS = ("math", "sdpa", "blocked")
 
 
@@ -95,3 +101,52 @@ def test_checkpointing_recomputes_blocks_in_backward(monkeypatch: pytest.MonkeyP
     calls["n"] = 0
     _loss_and_grads(ModelConfig(**{**cfg.__dict__, "activation_checkpointing": True}))
     assert plain == 3 and calls["n"] == 2 * plain  # tiny: 2 encoder + 1 predictor blocks
+
+
+def _tpu(monkeypatch: pytest.MonkeyPatch, pallas_missing: str | None) -> torch.device:
+    """An XLA device whose runtime says TPU, with or without the Pallas dependencies."""
+    monkeypatch.setattr(attention, "_xla_flash", lambda: ("TPU", attention.math_attention))
+    monkeypatch.setattr(attention, "_pallas_missing", lambda: pallas_missing)
+    return torch.device("xla")
+
+
+def test_auto_picks_flash_on_a_tpu_only_when_pallas_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    device = _tpu(monkeypatch, None)
+    assert choose("auto", device) == ("flash", "auto on a TPU with Pallas")
+    missing = "No module named 'jax' (install torch_xla[pallas])"
+    device = _tpu(monkeypatch, missing)
+    assert choose("auto", device) == ("blocked", f"auto: no flash, {missing}")
+    with pytest.raises(ConfigError, match="No module named 'jax'"):
+        choose("flash", device)
+
+
+def test_pallas_check_reports_what_does_not_import() -> None:
+    # This environment has no torch_xla: the check names the missing module, never raises.
+    attention._pallas_missing.cache_clear()
+    found = attention._pallas_missing()
+    assert found is not None and "No module named" in found
+
+
+def test_first_log_line_names_the_kernel_and_why(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    args = ["pretrain", "--config", str(TINY), "--manifest", str(tiny_cache[0])]
+    overrides = [f"train.output_dir={tmp_path}", "train.max_steps=1", "checkpoint.dir=None"]
+    with caplog.at_level(logging.INFO, logger="octtrain"):
+        assert main(args + overrides) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "octtrain"]
+    assert lines[0] == "attention: sdpa (auto on cpu)"
+
+
+def test_finetuning_s_first_log_line_names_the_kernel_too(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = TINY.parents[1] / "finetune" / "tiny.yaml"
+    args = ["finetune", "--config", str(config), "--manifest", str(tiny_cache[0])]
+    overrides = [f"train.output_dir={tmp_path}", "train.epochs=1", "init_encoder=random"]
+    with caplog.at_level(logging.INFO, logger="octtrain"):
+        assert main([*args, *overrides, "checkpoint.dir=None"]) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "octtrain"]
+    assert lines[0] == "attention: sdpa (auto on cpu)"

@@ -376,11 +376,11 @@ def test_failing_validation_is_logged_and_training_goes_on(
     records = _records(result.run_dir)
     assert [int(r["step"]) for r in records if "train_epoch/loss" in r] == [1, 2]
     alerts = [r for r in records if r.get("event") == "alert" and "validation" in r["title"]]
-    assert len(alerts) == 2 and "failed on 1 process" in alerts[0]["text"]
+    assert len(alerts) == 2 and "failed on process 0: " in alerts[0]["text"]
     strict = finetune_config(
         path, tmp_path / "run2", *common, "validation.continue_on_failure=false"
     )
-    with pytest.raises(ValidationError, match="failed on 1 process"):
+    with pytest.raises(ValidationError, match=r"failed on process 0: .* does not exist"):
         run_finetune(strict, tiny_pretrained)
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +199,109 @@ def test_pretrain_finetune_evaluate_as_two_processes_through_the_cli(
     metrics = json.loads((out / "metrics-test.json").read_text())
     assert metrics["volume"]["num_samples"] == 8  # the 8 test volumes, each once over both hosts
     assert len({p["zarr_path"] for p in metrics["predictions"]}) == 8
+
+
+FAULT_WORKER = ROOT / "tests" / "octtrain" / "pod_fault_worker.py"
+STALL_TIMEOUT_S = 120  # configs/pretrain/tiny.yaml's train.stall_timeout_s
+
+
+@pytest.mark.parametrize(
+    ("point", "host", "kind"),
+    [
+        ("data", 1, "loading the batch of step 3"),
+        ("validation", 1, "in validation"),
+        ("checkpoint", 0, "writing the checkpoint of step 2"),
+    ],
+)
+def test_a_failure_on_one_host_stops_both_with_its_message(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, point: str, host: int, kind: str
+) -> None:
+    """Without agreement the other host waits in a collective (gloo's timeout: 10 minutes)
+    and torchrun kills it once the failing one exits: it never reaches its own verdict."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [str(FAULT_WORKER), str(out), "--config", str(PRETRAIN_TINY)]
+    args += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run"]
+    args += ["train.max_steps=6", "validation.every=2", "validation.continue_on_failure=false"]
+    args += ["checkpoint.every=2", f"checkpoint.dir={tmp_path}/host{{rank}}"]
+    started = time.monotonic()
+    torchrun(
+        [*args, "data.batch_size=8"], timeout=STALL_TIMEOUT_S + 120, POD_FAIL=f"{point}:{host}"
+    )
+    elapsed = time.monotonic() - started
+    found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [f["code"] for f in found] == [2, 2]
+    own = found[host]["errors"][-1]
+    assert ("no space left" if point == "checkpoint" else "unreadable chunk") in own
+    other = found[1 - host]["errors"][-1]
+    assert other.startswith(f"host {host} failed {kind}: ") and other.endswith(own.split(": ")[-1])
+    assert elapsed < STALL_TIMEOUT_S + 60  # startup and 2-6 steps, never a collective's timeout
+
+
+def test_a_host_stuck_in_its_data_ends_both_through_the_stall_exit(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The backstop: host 1 hangs (no error to agree on), host 0 waits for it in the step's
+    agreement; both watchdogs end their process with exit 4 after train.stall_exit_s. Started
+    without torchrun, whose agent would kill the survivors itself (a pod has no such agent)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [sys.executable, str(FAULT_WORKER), str(out), "--config", str(PRETRAIN_TINY)]
+    args += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run", "checkpoint.dir="]
+    args += ["train.max_steps=6", "train.stall_timeout_s=5", "train.stall_exit_s=15"]
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    procs = [
+        subprocess.Popen(
+            args,
+            env=env(**common, RANK=str(r), LOCAL_RANK=str(r), POD_FAIL="hang:1"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        codes = [p.wait(timeout=STALL_TIMEOUT_S + 60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    stderr = [p.stderr.read() if p.stderr else "" for p in procs]
+    assert codes == [4, 4], stderr
+    assert all("train.stall_exit_s=15 reached" in e for e in stderr)
+
+
+RANK_CLI = ROOT / "tests" / "octtrain" / "rank_cli.py"
+
+
+def test_doctor_passes_when_both_hosts_see_the_same(tiny_cache: tuple[Path, Path]) -> None:
+    args = [str(RANK_CLI), "doctor", "--config", str(PRETRAIN_TINY), "--manifest"]
+    proc = torchrun([*args, str(tiny_cache[0])], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    hosts = [x for x in lines if x.startswith("host ")]
+    assert [h.split(" ")[1] for h in hosts] == ["0", "1"]  # one line per host, from process 0
+    assert all(
+        "attention sdpa (auto on cpu)" in h and "2 device(s) over 2 host(s)" in h for h in hosts
+    )
+    assert lines.count("doctor: every host agrees") == 2
+
+
+def test_doctor_fails_on_every_host_when_one_host_s_manifest_differs(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    original = mf.load(tiny_cache[0])
+    for host, volumes in ((0, original.volumes), (1, original.volumes[1:])):
+        (tmp_path / f"host{host}").mkdir()
+        mf.write(
+            dataclasses.replace(original, volumes=volumes), tmp_path / f"host{host}" / "m.json"
+        )
+    args = [str(RANK_CLI), "doctor", "--config", str(PRETRAIN_TINY), "--cache", str(tiny_cache[1])]
+    proc = torchrun([*args, "--manifest", f"{tmp_path}/host{{rank}}/m.json"], timeout=300)
+    assert proc.returncode != 0
+    verdicts = [x for x in proc.stderr.splitlines() if "doctor: the hosts disagree" in x]
+    assert len(verdicts) == 2, proc.stderr[-3000:]  # both hosts exit 2 with the same verdict
+    assert "manifest differs from host 0's on host(s) 1 (" in verdicts[0]
+    assert "cache differs" in verdicts[0]

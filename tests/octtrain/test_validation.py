@@ -84,7 +84,7 @@ def test_failing_sample_raises_validation_error_and_restores_mode() -> None:
     model = nn.Identity()
     model.train()
     loader = padded_loader(Items(5, broken=3), 5, rank=0, world=1, batch_size=2)
-    with pytest.raises(ValidationError, match="failed on 1 process"):
+    with pytest.raises(ValidationError, match="failed on process 0: cannot read sample 3"):
         predict(model, loader, backend, n=5, num_classes=C, to_input=_image)
     assert model.training
 
@@ -150,5 +150,6 @@ def test_torchrun_fewer_samples_than_processes(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_torchrun_failure_on_one_process_is_seen_by_all(tmp_path: Path) -> None:
     results = _torchrun(tmp_path, procs=2, n=5, broken_rank=1)
-    for res in results:
-        assert res["error"] == "validation failed on 1 process(es); see the log above"
+    own = results[1]["error"]
+    assert own.startswith("validation failed on process 1: ")
+    assert results[0]["error"] == f"host 1 failed in validation: {own}"  # its message, agreed

@@ -1,0 +1,95 @@
+"""``octtrain doctor``: before a pod run, check that every host would run the same thing.
+
+Run on every host at once, as the training command would be (same backend, same config): each
+host describes what it sees, namely its code version, the manifest's checksum, the cache (the
+manifest's per-volume checksums of the volumes whose files are present: cheap, nothing is
+read), the attention kernel it would use and why (and, for flash, whether the lengths fit), and
+the device mesh. One host sum assembles every host's line on every host; process 0 prints one
+line per host, every host prints the verdict, and all exit 0 when the hosts agree, 2 (naming
+what differs) when not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from pathlib import Path
+
+import torch
+
+from octtrain.config.pretrain import PretrainConfig
+from octtrain.data.dataset import read_manifest
+from octtrain.errors import OcttrainError
+from octtrain.runtime.backend import Backend, make_backend
+from octtrain.runtime.rundir import code_version
+from octtrain.train.pretrain import check_kernel, resolve
+
+# What every host must see alike; "host" (the machine's name) differs by design.
+AGREED = ("code", "manifest", "cache", "attention", "mesh")
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
+
+
+def describe(cfg: PretrainConfig, backend: Backend) -> dict[str, str]:
+    """This host's view: what ``AGREED`` names, plus its name."""
+    assert cfg.data.manifest is not None
+    manifest_path = Path(cfg.data.manifest)
+    manifest = read_manifest(str(manifest_path))
+    root = Path(cfg.data.cache) if cfg.data.cache else manifest_path.parent
+    present = [v for v in manifest.volumes if (root / v.zarr_path).exists()]
+    listing = "\n".join(sorted(f"{v.zarr_path} {v.checksum}" for v in present))
+    try:
+        kernel, why = check_kernel(resolve(cfg, manifest), backend.device)
+        attention = f"{kernel} ({why})"
+    except OcttrainError as exc:
+        attention = f"refused: {exc}"
+    return {
+        "host": f"{backend.process_index} ({socket.gethostname()})",
+        "code": code_version(),
+        "manifest": _digest(manifest_path.read_bytes()),
+        "cache": f"{len(present)}/{len(manifest.volumes)} volumes {_digest(listing.encode())}",
+        "attention": attention,
+        "mesh": (
+            f"{backend.kind}: {backend.world_size} device(s) over {backend.process_count} "
+            f"host(s), {backend.world_size // max(1, backend.process_count)} per host"
+        ),
+    }
+
+
+def line(view: dict[str, str]) -> str:
+    """One host's line."""
+    return f"host {view['host']}: " + ", ".join(f"{k} {view[k]}" for k in AGREED)
+
+
+def gather_text(backend: Backend, text: str, width: int = 4096) -> list[str]:
+    """Every process's ``text`` (UTF-8, at most ``width`` bytes), in process order, everywhere."""
+    table = torch.zeros(backend.process_count, width, dtype=torch.int64)
+    data = text.encode("utf-8")[:width]
+    table[backend.process_index, : len(data)] = torch.tensor(list(data), dtype=torch.int64)
+    table = backend.reduce_host_sum(table) if backend.process_count > 1 else table
+    rows = [bytes(int(b) for b in row).rstrip(b"\0") for row in table.tolist()]
+    return [row.decode("utf-8", "replace") for row in rows]
+
+
+def disagreements(views: list[dict[str, str]]) -> list[str]:
+    """One sentence per key on which some host differs from host 0."""
+    found = []
+    for key in AGREED:
+        odd = [v["host"] for v in views[1:] if v[key] != views[0][key]]
+        if odd:
+            found.append(f"{key} differs from host 0's on host(s) {', '.join(odd)}")
+    return found
+
+
+def run_doctor(cfg: PretrainConfig) -> tuple[list[str], list[str]]:
+    """Check every host: (the lines to print: every host's on process 0, none elsewhere; what
+    differs, the same on every host)."""
+    backend = make_backend(cfg.train.device, cfg.train.precision, None)
+    try:
+        views = [json.loads(t) for t in gather_text(backend, json.dumps(describe(cfg, backend)))]
+    finally:
+        backend.close()
+    return ([line(v) for v in views] if backend.is_main else []), disagreements(views)

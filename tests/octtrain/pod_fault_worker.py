@@ -1,0 +1,77 @@
+"""Run by torchrun in test_pod.py's failure tests: ``octtrain pretrain`` through the CLI on one
+simulated host, with one failure injected on one host.
+
+``POD_FAIL=<point>:<rank>`` picks it: ``data`` (that host's training loader raises a
+``DataError`` from its ninth volume on, its third batch, as a bad volume in its local cache
+would), ``validation`` (its validation loader raises from its ninth volume on), ``checkpoint``
+(its checkpoint write raises a ``CheckpointError``, as a full disk or a refused bucket would),
+``hang`` (its ninth training volume never arrives, as a read from a dead mount).
+``{rank}`` in an argument becomes
+this process's rank. Writes ``<out>/rank<r>.json`` with the CLI's exit code and the error lines
+it logged, then exits with that code (after a pause, so torchrun, which stops the other workers
+once one has failed, cannot cut the other host short of its own verdict).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from octtrain.cli import main
+from octtrain.data.dataset import ManifestDataset
+from octtrain.errors import CheckpointError, DataError
+from octtrain.runtime.checkpoint import CheckpointManager
+
+
+def inject(point: str, rank: int) -> None:
+    if point == "checkpoint":
+
+        def save(self: CheckpointManager, *args: Any, **kwargs: Any) -> str:
+            raise CheckpointError(
+                f"{self.url}: cannot write: no space left on device (host {rank})"
+            )
+
+        CheckpointManager.save = save  # type: ignore[method-assign]
+        return
+    split = {"data": "train", "validation": "val", "hang": "train"}[point]
+    getitem, calls = ManifestDataset.__getitem__, [0]
+
+    def failing(self: ManifestDataset, key: Any) -> dict[str, Any]:
+        if self.split == split:
+            calls[0] += 1
+            if calls[0] > 8 and point == "hang":
+                threading.Event().wait()
+            if calls[0] > 8:  # the third batch of 4
+                raise DataError(f"volume {key}: unreadable chunk in host {rank}'s cache")
+        return getitem(self, key)
+
+    ManifestDataset.__getitem__ = failing  # type: ignore[method-assign]
+
+
+class Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+if __name__ == "__main__":
+    rank = int(os.environ["RANK"])
+    point, _, failing_rank = os.environ["POD_FAIL"].partition(":")
+    if rank == int(failing_rank):
+        inject(point, rank)
+    errors = Errors()
+    logging.getLogger("octtrain").addHandler(errors)
+    out, args = Path(sys.argv[1]), [a.replace("{rank}", str(rank)) for a in sys.argv[2:]]
+    code = main(["pretrain", *args])
+    (out / f"rank{rank}.json").write_text(json.dumps({"code": code, "errors": errors.lines}))
+    time.sleep(3)
+    sys.exit(code)
