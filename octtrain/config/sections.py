@@ -170,6 +170,7 @@ class TrainConfig:
     output_dir: str = "runs"
     name: str | None = None  # None: the job's name (pretrain, finetune)
     run_dir: str | None = None  # exact run folder; None means <output_dir>/<name>-<timestamp>
+    overwrite: bool = False  # a run_dir holding a run: move it aside and start anew (not resume)
 
     def __post_init__(self) -> None:
         check(self.max_steps is None or self.max_steps > 0, "max_steps must be positive")

@@ -195,7 +195,9 @@ def load_checkpoint(url: str) -> dict[str, Any]:
     try:
         state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{folder}/{name}: not a readable checkpoint: {exc}") from exc
+        # torch's reasons run over several lines (weights-only advice); the first one says it.
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CheckpointError(f"{folder}/{name}: not a readable checkpoint: {reason}") from exc
     return state
 
 
