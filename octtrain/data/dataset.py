@@ -1,13 +1,13 @@
 """Manifest-fed volumes: a dataset that opens only the arrays the manifest lists.
 
-``ManifestDataset`` never lists a folder and never calls out: each item is one
-``zarr.open_array`` of ``cache_root / volume.array_path`` (reading its ``zarr.json`` and its one
-shard, checked complete first: ``data/volumeread.py``). Items stay **uint8** ``[1, D, H, W]``,
-cropped to the model's input shape and flipped in the loader workers; the intensity augmentation travels as two floats per sample (``gain``,
-``shift``) and ``to_model_input`` applies it with the scaling to [-1, 1] on the device, inside
-the step. A batch crosses the worker pipe and the host-to-device link at a quarter of the float32
-bytes. With a ``masker`` (pretraining) each item also carries its context/target patch indices
-(int32), sampled in the worker.
+``ManifestDataset`` never lists a folder and never calls out: each item is one ``zarr.open_array``
+of ``cache_root / volume.array_path`` (reading its ``zarr.json`` and its one shard, checked
+complete first: ``data/volumeread.py``). Items stay **uint8** ``[1, D, H, W]``, cropped to the
+model's input shape and flipped in the loader workers; the intensity augmentation travels as two
+floats per sample (``gain``, ``shift``) and ``to_model_input`` applies it with the scaling to [-1,
+1] on the device, inside the step. A batch crosses the worker pipe and the host-to-device link at a
+quarter of the float32 bytes. With a ``masker`` (pretraining) each item also carries its
+context/target patch indices (int32), sampled in the worker.
 
 Randomness is keyed, not stateful: the samplers yield ``(index, seed)`` pairs and everything
 random about an item (crop, flips, intensity, mask) depends only on that seed; deterministic
