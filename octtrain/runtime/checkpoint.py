@@ -110,8 +110,16 @@ class CheckpointManager:
             return {"checkpoints": [], "best": None}
         try:
             index: dict[str, Any] = json.loads(data)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{self.url}/{INDEX}: not valid JSON: {exc}") from exc
+        entries = index.get("checkpoints") if isinstance(index, dict) else None
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries
+        ):
+            raise CheckpointError(
+                f"{self.url}/{INDEX}: not a checkpoint index (no list of named checkpoints)"
+            )
+        index.setdefault("best", None)
         return index
 
     def latest(self) -> str | None:

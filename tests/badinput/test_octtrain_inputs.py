@@ -178,10 +178,16 @@ def _garbage_pt(tmp: Path) -> Path:
     return tmp / "step_00000001.pt"
 
 
+def _folder_with_bad_index(tmp: Path) -> Path:
+    (tmp / "ck").mkdir()
+    (tmp / "ck" / "index.json").write_text("{}")
+    return tmp / "ck"
+
+
 @pytest.mark.parametrize(
     "make",
-    [_text_file, _garbage_pt, lambda tmp: tmp / "missing.pt"],
-    ids=["text file", "corrupt checkpoint", "missing file"],
+    [_text_file, _garbage_pt, lambda tmp: tmp / "missing.pt", _folder_with_bad_index],
+    ids=["text file", "corrupt checkpoint", "missing file", "folder with a bad index.json"],
 )
 def test_bad_init_checkpoint_is_one_line(
     make: Callable[[Path], Path], pristine: Path, tmp_path: Path
