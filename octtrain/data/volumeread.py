@@ -55,10 +55,10 @@ def read_volume(cache_root: Path, volume: Volume) -> npt.NDArray[np.uint8]:
     advice = "run `octstage verify` on the manifest, then rebuild or restage the cache"
     try:
         array = zarr.open_array(store=str(path), mode="r", zarr_format=3)
-    except (FileNotFoundError, OSError, ValueError, TypeError, KeyError) as exc:
-        raise DataError(
-            f"{where}: not in the cache ({exc or type(exc).__name__}); {advice}"
-        ) from None
+    except FileNotFoundError:
+        raise DataError(f"{where}: not in the cache (no zarr.json); {advice}") from None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise DataError(f"{where}: array metadata unreadable ({exc}); {advice}") from None
     for key, minimum in data_keys(array):
         try:
             size = (path / key).stat().st_size
