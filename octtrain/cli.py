@@ -5,9 +5,12 @@ Every subcommand takes ``--config FILE`` and any number of ``dotted.key=value`` 
 Adding a subcommand: write ``_add_<name>(subparsers)`` that registers its parser and sets
 ``func``, and list it in ``SUBCOMMANDS``.
 
-Exit codes: 0 success, 2 refused or failed (bad config, data, checkpoint; the message says why),
-3 stopped on a non-finite loss (the checkpoints written before it stay), 4 ended by the stall
-watchdog (``train.stall_exit_s``).
+Overrides may come anywhere among the options. Exit codes (``EXIT``, listed in every --help):
+0 success, 2 refused (bad flags, config, checkpoint or backend; the message says why), 3 stopped
+on a non-finite loss (the checkpoints written before it stay), 4 a data error (the manifest or a
+cached volume cannot feed the run; the message names the volume and path), 5 ended by the stall
+watchdog (``train.stall_exit_s``: a host stuck in a collective), 130 interrupted (Ctrl-C;
+checkpoints already written stay). Config errors are reported before torch is imported.
 """
 
 from __future__ import annotations
@@ -17,15 +20,29 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from octtrain.errors import NonFiniteLossError, OcttrainError
+from octtrain.errors import DataError, NonFiniteLossError, OcttrainError
 
 log = logging.getLogger("octtrain")
 
-EXIT_CODES = """exit codes:
-  0  finished
-  2  refused or failed: bad config, data, checkpoint or backend (the message names the cause)
-  3  stopped on a non-finite loss or gradient norm (checkpoints written before it stay)
-  4  ended by the stall watchdog: no step for train.stall_exit_s (a host stuck in a collective)"""
+EXIT_OK, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA, EXIT_STALLED, EXIT_INTERRUPTED = (
+    0,
+    2,
+    3,
+    4,
+    5,
+    130,
+)
+EXIT_CODES = f"""exit codes:
+  {EXIT_OK}    finished
+  {EXIT_REFUSED}    refused or failed: bad flags, config, checkpoint or backend (the message names
+       the file, key or value)
+  {EXIT_NONFINITE}    stopped on a non-finite loss or gradient norm (checkpoints written before
+       it stay)
+  {EXIT_DATA}    data error: the manifest or a cached volume cannot feed the run (missing,
+       short or corrupt; the message names the volume and its path)
+  {EXIT_STALLED}    ended by the stall watchdog: no step for train.stall_exit_s (a host stuck in
+       a collective)
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C); checkpoints written before it stay"""
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +54,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="e.g. train.max_steps=20 data.num_workers=2",
+        help="e.g. train.max_steps=20 data.num_workers=2 (anywhere among the options)",
     )
 
 
@@ -54,13 +71,15 @@ def overrides_of(args: argparse.Namespace) -> list[str]:
 def _pretrain(args: argparse.Namespace) -> int:
     from octtrain.config.loader import load_config
     from octtrain.config.pretrain import PretrainConfig
-    from octtrain.train.pretrain import run_pretrain
 
     cfg = load_config(PretrainConfig, args.config, overrides_of(args))
+    # The step module (and torch) only once the config is valid: a refusal stays instant.
+    from octtrain.train.pretrain import run_pretrain
+
     result = run_pretrain(cfg)
     if result.run_dir is not None:
         log.info("run folder: %s (last checkpoint: %s)", result.run_dir, result.last_checkpoint)
-    return 0
+    return EXIT_OK
 
 
 def _add_pretrain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,9 +96,10 @@ def _add_pretrain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _finetune(args: argparse.Namespace) -> int:
     from octtrain.config.finetune import FinetuneConfig
     from octtrain.config.loader import load_config
-    from octtrain.train.finetune import run_finetune
 
     cfg = load_config(FinetuneConfig, args.config, overrides_of(args))
+    from octtrain.train.finetune import run_finetune
+
     result = run_finetune(cfg, args.init)
     if result.run_dir is not None:
         log.info(
@@ -91,7 +111,7 @@ def _finetune(args: argparse.Namespace) -> int:
             result.best_checkpoint,
             result.validation_failures,
         )
-    return 0
+    return EXIT_OK
 
 
 def _add_finetune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -124,7 +144,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         max_share=args.collapse_max_share,
     )
-    return 0
+    return EXIT_OK
 
 
 def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -208,17 +228,36 @@ def setup_logging(verbose: bool) -> None:
     logging.getLogger("octtrain").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments, with KEY=VALUE overrides accepted anywhere among the options (argparse
+    alone takes positionals only in one run, so ``a=1 --init X b=2`` would leave ``b=2``)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     setup_logging(args.verbose)
     try:
         code: int = args.func(args)
     except NonFiniteLossError as exc:
         log.error("%s", exc)
-        return 3
+        return EXIT_NONFINITE
+    except DataError as exc:
+        log.error("data error: %s", exc)
+        return EXIT_DATA
     except OcttrainError as exc:
         log.error("%s", exc)
-        return 2
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        log.error("interrupted; checkpoints written before it stay")
+        return EXIT_INTERRUPTED
     return code
 
 

@@ -8,6 +8,7 @@ itself when built (``__post_init__``), so a bad value fails before any work star
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import types
@@ -116,13 +117,26 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, override
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{yaml_path}: top level must be a mapping")
         data = loaded or {}
+    from_file = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
     try:
         return from_dict(cls, data)
     except ConfigError as exc:
-        where = f"{yaml_path}: " if yaml_path is not None else ""
-        raise ConfigError(f"{where}{exc}") from None
+        raise ConfigError(f"{_blame(cls, from_file, exc, yaml_path)}{exc}") from None
+
+
+def _blame(cls: type[Any], from_file: dict[str, Any], exc: ConfigError, yaml_path: Any) -> str:
+    """Where the error came from: the YAML file when the file alone fails the same way, else
+    the command line (an override typed there introduced it)."""
+    if yaml_path is None:
+        return "command line: "
+    try:
+        from_dict(cls, from_file)
+    except ConfigError as alone:
+        if str(alone) == str(exc):
+            return f"{yaml_path}: "
+    return "command line: "
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -228,7 +228,7 @@ class TrainConfig:
     # compile of a TPU step can take many minutes and is not a stall.
     first_step_allowance_s: float = 0.0
     # The backstop when a host hangs in a collective: after this long without a step (plus the
-    # allowance before the first), report and end the process with exit code 4. 0: never.
+    # allowance before the first), report and end the process with exit code 5. 0: never.
     stall_exit_s: float = 0.0
     # XLA only: torch_xla's persistent compilation cache on local disk, so a restart reuses the
     # compiled step instead of compiling again. auto: ~/.cache/octtrain/xla on a TPU
@@ -238,6 +238,7 @@ class TrainConfig:
     output_dir: str = "runs"
     name: str | None = None  # None: the job's name (pretrain, finetune)
     run_dir: str | None = None  # exact run folder; None means <output_dir>/<name>-<timestamp>
+    overwrite: bool = False  # a run_dir holding a run: move it aside and start anew (not resume)
 
     def __post_init__(self) -> None:
         check(self.max_steps is None or self.max_steps > 0, "max_steps must be positive")

@@ -1,13 +1,13 @@
 """Manifest-fed volumes: a dataset that opens only the arrays the manifest lists.
 
-``ManifestDataset`` never lists a folder and never calls out: each item is one
-``zarr.open_array`` of ``cache_root / volume.array_path`` (reading its ``zarr.json`` and its one
-shard). Items stay **uint8** ``[1, D, H, W]``, cropped to the model's input shape and flipped in
-the loader workers; the intensity augmentation travels as two floats per sample (``gain``,
-``shift``) and ``to_model_input`` applies it with the scaling to [-1, 1] on the device, inside
-the step. A batch crosses the worker pipe and the host-to-device link at a quarter of the float32
-bytes. With a ``masker`` (pretraining) each item also carries its context/target patch indices
-(int32), sampled in the worker.
+``ManifestDataset`` never lists a folder and never calls out: each item is one ``zarr.open_array``
+of ``cache_root / volume.array_path`` (reading its ``zarr.json`` and its one shard, checked
+complete first: ``data/volumeread.py``). Items stay **uint8** ``[1, D, H, W]``, cropped to the
+model's input shape and flipped in the loader workers; the intensity augmentation travels as two
+floats per sample (``gain``, ``shift``) and ``to_model_input`` applies it with the scaling to [-1,
+1] on the device, inside the step. A batch crosses the worker pipe and the host-to-device link at a
+quarter of the float32 bytes. With a ``masker`` (pretraining) each item also carries its
+context/target patch indices (int32), sampled in the worker.
 
 Randomness is keyed, not stateful: the samplers yield ``(index, seed)`` pairs and everything
 random about an item (crop, flips, intensity, mask) depends only on that seed; deterministic
@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import zarr
 from torch.utils.data import Dataset
 
 from octstage.manifest import Manifest, ManifestError, Volume
 from octstage.manifest import load as load_manifest
 from octtrain.config.sections import AugmentConfig
+from octtrain.data.volumeread import read_volume
 from octtrain.errors import ConfigError, DataError
 
 SampleKey = int | tuple[int, int]  # index, or (index, augmentation seed)
@@ -128,20 +128,9 @@ class ManifestDataset(Dataset[dict[str, Any]]):
         return len(self.volumes)
 
     def read(self, index: int) -> np.ndarray:
-        """The stored uint8 array of volume ``index``; only its listed path is opened."""
-        v = self.volumes[index]
-        path = self.cache_root / v.array_path
-        try:
-            array = zarr.open_array(store=str(path), mode="r", zarr_format=3)
-            data = np.asarray(array[...])
-        except (FileNotFoundError, OSError, ValueError) as exc:
-            raise DataError(
-                f"{path}: cannot read cached volume of participant {v.participant_id}: {exc}; "
-                "run `octstage verify` on the manifest"
-            ) from exc
-        if data.shape != tuple(v.shape):
-            raise DataError(f"{path}: shape {data.shape} differs from the manifest's {v.shape}")
-        return data
+        """The stored uint8 array of volume ``index``; only its listed path is opened, and only
+        a complete one is returned (``data/volumeread.py``)."""
+        return read_volume(self.cache_root, self.volumes[index])
 
     def __getitem__(self, key: SampleKey) -> dict[str, Any]:
         index, seed = (key, None) if isinstance(key, int) else key

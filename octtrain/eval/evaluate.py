@@ -27,7 +27,7 @@ from octtrain.data.dataset import ManifestDataset, Transform, read_manifest, to_
 from octtrain.data.loaders import padded_loader
 from octtrain.data.select import prepare
 from octtrain.data.splits import check_splits
-from octtrain.errors import CheckpointError, DataError
+from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval import metrics as mt
 from octtrain.eval.report import print_collapse, print_metrics, short, write_confusion_png
 from octtrain.eval.validation import predict
@@ -80,6 +80,8 @@ def run_evaluate(
 ) -> EvaluateResult | None:
     """Evaluate ``checkpoint`` on ``split`` of ``manifest``; writes files on the main process.
     A regression checkpoint is evaluated by ``evaluate_regression`` (result None)."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder; name a folder to write into")
     url = resolve_checkpoint(checkpoint)
     state = ckpt.load_checkpoint(url)
     # The volumes and the target the checkpoint was trained on (data.select, data.label).
@@ -126,7 +128,10 @@ def run_evaluate(
         return EvaluateResult(None, None, volume, participant, collapse)
 
     folder = Path(out) if out else default_out(url)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {folder}: cannot create the folder: {exc.strerror}") from None
     doc: dict[str, Any] = {
         "checkpoint": url,
         "checkpoint_epoch": state.get("epoch"),

@@ -110,8 +110,16 @@ class CheckpointManager:
             return {"checkpoints": [], "best": None}
         try:
             index: dict[str, Any] = json.loads(data)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{self.url}/{INDEX}: not valid JSON: {exc}") from exc
+        entries = index.get("checkpoints") if isinstance(index, dict) else None
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries
+        ):
+            raise CheckpointError(
+                f"{self.url}/{INDEX}: not a checkpoint index (no list of named checkpoints)"
+            )
+        index.setdefault("best", None)
         return index
 
     def latest(self) -> str | None:
@@ -195,7 +203,9 @@ def load_checkpoint(url: str) -> dict[str, Any]:
     try:
         state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"{folder}/{name}: not a readable checkpoint: {exc}") from exc
+        # torch's reasons run over several lines (weights-only advice); the first one says it.
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CheckpointError(f"{folder}/{name}: not a readable checkpoint: {reason}") from exc
     return state
 
 

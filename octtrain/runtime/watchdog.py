@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-STALL_EXIT_CODE = 4  # the CLI's exit code for a run ended by the watchdog
+STALL_EXIT_CODE = 5  # the CLI's exit code for a run ended by the watchdog
 
 Report = Callable[[str, float, int], None]
 

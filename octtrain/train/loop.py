@@ -69,7 +69,8 @@ class Trainer:
         self.run_dir: Path | None = None
         if backend.is_main:
             name = settings.train.name or job.kind
-            self.run_dir = new_run_dir(settings.train.output_dir, name, settings.train.run_dir)
+            t, resume = settings.train, settings.checkpoint.resume is not None
+            self.run_dir = new_run_dir(t.output_dir, name, t.run_dir, resume, t.overwrite)
             write_run_info(self.run_dir, settings.config_yaml, code_version())
         # Other processes know the run folder only when it is explicit (train.run_dir).
         known = self.run_dir or (Path(settings.train.run_dir) if settings.train.run_dir else None)

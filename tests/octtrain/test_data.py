@@ -240,6 +240,6 @@ def test_prefetcher_yields_every_batch_in_order_and_reraises_loader_errors(
 
     broken = ManifestDataset(load(manifest_path), cache / "elsewhere", "val")
     failing = Prefetcher(padded_loader(broken, len(broken), 0, 1, 3))
-    with pytest.raises(DataError, match="cannot read cached volume"):
+    with pytest.raises(DataError, match="not in the cache"):
         next(failing)
     failing.close()

@@ -242,7 +242,7 @@ def test_a_host_stuck_in_its_data_ends_both_through_the_stall_exit(
     tiny_cache: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """The backstop: host 1 hangs (no error to agree on), host 0 waits for it in the step's
-    agreement; both watchdogs end their process with exit 4 after train.stall_exit_s. Started
+    agreement; both watchdogs end their process with exit 5 after train.stall_exit_s. Started
     without torchrun, whose agent would kill the survivors itself (a pod has no such agent)."""
     out = tmp_path / "out"
     out.mkdir()
@@ -269,7 +269,7 @@ def test_a_host_stuck_in_its_data_ends_both_through_the_stall_exit(
         for p in procs:
             p.kill()
     stderr = [p.stderr.read() if p.stderr else "" for p in procs]
-    assert codes == [4, 4], stderr
+    assert codes == [5, 5], stderr
     assert all("train.stall_exit_s=15 reached" in e for e in stderr)
 
 

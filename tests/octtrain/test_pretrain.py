@@ -170,7 +170,7 @@ def test_manifest_of_another_cache_version_is_refused_clearly(
                 f"train.output_dir={tmp_path}",
             ]
         )
-    assert code == 2
+    assert code == 4  # the data-error exit code
     assert "cache version 99" in caplog.text and "rebuild the cache" in caplog.text
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # refused before any run folder
 
