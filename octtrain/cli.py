@@ -15,8 +15,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from octtrain.errors import NonFiniteLossError, OcttrainError
+
+if TYPE_CHECKING:
+    from octtrain.eval.breakdown import BootstrapSpec
 
 log = logging.getLogger("octtrain")
 
@@ -108,6 +112,33 @@ def _add_finetune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=_finetune)
 
 
+def add_bootstrap_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the per-group intervals are drawn (evaluate and probe)."""
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="bootstrap resamples (by participant) per interval (default 1000)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    parser.add_argument(
+        "--min-participants",
+        type=int,
+        default=5,
+        metavar="N",
+        help="a group with fewer participants is reported as too small (default 5)",
+    )
+
+
+def bootstrap_spec(args: argparse.Namespace) -> BootstrapSpec:
+    from octtrain.eval.breakdown import BootstrapSpec
+
+    return BootstrapSpec(
+        resamples=args.bootstrap, seed=args.seed, min_participants=args.min_participants
+    )
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from octtrain.eval.evaluate import run_evaluate
 
@@ -121,6 +152,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         num_workers=args.num_workers,
         max_share=args.collapse_max_share,
+        bootstrap=bootstrap_spec(args),
     )
     return 0
 
@@ -130,7 +162,7 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "evaluate",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="metrics JSON + confusion matrix of a finetuned model",
+        help="metrics (overall and per device/site/region, with intervals) of a finetuned model",
     )
     p.add_argument("--checkpoint", required=True, help="finetune checkpoint file, or its folder")
     p.add_argument("--manifest", required=True, help="manifest.json of the cache")
@@ -141,6 +173,7 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--batch-size", type=int, default=8, help="per process")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--collapse-max-share", type=float, default=0.8)
+    add_bootstrap_arguments(p)
     p.set_defaults(func=_evaluate)
 
 
