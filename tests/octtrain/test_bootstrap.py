@@ -167,10 +167,8 @@ def test_breakdown_groups_counts_and_too_small() -> None:
         ("site", "UAB"),
         ("site", "UW"),
     ]  # no region: this manifest does not record one
-    assert (rows["overall", "all volumes"].volumes, rows["overall", "all volumes"].participants) == (
-        27,
-        15,
-    )
+    whole = rows["overall", "all volumes"]
+    assert (whole.volumes, whole.participants) == (27, 15)
     cirrus = rows["device", "zeiss_cirrus"]
     assert (cirrus.volumes, cirrus.participants) == (15, 15)
     uab = rows["site", "UAB"]
