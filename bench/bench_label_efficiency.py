@@ -18,10 +18,11 @@ Protocol (``--seeds`` seeds, 3 by default):
    ``max(1, round(f * n_class))`` participants, nested: 1% within 10% within 25%), the same
    subsets for every arm;
 3. per seed and fraction: ``run_finetune`` from the pretrained encoder and from random init
-   (identical recipe: batch 32, AdamW, head lr 1e-3, encoder lr 5e-4, no layer decay, encoder
-   never frozen; a fixed budget of optimizer steps, best epoch by validation balanced accuracy
-   on the whole validation split), and the attentive probe on the frozen pretrained tokens
-   (octtrain/eval/probe_train.py: learning rate and epoch chosen on validation);
+   (identical recipe: batch 32, or the whole subset if smaller; AdamW, head lr 1e-3, encoder
+   lr 5e-4, no layer decay, encoder never frozen; a fixed budget of optimizer steps; the best
+   epoch by validation balanced accuracy on the whole validation split), and the attentive
+   probe on the frozen pretrained tokens (octtrain/eval/probe_train.py: learning rate and
+   epoch chosen on validation);
 4. test balanced accuracy and macro AUROC per arm and fraction: the mean over seeds, the seeds'
    spread, and a 95% percentile bootstrap interval of that mean over test participants.
 
@@ -247,7 +248,8 @@ def finetune(
     manifest: Path, run_dir: Path, b: Budget, seed: int, init: str | None, n_train: int
 ) -> npt.NDArray[np.float64]:
     """Test probabilities of the best-validation checkpoint of one fine-tuning run."""
-    per_epoch = max(1, math.ceil(n_train / 32))
+    batch = min(32, n_train)  # the loader refuses a batch larger than the split
+    per_epoch = max(1, n_train // batch)
     epochs = max(2, min(b.max_epochs, math.ceil(b.finetune_steps / per_epoch)))
     overrides = [
         f"data.manifest={manifest}",
@@ -255,7 +257,7 @@ def finetune(
         f"train.epochs={epochs}",
         f"train.seed={seed}",
         "train.cpu_threads=1",
-        "data.batch_size=32",
+        f"data.batch_size={batch}",
         "optim.head_lr=1.0e-3",
         "optim.encoder_lr=5.0e-4",
         "optim.layer_decay=1.0",
