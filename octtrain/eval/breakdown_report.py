@@ -88,7 +88,8 @@ def group_figure_png(rows: Sequence[GroupResult], title: str) -> bytes:
             if not math.isnan(i.low):
                 ax.plot([i.low, i.high], [y, y], color=color, linewidth=2)
             ax.plot([i.value], [y], "o", color=color)
-        ax.set_xlim(0.0, 1.0)
+        ax.set_xlim(0.0, 1.03)  # a point at 1.0 stays visible
+        ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_xlabel(label)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(ys, names)
