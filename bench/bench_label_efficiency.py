@@ -101,9 +101,9 @@ class Look:
 
 DEVICE_LOOK = {
     "heidelberg_spectralis": Look(0, 1.00, 1.00, 12.0, 4.0),
-    "topcon_maestro2": Look(3, 0.85, 1.25, 6.0, 8.0),
-    "topcon_triton": Look(-2, 1.10, 0.85, 8.0, 6.0),
-    "zeiss_cirrus": Look(5, 0.95, 1.10, 4.0, 10.0),
+    "topcon_maestro2": Look(3, 0.90, 1.15, 8.0, 6.0),
+    "topcon_triton": Look(-2, 1.10, 0.90, 10.0, 5.0),
+    "zeiss_cirrus": Look(4, 0.95, 1.10, 6.0, 8.0),
 }
 
 
