@@ -233,7 +233,7 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--lrs",
         type=float,
         nargs="+",
-        default=[1e-4, 3e-4, 1e-3, 3e-3],
+        default=[3e-4, 1e-3, 3e-3, 1e-2],
         help="learning-rate grid (AdamW), chosen on val",
     )
     p.add_argument("--epochs", type=int, default=30, help="probe epochs per learning rate")

@@ -35,7 +35,7 @@ PROBES = ("attentive", "linear")
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3)
+    lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2)
     epochs: int = 30
     batch_size: int = 16
     weight_decay: float = 0.01
