@@ -552,7 +552,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(loc="upper left", fontsize=8)
     seeds = doc["seeds"]["subsets_and_training"]
-    fig.suptitle(f"label efficiency, lesion twin: mean of {len(seeds)} seeds, 95% bootstrap CI")
+    fig.suptitle(f"label efficiency, lesion twin: mean of {len(seeds)} seed(s), 95% bootstrap CI")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
