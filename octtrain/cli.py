@@ -19,8 +19,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from octtrain.errors import DataError, NonFiniteLossError, OcttrainError
+
+if TYPE_CHECKING:
+    from octtrain.eval.breakdown import BootstrapSpec
 
 log = logging.getLogger("octtrain")
 
@@ -130,6 +134,33 @@ def _add_finetune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=_finetune)
 
 
+def add_bootstrap_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the per-group intervals are drawn (evaluate and probe)."""
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="bootstrap resamples (by participant) per interval (default 1000)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    parser.add_argument(
+        "--min-participants",
+        type=int,
+        default=5,
+        metavar="N",
+        help="a group with fewer participants is reported as too small (default 5)",
+    )
+
+
+def bootstrap_spec(args: argparse.Namespace) -> BootstrapSpec:
+    from octtrain.eval.breakdown import BootstrapSpec
+
+    return BootstrapSpec(
+        resamples=args.bootstrap, seed=args.seed, min_participants=args.min_participants
+    )
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from octtrain.eval.evaluate import run_evaluate
 
@@ -143,6 +174,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         num_workers=args.num_workers,
         max_share=args.collapse_max_share,
+        bootstrap=bootstrap_spec(args),
     )
     return EXIT_OK
 
@@ -152,7 +184,7 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "evaluate",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="metrics JSON + confusion matrix of a finetuned model",
+        help="metrics (overall and per device/site/region, with intervals) of a finetuned model",
     )
     p.add_argument("--checkpoint", required=True, help="finetune checkpoint file, or its folder")
     p.add_argument("--manifest", required=True, help="manifest.json of the cache")
@@ -163,6 +195,7 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--batch-size", type=int, default=8, help="per process")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--collapse-max-share", type=float, default=0.8)
+    add_bootstrap_arguments(p)
     p.set_defaults(func=_evaluate)
 
 
@@ -196,10 +229,77 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_doctor)
 
 
+def _probe(args: argparse.Namespace) -> int:
+    from octtrain.eval.probe_run import run_probe
+    from octtrain.eval.probe_train import ProbeSettings
+
+    settings = ProbeSettings(
+        lrs=tuple(args.lrs), epochs=args.epochs, batch_size=args.probe_batch_size, seed=args.seed
+    )
+    run_probe(
+        args.checkpoint,
+        args.manifest,
+        split=args.split,
+        cache=args.cache,
+        out=args.out,
+        feature_cache=args.feature_cache,
+        encoder=args.encoder,
+        device=args.device,
+        batch_size=args.batch_size,
+        settings=settings,
+        bootstrap=bootstrap_spec(args),
+        max_share=args.collapse_max_share,
+    )
+    return 0
+
+
+def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "probe",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="attentive and linear probes on frozen encoder features (same report as evaluate)",
+        description="Fit V-JEPA's attentive probe (one learnable query, cross-attention, linear "
+        "head) and a linear probe on a checkpoint's frozen encoder tokens (train split), choose "
+        "the learning rate and epoch on val, and report the chosen probes on --split like "
+        "evaluate. The tokens of each split are computed once and cached, keyed by the "
+        "checkpoint's sha256, the encoder, the input shape and the split's volume checksums.",
+    )
+    p.add_argument(
+        "--checkpoint", required=True, help="pretrain or finetune checkpoint (or folder)"
+    )
+    p.add_argument("--manifest", required=True, help="manifest.json of the cache")
+    p.add_argument("--split", default="test", help="split to report (default: test)")
+    p.add_argument("--cache", help="cache root of the volumes; default: the manifest's folder")
+    p.add_argument("--out", help="output folder; default: probe/ in the checkpoint's run folder")
+    p.add_argument("--feature-cache", help="folder of cached tokens; default: OUT/features")
+    p.add_argument(
+        "--encoder",
+        default="target",
+        choices=("target", "context"),
+        help="pretraining checkpoints: EMA target (default, as V-JEPA) or online context encoder",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=8, help="volumes per encoder batch")
+    p.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        default=[3e-4, 1e-3, 3e-3, 1e-2],
+        help="learning-rate grid (AdamW), chosen on val",
+    )
+    p.add_argument("--epochs", type=int, default=30, help="probe epochs per learning rate")
+    p.add_argument("--probe-batch-size", type=int, default=16)
+    p.add_argument("--collapse-max-share", type=float, default=0.8)
+    add_bootstrap_arguments(p)
+    p.set_defaults(func=_probe)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_pretrain,
     _add_finetune,
     _add_evaluate,
+    _add_probe,
     _add_doctor,
 ]
 

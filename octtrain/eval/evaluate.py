@@ -6,13 +6,15 @@ exact-once validation path (octtrain/validation.py), so evaluation under torchru
 volume once as well. Output (in ``--out``, default: the run folder of a local checkpoint):
 
 * ``metrics-<split>.json``: volume- and participant-level metrics (undefined values ``null``),
-  the collapse verdict, the checkpoint and manifest used, and every volume's probabilities;
-* ``confusion-<split>.png``: the volume-level confusion matrix (true rows, predicted columns).
+  the collapse verdict, per-device/site/region metrics with participant-bootstrap intervals and
+  their counts, the bootstrap seed, the checkpoint and manifest used, and every volume's
+  probabilities;
+* ``confusion-<split>.png``, ``groups-<split>.md``, ``groups-<split>.png``: the confusion
+  matrix and the per-group table and picture (octtrain/eval/results.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,6 @@ from typing import Any
 
 from rich.console import Console
 
-from octstage.manifest import atomic_write_text
 from octtrain.config.loader import from_dict
 from octtrain.config.sections import DataConfig, LabelConfig, SelectConfig
 from octtrain.data.dataset import ManifestDataset, Transform, read_manifest, to_model_input
@@ -29,7 +30,8 @@ from octtrain.data.select import prepare
 from octtrain.data.splits import check_splits
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval import metrics as mt
-from octtrain.eval.report import print_collapse, print_metrics, short, write_confusion_png
+from octtrain.eval.breakdown import BootstrapSpec
+from octtrain.eval.results import score, write_report
 from octtrain.eval.validation import predict
 from octtrain.models.classifier import classifier_from_state
 from octtrain.runtime import checkpoint as ckpt
@@ -46,6 +48,7 @@ class EvaluateResult:
     volume: mt.ClassificationMetrics
     participant: mt.ClassificationMetrics
     collapse: str | None
+    groups_png: Path | None = None
 
 
 def resolve_checkpoint(url: str) -> str:
@@ -77,11 +80,13 @@ def run_evaluate(
     batch_size: int = 8,
     num_workers: int = 0,
     max_share: float = 0.8,
+    bootstrap: BootstrapSpec | None = None,
 ) -> EvaluateResult | None:
     """Evaluate ``checkpoint`` on ``split`` of ``manifest``; writes files on the main process.
     A regression checkpoint is evaluated by ``evaluate_regression`` (result None)."""
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder; name a folder to write into")
+    spec = bootstrap or BootstrapSpec()
     url = resolve_checkpoint(checkpoint)
     state = ckpt.load_checkpoint(url)
     # The volumes and the target the checkpoint was trained on (data.select, data.label).
@@ -118,47 +123,41 @@ def run_evaluate(
         preds = predict(model, backend.wrap_loader(loader), backend, n, c, to_model_input)
     finally:
         backend.close()
-    volume = mt.classification_metrics(preds.labels, preds.probs, c)
-    pids = [v.participant_id for v in dataset.volumes]
-    _, plabels, pprobs = mt.participant_level(pids, preds.labels, preds.probs)
-    participant = mt.classification_metrics(plabels, pprobs, c)
-    alarm = mt.check_collapse(volume.histogram, max_share)
-    collapse = None if alarm is None else alarm.message([short(x) for x in classes])
+    scored = score(dataset.volumes, preds.labels, preds.probs, classes, spec, max_share)
     if not backend.is_main:
-        return EvaluateResult(None, None, volume, participant, collapse)
+        return EvaluateResult(None, None, scored.volume, scored.participant, scored.collapse)
 
     folder = Path(out) if out else default_out(url)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out {folder}: cannot create the folder: {exc.strerror}") from None
-    doc: dict[str, Any] = {
+    header: dict[str, Any] = {
         "checkpoint": url,
         "checkpoint_epoch": state.get("epoch"),
         "manifest": str(manifest),
-        "split": split,
-        "volume": mt.to_jsonable(volume, classes),
-        "participant": mt.to_jsonable(participant, classes),
-        "collapse": collapse,
-        "collapse_max_share": max_share,
-        "predictions": [
-            {
-                "participant_id": v.participant_id,
-                "zarr_path": v.zarr_path,
-                "label": int(label),
-                "probs": [round(float(p), 6) for p in probs],
-            }
-            for v, label, probs in zip(dataset.volumes, preds.labels, preds.probs, strict=True)
-        ],
+        "seeds": {"bootstrap": spec.seed},
     }
-    json_path = folder / f"metrics-{split}.json"
-    atomic_write_text(json_path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    png_path = folder / f"confusion-{split}.png"
-    title = f"{split}: {n} volumes, balanced accuracy {volume.balanced_accuracy:.3f}"
-    write_confusion_png(png_path, volume.confusion, classes, title)
-    results = {"volume": volume, "participant": participant}
-    print_metrics(console, f"{split} split ({Path(url).name})", results, classes)
-    if collapse is not None:
-        print_collapse(console, f"{split}: {collapse}")
-    log.info("wrote %s and %s", json_path, png_path)
-    return EvaluateResult(json_path, png_path, volume, participant, collapse)
+    files = write_report(
+        folder,
+        split,
+        Path(url).name,
+        dataset.volumes,
+        preds.labels,
+        preds.probs,
+        classes,
+        scored,
+        spec,
+        header,
+        console,
+        max_share,
+    )
+    log.info("wrote %s, %s and %s", files.metrics_json, files.confusion_png, files.groups_png)
+    return EvaluateResult(
+        files.metrics_json,
+        files.confusion_png,
+        scored.volume,
+        scored.participant,
+        scored.collapse,
+        files.groups_png,
+    )

@@ -13,6 +13,7 @@ local write goes to a temporary file renamed into place, an object upload is ato
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -207,6 +208,15 @@ def load_checkpoint(url: str) -> dict[str, Any]:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise CheckpointError(f"{folder}/{name}: not a readable checkpoint: {reason}") from exc
     return state
+
+
+def checkpoint_sha256(url: str) -> str:
+    """``sha256:<hex>`` of a checkpoint file's bytes (what a cache of its outputs is keyed by)."""
+    folder, name = _split(url)
+    data = Folder(folder).read(name)
+    if data is None:
+        raise CheckpointError(f"{folder}/{name}: cannot read checkpoint: no such file")
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def resume_url(cfg: CheckpointConfig, directory: str | None) -> str | None:

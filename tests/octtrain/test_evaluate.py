@@ -37,6 +37,36 @@ def test_evaluate_writes_metrics_json_and_confusion_png(
     assert len(doc["predictions"]) == 8
     assert all(abs(sum(p["probs"]) - 1) < 1e-4 for p in doc["predictions"])
     assert (tmp_path / "confusion-test.png").read_bytes()[:8] == PNG_MAGIC
+    assert (tmp_path / "groups-test.png").read_bytes()[:8] == PNG_MAGIC
+    assert doc["bootstrap"]["unit"] == "participant" and doc["seeds"] == {"bootstrap": 0}
+    groups = {(g["grouping"], g["group"]): g for g in doc["groups"]}
+    overall = groups["overall", "all volumes"]
+    assert (overall["volumes"], overall["participants"]) == (8, 8)
+    bacc = overall["metrics"]["balanced_accuracy"]
+    assert bacc["ci_low"] <= bacc["value"] <= bacc["ci_high"]
+    assert bacc["value"] == pytest.approx(doc["volume"]["balanced_accuracy"], abs=1e-6)
+    # The test split's 8 participants sit on two devices, 4 each: too few to score.
+    devices = [g for key, g in groups.items() if key[0] == "device"]
+    assert [g["participants"] for g in devices] == [4, 4]
+    assert all(g["too_small"] and "metrics" not in g for g in devices)
+    assert groups["site", "UW"]["participants"] == 8
+    table = (tmp_path / "groups-test.md").read_text()
+    assert "| device |" in table and "too small" in table and "seed 0" in table
+
+
+def test_evaluate_same_seed_same_numbers(
+    tiny_cache: tuple[Path, Path], tiny_finetuned: RunResult, tmp_path: Path
+) -> None:
+    assert tiny_finetuned.best_checkpoint is not None
+    docs = []
+    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+        args = ["--checkpoint", tiny_finetuned.best_checkpoint, "--manifest", str(tiny_cache[0])]
+        flags = ["--bootstrap", "200", "--seed", str(seed), "--min-participants", "2"]
+        assert main(["evaluate", *args, "--out", str(tmp_path / name), *flags]) == 0
+        docs.append(json.loads((tmp_path / name / "metrics-test.json").read_text()))
+    assert docs[0]["groups"] == docs[1]["groups"] and docs[0]["seeds"] == {"bootstrap": 7}
+    assert docs[0]["groups"] != docs[2]["groups"]  # the seed is used, not ignored
+    assert main(["evaluate", *args, "--bootstrap", "0"]) == 2  # refused, one line
 
 
 def test_evaluate_single_class_split_reports_undefined_as_null(

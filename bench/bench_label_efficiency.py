@@ -1,0 +1,601 @@
+"""Label efficiency: does a V-JEPA encoder pretrained on every unlabelled training volume need
+fewer labels than training from scratch? Fine-tuning from the pretrained encoder, fine-tuning
+from random init, and the attentive probe on the frozen pretrained encoder, at 1%, 10%, 25% and
+100% of the labelled training participants, over several seeds.
+
+Data: the lesion twin (octstage/dataset/synth_lesions.py: the class is the number, 0..3, of
+small 3D lesions), written as a real Zarr cache + manifest, one volume per participant, the
+participants spread over the four devices and three sites. Each device renders the retina its
+own way, as real devices differ (``DEVICE_LOOK``): the band stack sits at another depth
+(geometry), speckle and additive noise differ (noise), and gain and contrast curve differ
+(intensity); the lesions (the label) are the same kind on every device.
+
+Protocol (``--seeds`` seeds, 3 by default):
+
+1. one V-JEPA pretraining run (the real trainer, configs/pretrain/tiny.yaml) on all training
+   volumes, labels unused; its last EMA encoder (not the best-by-k-NN one: no labels touch it);
+2. per seed, one stratified subset of the training participants per fraction (per class
+   ``max(1, round(f * n_class))`` participants, nested: 1% within 10% within 25%), the same
+   subsets for every arm;
+3. per seed and fraction: ``run_finetune`` from the pretrained encoder and from random init
+   (identical recipe: batch 32, or the whole subset if smaller; AdamW, head lr 1e-3, encoder
+   lr 5e-4, no layer decay, encoder never frozen; a fixed budget of optimizer steps; the best
+   epoch by validation balanced accuracy on the whole validation split), and the attentive
+   probe on the frozen pretrained tokens (octtrain/eval/probe_train.py: learning rate and
+   epoch chosen on validation);
+4. test balanced accuracy and macro AUROC per arm and fraction: the mean over seeds, the seeds'
+   spread, and a 95% percentile bootstrap interval of that mean over test participants.
+
+``--cross-device``: for each device, the three arms at 100% trained on the other three devices'
+participants and tested on that device's test volumes, beside the same device's test volumes
+scored by the all-device runs (in-device).
+
+Output in ``--out`` (default: the current folder; the run folders go there too, else into a
+temporary folder):
+``label-efficiency.json`` (every seed's scores, the seeds, the settings, wall time),
+``label-efficiency.png`` (the curves), ``label-efficiency.md`` (the table).
+
+    PYTHONPATH=$PWD python bench/bench_label_efficiency.py [--quick] [--seeds 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from octstage import manifest as mf
+from octstage.cache.volumestore import volume_relpath, write_volume
+from octstage.dataset.ids import DEVICES
+from octstage.dataset.labels import STUDY_GROUPS
+from octstage.dataset.synth_lesions import NUM_CLASSES, render_lesions
+from octtrain.config.finetune import FinetuneConfig
+from octtrain.config.loader import load_config
+from octtrain.config.pretrain import PretrainConfig
+from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
+from octtrain.eval.bootstrap import bootstrap
+from octtrain.eval.breakdown import INTERVAL_METRICS, scalar_metrics
+from octtrain.eval.features import feature_key, load_encoder, split_features
+from octtrain.eval.probe_train import ProbeSettings, fit_probe, predict_probs
+from octtrain.models.classifier import classifier_from_state
+from octtrain.runtime.backend import make_backend
+from octtrain.runtime.checkpoint import checkpoint_sha256, load_checkpoint
+from octtrain.train.finetune import run_finetune
+from octtrain.train.pretrain import run_pretrain
+
+REPO = Path(__file__).resolve().parents[1]
+PRETRAIN = REPO / "configs" / "pretrain" / "tiny.yaml"
+FINETUNE = REPO / "configs" / "finetune" / "tiny.yaml"
+FRACTIONS = (0.01, 0.10, 0.25, 1.0)
+ARMS = ("finetune, pretrained", "finetune, random init", "attentive probe, pretrained")
+QUIET = ["logging.wandb_mode=disabled", "logging.console=false", "data.num_workers=0"]
+SITE_DIGITS = ("1", "4", "7")
+CHANCE = 1.0 / NUM_CLASSES
+BACC, AUROC = INTERVAL_METRICS.index("balanced_accuracy"), INTERVAL_METRICS.index("macro_auroc")
+
+
+@dataclass(frozen=True)
+class Look:
+    """How one device renders the twin: depth shift in rows, gain, contrast exponent, speckle
+    shape (lower: stronger speckle) and additive noise."""
+
+    row_shift: int
+    gain: float
+    gamma: float
+    speckle: float
+    noise: float
+
+
+DEVICE_LOOK = {
+    "heidelberg_spectralis": Look(0, 1.00, 1.00, 12.0, 4.0),
+    "topcon_maestro2": Look(3, 0.90, 1.15, 8.0, 6.0),
+    "topcon_triton": Look(-2, 1.10, 0.90, 10.0, 5.0),
+    "zeiss_cirrus": Look(4, 0.95, 1.10, 6.0, 8.0),
+}
+
+
+@dataclass(frozen=True)
+class Budget:
+    shape: tuple[int, int, int]
+    patch: tuple[int, int, int]
+    counts: dict[str, int]  # participants (= volumes) per class and split
+    pretrain_steps: int
+    finetune_steps: int  # optimizer steps per fine-tuning run (batch 32), whatever the fraction
+    max_epochs: int
+    validations: int  # per fine-tuning run
+    probe_epochs: int
+    probe_lrs: tuple[float, ...]
+    bootstrap: int
+
+
+def budget(args: argparse.Namespace) -> Budget:
+    if args.quick:
+        counts = {"train": 32, "val": 6, "test": 8}
+        return Budget((16, 32, 32), (4, 8, 8), counts, 60, 12, 12, 3, 8, (1e-3,), 200)
+    counts = {"train": args.train or 256, "val": 16, "test": 32}
+    steps = args.finetune_steps or 300
+    return Budget(
+        (16, 32, 32),
+        (4, 8, 8),
+        counts,
+        args.steps or 3000,
+        steps,
+        150,
+        10,
+        40,
+        (3e-4, 1e-3, 3e-3),
+        1000,
+    )
+
+
+def render(shape: tuple[int, int, int], label: int, look: Look, rng: np.random.Generator) -> Any:
+    """A lesion volume as ``look``'s device would show it."""
+    clean = render_lesions(shape, label, rng, speckle=False).astype(np.float32)
+    shifted = np.roll(clean, look.row_shift, axis=1)
+    if look.row_shift > 0:
+        shifted[:, : look.row_shift] = clean[:, :1]  # vitreous fills the gap, not wrapped choroid
+    elif look.row_shift < 0:
+        shifted[:, look.row_shift :] = clean[:, -1:]
+    out = 255.0 * (shifted / 255.0) ** look.gamma * look.gain
+    out = out * rng.gamma(look.speckle, 1 / look.speckle, size=out.shape)
+    out = out + rng.normal(0, look.noise, size=out.shape)
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def write_cache(root: Path, b: Budget, seed: int) -> Path:
+    """Real Zarr cache + manifest; participants cycle through devices and sites."""
+    cache = root / "cache"
+    rng = np.random.default_rng([seed, 18])
+    volumes = []
+    serial = 0
+    for split, per_class in b.counts.items():
+        for i in range(per_class):
+            for label, group in enumerate(STUDY_GROUPS[:NUM_CLASSES]):
+                device = DEVICES[(i + label) % len(DEVICES)]
+                pid = f"{SITE_DIGITS[serial % 3]}{serial // 3:03d}"
+                serial += 1
+                key = f"k{serial:05d}"
+                rel = volume_relpath(pid, key)
+                spacing = (0.1, 0.01, 0.01)
+                array = render(b.shape, label, DEVICE_LOOK[device], rng)
+                checksum = write_volume(cache, rel, array, spacing, {"label": label})
+                volumes.append(
+                    mf.Volume(
+                        participant_id=pid,
+                        device=device,
+                        laterality="LR"[serial % 2],
+                        protocol="synthetic-lesions",
+                        split=split,
+                        study_group=group,
+                        label=label,
+                        source_path=f"synthetic/{pid}.dcm",
+                        source_sha1="0" * 40,
+                        source_size=0,
+                        transfer_syntax="1.2.840.10008.1.2.1",
+                        source_shape=b.shape,
+                        spacing_mm=spacing,
+                        zarr_path=rel,
+                        shape=b.shape,
+                        dtype="uint8",
+                        normalization=mf.Normalization(1.0, 99.0, 0.0, 255.0),
+                        checksum=checksum,
+                        cache_key=key,
+                    )
+                )
+    header = mf.Header(
+        dataset="bench-label-efficiency",
+        created=datetime.datetime.now(datetime.UTC).isoformat(),
+        code_version="bench",
+        cache_version=mf.CACHE_VERSION,
+        config_hash="bench",
+        config={"shape": list(b.shape), "seed": seed, "device_look": _looks()},
+        counts=mf.count_summary(volumes, 0),
+    )
+    path = cache / "manifest.json"
+    mf.write(mf.Manifest(header, STUDY_GROUPS[:NUM_CLASSES], tuple(volumes)), path)
+    return path
+
+
+def _looks() -> dict[str, Any]:
+    return {d: asdict(look) for d, look in DEVICE_LOOK.items()}
+
+
+def subsets(
+    train: Sequence[mf.Volume], fractions: Sequence[float], seed: int
+) -> dict[float, list[str]]:
+    """Nested, class-stratified participant subsets: per class ``max(1, round(f * n))``
+    participants, a prefix of one seeded permutation of that class's participants."""
+    rng = np.random.default_rng([seed, 1])
+    by_class: dict[int, list[str]] = defaultdict(list)
+    for v in train:
+        if v.participant_id not in by_class[v.label]:
+            by_class[v.label].append(v.participant_id)
+    orders = {c: [ids[i] for i in rng.permutation(len(ids))] for c, ids in sorted(by_class.items())}
+    return {
+        f: sorted(p for ids in orders.values() for p in ids[: max(1, round(f * len(ids)))])
+        for f in fractions
+    }
+
+
+def sub_manifest(
+    man: mf.Manifest, path: Path, keep_train: set[str], exclude_device: str | None = None
+) -> Path:
+    """The manifest with only ``keep_train``'s training participants (val and test whole)."""
+    volumes = tuple(
+        v
+        for v in man.volumes
+        if (v.split != "train" or v.participant_id in keep_train)
+        and (exclude_device is None or v.split == "test" or v.device != exclude_device)
+    )
+    mf.write(replace(man, volumes=volumes), path)
+    return path
+
+
+def finetune(
+    manifest: Path, run_dir: Path, b: Budget, seed: int, init: str | None, n_train: int
+) -> npt.NDArray[np.float64]:
+    """Test probabilities of the best-validation checkpoint of one fine-tuning run."""
+    batch = min(32, n_train)  # the loader refuses a batch larger than the split
+    per_epoch = max(1, n_train // batch)
+    epochs = max(2, min(b.max_epochs, math.ceil(b.finetune_steps / per_epoch)))
+    overrides = [
+        f"data.manifest={manifest}",
+        f"train.run_dir={run_dir}",
+        f"train.epochs={epochs}",
+        f"train.seed={seed}",
+        "train.cpu_threads=1",
+        f"data.batch_size={batch}",
+        "optim.head_lr=1.0e-3",
+        "optim.encoder_lr=5.0e-4",
+        "optim.layer_decay=1.0",
+        "schedule.unfreeze_epoch=0",
+        f"schedule.warmup_epochs={max(1, epochs // 10)}",
+        f"validation.every={max(1, epochs // b.validations)}",
+        f"checkpoint.every={max(1, epochs // b.validations)}",
+        "early_stopping.patience=0",
+        f"model.patch=[{','.join(map(str, b.patch))}]",
+        *(["init_encoder=random"] if init is None else []),
+        *QUIET,
+    ]
+    result = run_finetune(load_config(FinetuneConfig, FINETUNE, overrides), init)
+    assert result.best_checkpoint is not None
+    model, _ = classifier_from_state(load_checkpoint(result.best_checkpoint))
+    return predict_split(model, manifest, "test")
+
+
+def predict_split(model: torch.nn.Module, manifest: Path, split: str) -> npt.NDArray[np.float64]:
+    m = mf.load(manifest)
+    data = ManifestDataset(m, manifest.parent, split, Transform(m.split(split)[0].shape, None))
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for batch in torch.utils.data.DataLoader(data, batch_size=32):
+            out.append(torch.softmax(model(to_model_input(batch)), dim=1).double())
+    return torch.cat(out).numpy()
+
+
+def pretrain(manifest: Path, run_dir: Path, b: Budget) -> str:
+    overrides = [
+        f"data.manifest={manifest}",
+        f"train.run_dir={run_dir}",
+        f"train.max_steps={b.pretrain_steps}",
+        "train.seed=0",
+        f"schedule.warmup_steps={max(5, b.pretrain_steps // 20)}",
+        f"checkpoint.every={b.pretrain_steps}",
+        "train.cpu_threads=1",
+        f"model.patch=[{','.join(map(str, b.patch))}]",
+        *QUIET,
+    ]
+    result = run_pretrain(load_config(PretrainConfig, PRETRAIN, overrides))
+    assert result.last_checkpoint is not None
+    return result.last_checkpoint
+
+
+class Probe:
+    """The frozen pretrained encoder's tokens, computed once; an attentive probe per subset."""
+
+    def __init__(self, ckpt: str, manifest: Path, folder: Path, b: Budget) -> None:
+        state = load_checkpoint(ckpt)
+        encoder, shape, self.heads, name = load_encoder(state, ckpt, "target")
+        sha = checkpoint_sha256(ckpt)
+        man = mf.load(manifest)
+        backend = make_backend("cpu", "fp32")
+        self.feats = {
+            s: split_features(
+                encoder,
+                man,
+                manifest.parent,
+                s,
+                shape,
+                feature_key(sha, name, shape, man.split(s)),
+                folder,
+                backend,
+                32,
+            )
+            for s in ("train", "val", "test")
+        }
+        self.train_ids = [v.participant_id for v in man.split("train")]
+        self.b = b
+
+    def probs(self, keep: set[str], seed: int) -> npt.NDArray[np.float64]:
+        idx = torch.tensor([i for i, p in enumerate(self.train_ids) if p in keep])
+        train, val, test = (self.feats[s] for s in ("train", "val", "test"))
+        settings = ProbeSettings(lrs=self.b.probe_lrs, epochs=self.b.probe_epochs, seed=seed)
+        fit = fit_probe(
+            "attentive",
+            (train.tokens[idx], train.labels[idx]),
+            (val.tokens, val.labels),
+            NUM_CLASSES,
+            self.heads,
+            settings,
+        )
+        return predict_probs(fit.head, test.tokens).numpy()
+
+
+def summarize(
+    probs: Sequence[npt.NDArray[np.float64]],
+    labels: npt.NDArray[np.int64],
+    pids: Sequence[str],
+    b: Budget,
+    stream: int,
+) -> dict[str, Any]:
+    """Per-seed scores, their mean and spread, and a participant-bootstrap interval of the mean
+    over seeds (each resample scores every seed's predictions on the same participants)."""
+
+    def metric(idx: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        scores = [scalar_metrics(labels[idx], p[idx], NUM_CLASSES) for p in probs]
+        return np.asarray(np.mean(scores, axis=0), dtype=np.float64)
+
+    per_seed = [scalar_metrics(labels, p, NUM_CLASSES) for p in probs]
+    intervals = bootstrap(metric, list(pids), len(labels), b.bootstrap, 0, stream)
+    out = {}
+    for name, j in (("balanced_accuracy", BACC), ("macro_auroc", AUROC)):
+        values = [float(s[j]) for s in per_seed]
+        out[name] = {
+            "mean": intervals[j].value,
+            "ci_low": intervals[j].low,
+            "ci_high": intervals[j].high,
+            "seed_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "per_seed": values,
+        }
+    return out
+
+
+def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    b = budget(args)
+    seeds = list(range(args.seeds or 3))
+    cost: dict[str, float] = defaultdict(float)
+    t = time.perf_counter()
+
+    def lap(part: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        cost[part] += now - t
+        t = now
+
+    manifest = write_cache(root, b, args.data_seed)
+    man = mf.load(manifest)
+    test = man.split("test")
+    labels = np.array([v.label for v in test], dtype=np.int64)
+    pids = [v.participant_id for v in test]
+    lap("data")
+    ckpt = pretrain(manifest, root / "pretrain", b)
+    lap("pretrain")
+    probe = Probe(ckpt, manifest, root / "features", b)
+    lap("features")
+    probs: dict[tuple[str, float], list[npt.NDArray[np.float64]]] = defaultdict(list)
+    counts: dict[float, int] = {}
+    for seed in seeds:
+        for f, keep in subsets(man.split("train"), FRACTIONS, seed).items():
+            counts[f] = len(keep)
+            path = sub_manifest(man, manifest.parent / f"manifest-s{seed}-f{f:g}.json", set(keep))
+            run_dir = root / f"s{seed}-f{f:g}"
+            probs[ARMS[0], f].append(finetune(path, run_dir / "pre", b, seed, ckpt, len(keep)))
+            lap("finetune, pretrained")
+            probs[ARMS[1], f].append(finetune(path, run_dir / "rand", b, seed, None, len(keep)))
+            lap("finetune, random init")
+            probs[ARMS[2], f].append(probe.probs(set(keep), seed))
+            lap("attentive probe")
+            last = {
+                a: float(scalar_metrics(labels, probs[a, f][-1], NUM_CLASSES)[BACC]) for a in ARMS
+            }
+            print(
+                f"seed {seed}, {f:.0%} ({len(keep)} participants): "
+                + ", ".join(f"{a} {v:.3f}" for a, v in last.items()),
+                flush=True,
+            )
+    results = {
+        arm: {
+            f"{f:g}": summarize(probs[arm, f], labels, pids, b, stream=k * 10 + i)
+            for i, f in enumerate(FRACTIONS)
+        }
+        for k, arm in enumerate(ARMS)
+    }
+    doc: dict[str, Any] = {
+        "benchmark": "label efficiency on the lesion twin",
+        "seeds": {
+            "subsets_and_training": seeds,
+            "data": args.data_seed,
+            "pretrain": 0,
+            "bootstrap": 0,
+        },
+        "budget": asdict(b),
+        "device_look": _looks(),
+        "fractions": list(FRACTIONS),
+        "train_participants": {f"{f:g}": n for f, n in counts.items()},
+        "test": {"volumes": len(labels), "participants": len(set(pids))},
+        "results": results,
+    }
+    if args.cross_device:
+        doc["cross_device"] = cross_device(man, manifest, root, b, seeds, ckpt, probe, probs, lap)
+    doc["wall_time_s"] = {k: round(v, 1) for k, v in cost.items()}
+    return doc
+
+
+def cross_device(
+    man: mf.Manifest,
+    manifest: Path,
+    root: Path,
+    b: Budget,
+    seeds: Sequence[int],
+    ckpt: str,
+    probe: Probe,
+    in_device: dict[tuple[str, float], list[npt.NDArray[np.float64]]],
+    lap: Any,
+) -> dict[str, Any]:
+    """Per device: trained on the other three (100% of their participants) vs all four."""
+    test = man.split("test")
+    labels = np.array([v.label for v in test], dtype=np.int64)
+    out: dict[str, Any] = {}
+    for k, device in enumerate(DEVICES):
+        rows = np.array([i for i, v in enumerate(test) if v.device == device])
+        pids = [test[i].participant_id for i in rows]
+        keep = {v.participant_id for v in man.split("train") if v.device != device}
+        held: dict[str, list[npt.NDArray[np.float64]]] = defaultdict(list)
+        for seed in seeds:
+            path = sub_manifest(man, manifest.parent / f"manifest-x{device}.json", keep, device)
+            run_dir = root / f"x-{device}-s{seed}"
+            held[ARMS[0]].append(finetune(path, run_dir / "pre", b, seed, ckpt, len(keep)))
+            held[ARMS[1]].append(finetune(path, run_dir / "rand", b, seed, None, len(keep)))
+            held[ARMS[2]].append(probe.probs(keep, seed))
+            lap("cross-device")
+        out[device] = {
+            arm: {
+                "held_out": summarize([p[rows] for p in held[arm]], labels[rows], pids, b, 100 + k),
+                "in_device": summarize(
+                    [p[rows] for p in in_device[arm, 1.0]], labels[rows], pids, b, 200 + k
+                ),
+            }
+            for arm in ARMS
+        }
+    return out
+
+
+def verdict(doc: dict[str, Any]) -> list[str]:
+    r = doc["results"]
+    pre10 = r[ARMS[0]]["0.1"]["balanced_accuracy"]["mean"]
+    rnd10 = r[ARMS[1]]["0.1"]["balanced_accuracy"]["mean"]
+    rnd100 = r[ARMS[1]]["1"]["balanced_accuracy"]["mean"]
+    gain, share = pre10 - rnd10, pre10 / rnd100 if rnd100 else math.nan
+    return [
+        f"pretrained fine-tuning at 10% minus random init at 10%: {gain:+.3f} balanced accuracy "
+        f"(target +0.15): {'reached' if gain >= 0.15 else 'NOT reached'}",
+        f"pretrained fine-tuning at 10% / random init at 100%: {share:.0%} "
+        f"(target 90%): {'reached' if share >= 0.9 else 'NOT reached'}",
+    ]
+
+
+def table(doc: dict[str, Any]) -> str:
+    """Markdown: one row per arm, one column per fraction, mean [95% interval] (seed std)."""
+    head = ["arm", *(f"{f:.0%} ({doc['train_participants'][f'{f:g}']})" for f in FRACTIONS)]
+    lines = []
+    for metric in ("balanced_accuracy", "macro_auroc"):
+        lines += [f"\n{metric.replace('_', ' ')} on test (mean over seeds [95% CI], seed std)\n"]
+        lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for arm in ARMS:
+            cells = []
+            for f in FRACTIONS:
+                s = doc["results"][arm][f"{f:g}"][metric]
+                cells.append(
+                    f"{s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] ({s['seed_std']:.3f})"
+                )
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if "cross_device" in doc:
+        lines += [
+            "\ncross-device, balanced accuracy: held out (trained on the other three) "
+            "vs in-device (trained on all four), 100% of the labels\n"
+        ]
+        lines += ["| device | " + " | ".join(ARMS) + " |", "|" + " --- |" * (len(ARMS) + 1)]
+        for device, arms in doc["cross_device"].items():
+            cells = [
+                f"{arms[a]['held_out']['balanced_accuracy']['mean']:.3f} vs "
+                f"{arms[a]['in_device']['balanced_accuracy']['mean']:.3f}"
+                for a in ARMS
+            ]
+            lines.append(f"| {device} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    xs = [100 * f for f in FRACTIONS]
+    for ax, metric in zip(axes, ("balanced_accuracy", "macro_auroc"), strict=True):
+        for arm in ARMS:
+            s = [doc["results"][arm][f"{f:g}"][metric] for f in FRACTIONS]
+            mean = [x["mean"] for x in s]
+            ax.plot(xs, mean, "o-", label=arm)
+            ax.fill_between(xs, [x["ci_low"] for x in s], [x["ci_high"] for x in s], alpha=0.2)
+        ax.axhline(CHANCE if metric == "balanced_accuracy" else 0.5, color="grey", ls=":")
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{f:.0%}" for f in FRACTIONS])
+        ax.set_xlabel("labelled training participants")
+        ax.set_ylabel(metric.replace("_", " ") + " (test)")
+        ax.set_ylim(0.0, 1.0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper left", fontsize=8)
+    seeds = doc["seeds"]["subsets_and_training"]
+    fig.suptitle(f"label efficiency, lesion twin: mean of {len(seeds)} seed(s), 95% bootstrap CI")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small data, few steps (checks the plumbing, not the claim)",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="seeds of subsets and training (default 3)"
+    )
+    parser.add_argument("--data-seed", type=int, default=0, help="seed of the rendered twin")
+    parser.add_argument("--steps", type=int, default=None, help="pretraining steps")
+    parser.add_argument("--train", type=int, default=None, help="training participants/class")
+    parser.add_argument("--finetune-steps", type=int, default=None, help="per fine-tuning run")
+    parser.add_argument("--cross-device", action="store_true", help="hold each device out too")
+    parser.add_argument("--out", type=Path, default=None, help="keep the run folder here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # 2 shared cores: see configs/*/tiny.yaml
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-label-eff-") as tmp:
+        root = args.out or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        doc = run(args, root)
+        doc["wall_time_s"]["total"] = round(time.perf_counter() - start, 1)
+        out = args.out or Path.cwd()
+        (out / "label-efficiency.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (out / "label-efficiency.md").write_text(table(doc))
+        plot(doc, out / "label-efficiency.png")
+    print(table(doc))
+    for line in verdict(doc):
+        print(line)
+    wall = doc["wall_time_s"]
+    print(
+        f"wall time {wall['total']:.0f}s ({wall['total'] / 60:.1f} min): "
+        + ", ".join(f"{k} {v:.0f}s" for k, v in wall.items() if k != "total")
+    )
+    print(f"files: {out}/label-efficiency.json, .md, .png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""``octtrain probe``: frozen-feature probes on a real checkpoint, the report, the feature cache
+and its key, determinism, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from octstage import manifest as mf
+from octtrain.cli import main
+from octtrain.errors import ConfigError
+from octtrain.eval.breakdown import BootstrapSpec
+from octtrain.eval.features import feature_key
+from octtrain.eval.probe_run import run_probe
+from octtrain.eval.probe_train import ProbeSettings
+from octtrain.train.job import RunResult
+
+FAST = ["--lrs", "1e-3", "3e-3", "--epochs", "3", "--bootstrap", "100", "--device", "cpu"]
+
+
+def test_probe_writes_both_reports_and_reuses_its_features(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    args = ["probe", "--checkpoint", tiny_pretrained, "--manifest", str(tiny_cache[0])]
+    assert main([*args, "--out", str(tmp_path / "a"), *FAST]) == 0
+    summary = json.loads((tmp_path / "a" / "probe.json").read_text())
+    assert summary["encoder"] == "target" and summary["seeds"] == {"probe": 0, "bootstrap": 0}
+    assert summary["checkpoint_sha256"].startswith("sha256:")
+    for kind in ("attentive", "linear"):
+        probe = summary["probes"][kind]
+        assert probe["chosen_lr"] in (1e-3, 3e-3) and 1 <= probe["chosen_epoch"] <= 3
+        assert [p["lr"] for p in probe["grid"]] == [1e-3, 3e-3]
+        doc = json.loads((tmp_path / "a" / kind / "metrics-test.json").read_text())
+        assert doc["volume"]["num_samples"] == 8 and doc["probe"]["kind"] == kind
+        assert {g["grouping"] for g in doc["groups"]} >= {"overall", "device", "site"}
+        assert (tmp_path / "a" / kind / "groups-test.png").stat().st_size > 0
+    features = sorted(p.name.split("-")[0] for p in (tmp_path / "a" / "features").iterdir())
+    assert features == ["test", "train", "val"]
+
+    # Same checkpoint, same volumes: the features come from the cache, the numbers are equal.
+    again = run_probe(
+        tiny_pretrained,
+        str(tiny_cache[0]),
+        out=str(tmp_path / "b"),
+        feature_cache=str(tmp_path / "a" / "features"),
+        device="cpu",
+        settings=ProbeSettings(lrs=(1e-3, 3e-3), epochs=3),
+        bootstrap=BootstrapSpec(resamples=100),
+    )
+    assert again.features_cached == {"train": True, "val": True, "test": True}
+    second = json.loads(again.summary_json.read_text())
+    assert second["probes"] == summary["probes"]
+    for kind in ("attentive", "linear"):
+        a = json.loads((tmp_path / "a" / kind / "metrics-test.json").read_text())
+        b = json.loads((tmp_path / "b" / kind / "metrics-test.json").read_text())
+        assert a["groups"] == b["groups"] and a["predictions"] == b["predictions"]
+
+
+def test_probe_runs_on_a_finetuned_checkpoint_and_refuses_bad_input(
+    tiny_cache: tuple[Path, Path], tiny_finetuned: RunResult, tmp_path: Path
+) -> None:
+    assert tiny_finetuned.best_checkpoint is not None
+    args = ["probe", "--checkpoint", tiny_finetuned.best_checkpoint]
+    args += ["--manifest", str(tiny_cache[0]), "--out", str(tmp_path / "ft")]
+    assert main([*args, *FAST, "--epochs", "1"]) == 0
+    assert json.loads((tmp_path / "ft" / "probe.json").read_text())["encoder"] == "finetuned"
+    assert main([*args, "--lrs", "0"]) == 2
+    assert main([*args, "--epochs", "0"]) == 2
+    missing = ["probe", "--checkpoint", str(tmp_path / "nope.pt"), "--manifest", str(tiny_cache[0])]
+    assert main(missing) == 2
+
+
+def test_feature_key_follows_checkpoint_encoder_shape_and_volumes(
+    tiny_cache: tuple[Path, Path],
+) -> None:
+    volumes = list(mf.load(tiny_cache[0]).split("val"))
+    base = feature_key("sha256:a", "target", (8, 32, 32), volumes)
+    assert base == feature_key("sha256:a", "target", (8, 32, 32), list(volumes))
+    changed = [dataclasses.replace(volumes[0], checksum="sha256:other"), *volumes[1:]]
+    others = [
+        feature_key("sha256:b", "target", (8, 32, 32), volumes),
+        feature_key("sha256:a", "context", (8, 32, 32), volumes),
+        feature_key("sha256:a", "target", (8, 16, 16), volumes),
+        feature_key("sha256:a", "target", (8, 32, 32), changed),
+        feature_key("sha256:a", "target", (8, 32, 32), volumes[::-1]),
+    ]
+    assert base not in others and len(set(others)) == len(others)
+
+
+@pytest.mark.parametrize("bad", [(), (0.0,), (-1e-3,)])
+def test_probe_settings_refuse_bad_grids(bad: tuple[float, ...]) -> None:
+    with pytest.raises(ConfigError, match="--lrs"):
+        ProbeSettings(lrs=bad)
