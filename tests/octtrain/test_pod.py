@@ -206,15 +206,15 @@ STALL_TIMEOUT_S = 120  # configs/pretrain/tiny.yaml's train.stall_timeout_s
 
 
 @pytest.mark.parametrize(
-    ("point", "host", "kind"),
+    ("point", "host", "kind", "code"),
     [
-        ("data", 1, "loading the batch of step 3"),
-        ("validation", 1, "in validation"),
-        ("checkpoint", 0, "writing the checkpoint of step 2"),
+        ("data", 1, "loading the batch of step 3", 4),  # a data error, on every host
+        ("validation", 1, "in validation", 2),  # validation failed (continue_on_failure=false)
+        ("checkpoint", 0, "writing the checkpoint of step 2", 2),
     ],
 )
 def test_a_failure_on_one_host_stops_both_with_its_message(
-    tiny_cache: tuple[Path, Path], tmp_path: Path, point: str, host: int, kind: str
+    tiny_cache: tuple[Path, Path], tmp_path: Path, point: str, host: int, kind: str, code: int
 ) -> None:
     """Without agreement the other host waits in a collective (gloo's timeout: 10 minutes)
     and torchrun kills it once the failing one exits: it never reaches its own verdict."""
@@ -230,7 +230,7 @@ def test_a_failure_on_one_host_stops_both_with_its_message(
     )
     elapsed = time.monotonic() - started
     found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert [f["code"] for f in found] == [2, 2]
+    assert [f["code"] for f in found] == [code, code]
     own = found[host]["errors"][-1]
     assert ("no space left" if point == "checkpoint" else "unreadable chunk") in own
     other = found[1 - host]["errors"][-1]
