@@ -1,8 +1,9 @@
-"""How long ``octstage`` takes to refuse a bad flag or setting (issue 20: under a second).
+"""How long ``octstage`` and ``octtrain`` take to refuse a bad flag or setting (issue 20: under
+a second).
 
 Each command runs as a fresh subprocess, ``--repeat`` times; the median wall time is printed
-beside two baselines: a bare interpreter start, and importing the build step (dask, zarr,
-pydicom...), which is what a refusal cost when flags were checked inside the step.
+beside baselines: a bare interpreter start, importing the build step (dask, zarr, pydicom...)
+and importing torch, which is what a refusal cost when flags were checked inside the step.
 Run from the repository root: ``python bench/bench_refusal.py [--repeat N]``.
 """
 
@@ -41,12 +42,17 @@ def main() -> None:
         bad_yaml.write_text("shape: 16\n")
         common = ["--source", tmp, "--labels", f"{tmp}/participants.tsv", "--out", f"{tmp}/c"]
         cli = [py, "-m", "octstage.cli", "build-cache", *common]
+        tiny = str(REPO / "configs" / "pretrain" / "tiny.yaml")
+        train = [py, "-m", "octtrain.cli", "pretrain", "--config", tiny, "--manifest", tmp]
         rows = [
             ("baseline: python -c pass", [py, "-c", "pass"]),
             ("baseline: import octstage.build.run", [py, "-c", "import octstage.build.run"]),
             ("build-cache --workers -2", [*cli, "--workers", "-2"]),
             ("build-cache --config (shape: 16)", [*cli, "--config", str(bad_yaml)]),
             ("build-cache --max-reject-share 2", [*cli, "--max-reject-share", "2"]),
+            ("baseline: import torch", [py, "-c", "import torch"]),
+            ("octtrain pretrain train.max_stepz=1", [*train, "train.max_stepz=1"]),
+            ("octtrain pretrain --bogus-flag", [*train, "--bogus-flag"]),
         ]
         for name, argv in rows:
             print(f"{name:40s} {seconds(argv, args.repeat):6.3f} s (median of {args.repeat})")
