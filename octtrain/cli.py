@@ -28,14 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("octtrain")
 
-EXIT_OK, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA, EXIT_STALLED, EXIT_INTERRUPTED = (
-    0,
-    2,
-    3,
-    4,
-    5,
-    130,
-)
+EXIT_OK, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA = 0, 2, 3, 4
+EXIT_STALLED, EXIT_INTERRUPTED = 5, 130  # 5: runtime/watchdog.py's STALL_EXIT_CODE (os._exit)
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}    finished
   {EXIT_REFUSED}    refused or failed: bad flags, config, checkpoint or backend (the message names

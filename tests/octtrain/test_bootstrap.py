@@ -138,13 +138,6 @@ def volume(pid: str, device: str, label: int) -> mf.Volume:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class RegionVolume(mf.Volume):
-    """A volume as a manifest recording the scanned region (issue 17) would give it."""
-
-    anatomic_region: str = ""
-
-
 def test_breakdown_groups_counts_and_too_small() -> None:
     # 12 UW participants on two devices, 3 UAB participants on one: UAB is too small.
     vols, labels = [], []
@@ -179,7 +172,7 @@ def test_breakdown_groups_counts_and_too_small() -> None:
     uab_doc = next(g for g in doc["groups"] if g["group"] == "UAB")
     assert "metrics" not in uab_doc and uab_doc["participants"] == 3
 
-    regions = [RegionVolume(**dataclasses.asdict(v), anatomic_region="Macula") for v in vols]
+    regions = [dataclasses.replace(v, anatomic_region="Macula") for v in vols]
     regions[-1] = dataclasses.replace(regions[-1], anatomic_region="")
     names = {(r.grouping, r.name) for r in breakdown(regions, y, p, 2, spec)}
     assert {("region", "Macula"), ("region", "unrecorded")} <= names

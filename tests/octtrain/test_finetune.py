@@ -380,7 +380,7 @@ def test_failing_validation_is_logged_and_training_goes_on(
     strict = finetune_config(
         path, tmp_path / "run2", *common, "validation.continue_on_failure=false"
     )
-    with pytest.raises(ValidationError, match=r"failed on process 0: .* does not exist"):
+    with pytest.raises(ValidationError, match=r"failed on process 0: .* not in the cache"):
         run_finetune(strict, tiny_pretrained)
 
 
