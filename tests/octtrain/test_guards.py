@@ -12,7 +12,6 @@ import dataclasses
 import itertools
 import json
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -331,3 +330,32 @@ def test_early_stopping_and_the_best_checkpoint_name_the_same_step(tmp_path: Pat
     job = ScriptedJob(total_steps=3, scores={1: 0.5, 2: 0.55, 3: 0.52})  # +0.05: not by min_delta
     result = train(job, s)
     assert result.best_unit == 1 and result.best_checkpoint.endswith("step_00000001.pt")
+
+
+def test_validation_time_never_counts_towards_a_stall_of_the_next_step(tmp_path: Path) -> None:
+    # Validation takes 90 s, the next step 20 s: each under the 100 s timeout, together over.
+    run = tmp_path / "run"
+    s = settings(
+        run,
+        train=TrainConfig(max_steps=3, run_dir=str(run), stall_timeout_s=100),
+        validation=ValidationConfig(every=1),
+    )
+    job = ScriptedJob(total_steps=3, stall_at=2, stall_s=90, stall_in="validation")
+    original = job.train_step
+
+    def slow_third(batch: dict[str, Any], step: int) -> StepResult:
+        if step + 1 == 3:
+            job.clock.stall(20)
+        return original(batch, step)
+
+    job.train_step = slow_third  # type: ignore[method-assign]
+    train(job, s)
+    assert [r for r in records(run) if r.get("event") == "alert"] == []
+
+
+def test_an_infinite_score_is_never_the_best(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=1), checkpoint=CheckpointConfig(every=1))
+    result = train(ScriptedJob(total_steps=3, scores={1: 0.2, 2: math.inf, 3: 0.3}), s)
+    assert result.best_unit == 3 and result.best_score == 0.3
+    assert result.best_checkpoint.endswith("step_00000003.pt")

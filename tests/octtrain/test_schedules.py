@@ -50,7 +50,7 @@ def test_weight_decay_goes_from_start_to_end_by_cosine() -> None:
 def test_a_cosine_that_ends_before_its_warmup_is_refused_naming_both_keys() -> None:
     with pytest.raises(ConfigError, match=r"schedule\.total_steps \(5\).*schedule\.warmup_steps"):
         ScheduleConfig(warmup_steps=10, total_steps=5)
-    with pytest.raises(ConfigError, match="schedule.warmup_steps"):
+    with pytest.raises(ConfigError, match=r"schedule\.warmup_steps"):
         ScheduleConfig(warmup_steps=10, total_steps=10)
     ScheduleConfig(warmup_steps=10, total_steps=11)
     ScheduleConfig(
