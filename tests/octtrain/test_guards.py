@@ -196,8 +196,8 @@ def test_a_stall_reaches_the_console_and_the_log_with_its_phase(
     ("where", "says"),
     [
         ("data", "waits for data (blocked on the DataLoader"),
-        ("compute", "waits for compute"),
-        ("validation", "waits for validation"),
+        ("compute", "waits for compute (forward/backward"),
+        ("validation", "waits for validation (its loader"),
         ("end of epoch", "waits for the end-of-epoch metrics"),
     ],
 )
@@ -359,3 +359,17 @@ def test_an_infinite_score_is_never_the_best(tmp_path: Path) -> None:
     result = train(ScriptedJob(total_steps=3, scores={1: 0.2, 2: math.inf, 3: 0.3}), s)
     assert result.best_unit == 3 and result.best_score == 0.3
     assert result.best_checkpoint.endswith("step_00000003.pt")
+
+
+def test_resume_keeps_the_early_stopping_best_and_its_patience_count(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    scores = {1: 0.9, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1, 6: 0.1}
+    base = settings(run, validation=ValidationConfig(every=1), checkpoint=CheckpointConfig(every=1))
+    s = dataclasses.replace(base, patience=3)
+    with pytest.raises(NonFiniteLossError):  # stops after step 2: best 0.9 at 1, one bad
+        train(ScriptedJob(total_steps=6, scores=scores, nan_at=3), s)
+    again = dataclasses.replace(s, checkpoint=CheckpointConfig(every=1, resume="auto"))
+    result = train(ScriptedJob(total_steps=6, scores=scores), again)
+    # Forgetting the best would make 0.1 at unit 3 a new best; forgetting the count, stop at 5.
+    assert result.stopped_early and result.steps == 4
+    assert result.best_unit == 1 and result.best_score == 0.9
