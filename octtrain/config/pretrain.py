@@ -80,6 +80,13 @@ class ScheduleConfig:
         check(self.warmup_steps >= 0, "warmup_steps must be >= 0")
         check(self.start_lr >= 0 and self.final_lr >= 0, "start_lr and final_lr must be >= 0")
         check(self.total_steps is None or self.total_steps > 0, "total_steps must be positive")
+        # A cosine that ends before the warmup does would drop from the peak straight to
+        # final_lr (and with the clamp removed, stay at the peak): refuse, naming both keys.
+        check(
+            self.total_steps is None or self.total_steps > self.warmup_steps,
+            f"schedule.total_steps ({self.total_steps}) must exceed schedule.warmup_steps "
+            f"({self.warmup_steps}): the cosine would have no steps",
+        )
         check(
             0 <= self.ema_start <= self.ema_end < 1,
             "need 0 <= ema_start <= ema_end < 1 (at 1 the target stops learning)",

@@ -9,7 +9,7 @@ class EarlyStopping:
     """Tracks the best value; stops after ``patience`` validations without an improvement.
 
     An improvement must beat the best by more than ``min_delta``; an undefined (NaN) value is
-    never one. ``patience`` 0 never stops (the best value is still tracked).
+    never one, nor is an infinite one. ``patience`` 0 never stops (the best value is still tracked).
     """
 
     def __init__(self, patience: int, min_delta: float) -> None:
@@ -19,7 +19,7 @@ class EarlyStopping:
 
     def update(self, value: float) -> bool:
         """Record one validation's value; True when it is the new best."""
-        if not math.isnan(value) and value > self.best + self.min_delta:
+        if math.isfinite(value) and value > self.best + self.min_delta:
             self.best, self.bad = value, 0
             return True
         self.bad += 1

@@ -16,6 +16,8 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
+import math
 import os
 import pickle
 import random
@@ -32,6 +34,8 @@ from octtrain.config.sections import CheckpointConfig
 from octtrain.errors import CheckpointError
 
 INDEX = "index.json"
+
+log = logging.getLogger("octtrain")
 
 
 def checkpoint_dir(cfg: CheckpointConfig, run_dir: Path | None) -> str | None:
@@ -88,6 +92,10 @@ class Folder:
             self.fs.rm_file(f"{self.path}/{name}")
 
 
+def _finite(score: Any) -> bool:
+    return isinstance(score, int | float) and math.isfinite(score)
+
+
 def _split(url: str) -> tuple[str, str]:
     folder, _, name = url.rstrip("/").rpartition("/")
     if not name:
@@ -121,6 +129,19 @@ class CheckpointManager:
                 f"{self.url}/{INDEX}: not a checkpoint index (no list of named checkpoints)"
             )
         index.setdefault("best", None)
+        # An older version wrote NaN scores (and could make one the best): not scores at all.
+        for entry in [*index["checkpoints"], index["best"] or {}]:
+            if entry.get("score") is not None and not _finite(entry["score"]):
+                log.warning(
+                    "%s/%s: %s has score %s; read as none",
+                    self.url,
+                    INDEX,
+                    entry["name"],
+                    entry["score"],
+                )
+                entry["score"] = None
+        if index["best"] is not None and index["best"]["score"] is None:
+            index["best"] = None
         return index
 
     def latest(self) -> str | None:
@@ -133,24 +154,44 @@ class CheckpointManager:
         best = self.index()["best"]
         return f"{self.url}/{best['name']}" if best else None
 
-    def save(self, state: dict[str, Any], step: int, score: float | None = None) -> str:
+    def save(
+        self,
+        state: dict[str, Any],
+        step: int,
+        score: float | None = None,
+        is_best: bool | None = None,
+    ) -> str:
         """Write ``state`` as the checkpoint of ``step`` (``score``: higher is better, None for
-        a step without validation); returns its URL."""
+        a step without validation); returns its URL.
+
+        ``is_best`` is the caller's verdict (the trainer's early-stopping rule, so the best
+        checkpoint and the best validation are one step); None applies this folder's own rule,
+        a finite score above the best one. A non-finite score (an undefined metric) is never the
+        best and is stored as null: a bare NaN is not JSON, and ``score > nan`` is never true,
+        so a NaN best would stay best for good.
+        """
         name = f"step_{step:08d}.pt"
         buffer = io.BytesIO()
         torch.save(state, buffer)
         self.folder.write(name, buffer.getvalue())
         index = self.index()
+        if score is not None and not math.isfinite(score):
+            log.warning(
+                "%s: step %d has a non-finite score (%s); never the best", name, step, score
+            )
+            score, is_best = None, False
         entry = {"name": name, "step": step, "score": score}
         entries = [e for e in index["checkpoints"] if e["name"] != name] + [entry]
         best = index["best"]
-        if self.keep_best and score is not None and (best is None or score > best["score"]):
+        if is_best is None:
+            is_best = score is not None and (best is None or score > best["score"])
+        if self.keep_best and is_best:
             best = entry
         keep = {e["name"] for e in entries[-self.keep_last :]}
         if best is not None:
             keep.add(best["name"])
         new_index = {"checkpoints": [e for e in entries if e["name"] in keep], "best": best}
-        self.folder.write(INDEX, json.dumps(new_index, indent=1).encode())
+        self.folder.write(INDEX, json.dumps(new_index, indent=1, allow_nan=False).encode())
         for e in entries:
             if e["name"] not in keep:
                 self.folder.delete(e["name"])

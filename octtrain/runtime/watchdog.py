@@ -1,12 +1,13 @@
 """Stall watchdog: say what the loop is waiting for when no step finishes in time.
 
 The loop marks its phase (``"data"`` while blocked on the loader, ``"compute"`` while a step
-runs) and each finished step; a daemon thread reports once per stall, through a callback, which
-phase has lasted how long. Until the first step finished, every limit is longer by
-``first_step_allowance_s``: a slow first XLA compile is not a stall. With ``exit_after_s`` it is
-also the backstop of ``hosts.agree``: a host stuck that long in a collective (its peer died
+runs) and each finished step; a daemon thread polls and reports once per stall, through a
+callback, which phase has lasted how long. Until the first step finished, every limit is longer
+by ``first_step_allowance_s``: a slow first XLA compile is not a stall. With ``exit_after_s`` it
+is also the backstop of ``hosts.agree``: a host stuck that long in a collective (its peer died
 without a word) calls ``on_exit``, which ends the process (``STALL_EXIT_CODE``), so no host of a
-pod waits forever.
+pod waits forever. The clock is injectable and ``poll`` public, so tests decide when time passes
+instead of sleeping (a loaded machine never makes them pass or fail).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class StallWatchdog:
         first_step_allowance_s: float = 0.0,
         exit_after_s: float = 0.0,
         on_exit: Report | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``report(phase, seconds_since_last_step, last_step)`` is called from the thread;
         ``on_exit`` (same arguments) after ``exit_after_s`` without a step (0: never)."""
@@ -36,16 +38,18 @@ class StallWatchdog:
         self.first_step_allowance_s = first_step_allowance_s
         self.exit_after_s = exit_after_s
         self.on_exit = on_exit
+        self.clock = clock
         self._stepped = False
         self.phase = "startup"
         self.step = 0
-        self._last = time.monotonic()
+        self._last = clock()
         self._reported = False
+        self._lock = threading.Lock()  # the thread and a direct poll report a stall once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
 
     def start(self) -> StallWatchdog:
-        self._last = time.monotonic()
+        self._last = self.clock()
         self._thread.start()
         return self
 
@@ -57,24 +61,36 @@ class StallWatchdog:
         return 0.0 if self._stepped else self.first_step_allowance_s
 
     def step_done(self, step: int) -> None:
-        self._stepped = True
-        self.step = step
-        self._last = time.monotonic()
-        self._reported = False
+        with self._lock:
+            self._stepped = True
+            self.step = step
+            self._last = self.clock()
+            self._reported = False
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
 
+    def poll(self) -> bool:
+        """Report the current phase if no step finished for ``timeout_s`` (once per stall);
+        past ``exit_after_s`` call ``on_exit`` and return True (the thread then ends)."""
+        with self._lock:
+            idle = self.clock() - self._last
+            extra = self.allowance()
+            phase, step = self.phase, self.step
+            stalled = idle >= self.timeout_s + extra and not self._reported
+            if stalled:
+                self._reported = True
+        if stalled:
+            self.report(phase, idle, step)
+        if self.on_exit and self.exit_after_s and idle >= self.exit_after_s + extra:
+            self.on_exit(phase, idle, step)
+            return True
+        return False
+
     def _run(self) -> None:
         interval = min(5.0, self.timeout_s / 4)
         while not self._stop.wait(interval):
-            idle = time.monotonic() - self._last
-            extra = self.allowance()
-            if idle >= self.timeout_s + extra and not self._reported:
-                self._reported = True
-                self.report(self.phase, idle, self.step)
-            if self.on_exit and self.exit_after_s and idle >= self.exit_after_s + extra:
-                self.on_exit(self.phase, idle, self.step)
+            if self.poll():
                 return

@@ -27,7 +27,7 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,10 +62,28 @@ class _Pending:
 
 
 class Trainer:
-    """Runs a ``Job`` as configured by ``Settings`` on ``backend``."""
+    """Runs a ``Job`` as configured by ``Settings`` on ``backend``.
 
-    def __init__(self, job: Job, settings: Settings, backend: Backend) -> None:
-        self.job, self.s, self.backend = job, settings, backend
+    ``clock`` times steps and stalls (tests pass one they advance, instead of sleeping).
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        settings: Settings,
+        backend: Backend,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.job, self.s, self.backend, self.clock = job, settings, backend, clock
+        t = settings.train
+        self.watchdog = StallWatchdog(
+            t.stall_timeout_s,
+            self._report_stall,
+            t.first_step_allowance_s,
+            t.stall_exit_s,
+            self._stall_exit,
+            clock,
+        )
         self.run_dir: Path | None = None
         if backend.is_main:
             name = settings.train.name or job.kind
@@ -112,17 +130,17 @@ class Trainer:
         self.result.last_checkpoint = url
         log.info("resumed from %s at step %d", url, self.start_step)
 
-    def _save(self, step: int, score: float | None) -> None:
+    def _save(self, step: int, score: float | None, is_best: bool) -> None:
         failure = None
         try:
-            self._write(step, score)
+            self._write(step, score, is_best)
         except CheckpointError as exc:
             failure = exc
         # Only process 0 writes: the others must learn of its failure, not wait in the barrier.
         hosts.agree(self.backend, failure, f"writing the checkpoint of step {step}")
         self.backend.barrier()
 
-    def _write(self, step: int, score: float | None) -> None:
+    def _write(self, step: int, score: float | None, is_best: bool) -> None:
         if self.ckpt is not None:
             state = self.job.state(step)
             state["step"] = step
@@ -133,7 +151,7 @@ class Trainer:
                 "best_unit": self.result.best_unit,
                 "best_score": self.result.best_score,
             }
-            self.result.last_checkpoint = self.ckpt.save(ckpt.to_cpu(state), step, score)
+            self.result.last_checkpoint = self.ckpt.save(ckpt.to_cpu(state), step, score, is_best)
             log.info("checkpoint %s", self.result.last_checkpoint)
 
     # --- the loop ------------------------------------------------------------------------------
@@ -141,14 +159,7 @@ class Trainer:
     def run(self) -> RunResult:
         """Resume if asked, train to the end (or early stop), return where things went."""
         exit_code = 1
-        t = self.s.train
-        watchdog = StallWatchdog(
-            t.stall_timeout_s,
-            self._report_stall,
-            t.first_step_allowance_s,
-            t.stall_exit_s,
-            self._stall_exit,
-        )
+        watchdog = self.watchdog
         prefetcher: Prefetcher | None = None
         try:
             self.resume()
@@ -178,12 +189,12 @@ class Trainer:
 
     def _loop(self, batches: Iterator[dict[str, Any]], watchdog: StallWatchdog) -> None:
         job, s = self.job, self.s
-        last_end = time.perf_counter()
+        last_end = self.clock()
         for step in range(self.start_step, job.total_steps):
             done = step + 1
             job.before_step(step)
             watchdog.set_phase("data")
-            t0 = time.perf_counter()
+            t0 = self.clock()
             batch, failure = None, None
             try:
                 batch = next(batches)
@@ -194,12 +205,12 @@ class Trainer:
             # One host's bad volume must not leave the others in the step's collectives.
             hosts.agree(self.backend, failure, f"loading the batch of step {done}")
             assert batch is not None
-            wait = time.perf_counter() - t0
+            wait = self.clock() - t0
             watchdog.set_phase("compute")
             result = job.train_step(batch, step)
             self.backend.sync()  # launch the step; the host goes on without waiting for it
             self._check_pending(before=done)  # the previous step's values: ready or nearly
-            now = time.perf_counter()
+            now = self.clock()
             for acc in (self._window, self._unit):
                 acc["wait"] += wait
                 acc["time"] += now - last_end
@@ -214,9 +225,9 @@ class Trainer:
                 self._check_pending()
                 self.tracker.log_images(job.images(batch, result), done)
             watchdog.step_done(done)
-            paused = time.perf_counter()
+            paused = self.clock()
             stop = self._unit_end(done, watchdog)
-            last_end += time.perf_counter() - paused  # step times exclude validation, saves
+            last_end += self.clock() - paused  # step times exclude validation, saves
             if stop:
                 break
         self._check_pending()
@@ -249,14 +260,14 @@ class Trainer:
             self.tracker.log(metrics, unit)  # train metrics before validation starts
         if alarm:
             self._alarm(alarm)
-        score = None
+        score, improved = None, False
         if validate:
             watchdog.set_phase("validation")
-            score, val = self._validate(unit)
+            score, improved, val = self._validate(unit)
             record |= val
         watchdog.set_phase("checkpoint")
         if save:
-            self._save(done, score)
+            self._save(done, score, improved)
         self.result.history.append(record)
         self.result.steps = done
         watchdog.step_done(done)  # validation and saving are not a stall of training
@@ -272,8 +283,10 @@ class Trainer:
             return True
         return False
 
-    def _validate(self, unit: int) -> tuple[float | None, dict[str, float]]:
-        start = time.perf_counter()
+    def _validate(self, unit: int) -> tuple[float | None, bool, dict[str, float]]:
+        """The score, whether it is the new best (early stopping's rule, which also picks the
+        best checkpoint: one rule, one step) and the metrics."""
+        start = self.clock()
         try:
             ev = self.job.validate(unit)
         except ValidationError as exc:
@@ -282,16 +295,17 @@ class Trainer:
             self.tracker.alert("validation failed", f"unit {unit}: {exc}")
             if not self.s.validation.continue_on_failure:
                 raise
-            return None, {"val_failed": 1.0}
-        metrics = {**ev.metrics, "val/time_s": time.perf_counter() - start}
+            return None, False, {"val_failed": 1.0}
+        metrics = {**ev.metrics, "val/time_s": self.clock() - start}
         self.tracker.log(metrics, unit)
         if ev.images:
             self.tracker.log_images(ev.images, unit)
         if ev.alarm:
             self._alarm(ev.alarm)
-        if ev.score is not None and self.stopper.update(ev.score):
+        improved = ev.score is not None and self.stopper.update(ev.score)
+        if improved:
             self.result.best_unit, self.result.best_score = unit, ev.score
-        return ev.score, metrics
+        return ev.score, improved, metrics
 
     # --- host-side reads, one step behind --------------------------------------------------------
 

@@ -5,6 +5,10 @@ pretraining run.
 local folder (``checkpoint.dir=/tmp/x/host{rank}``), as on a pod where each host has its own
 disk. Writes ``<out>/rank<r>.json`` with the sample indices of its first batches (from the exact
 loader the run uses; skipped with POD_PEEK=0), a checksum of its final weights and its result.
+
+``POD_DISK`` (a folder, ``{rank}`` replaced) is this host's working folder: a relative path such
+as ``checkpoint.dir=ckpt`` then names the same path on different disks, as on a pod, and no host
+can read another's files through it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from octtrain.train.pretrain import PretrainJob, resolve, settings
 def main(config_path: str, out: str, overrides: list[str]) -> None:
     torch.set_num_threads(1)
     rank = os.environ.get("RANK", "0")
+    if "POD_DISK" in os.environ:
+        disk = Path(os.environ["POD_DISK"].replace("{rank}", rank))
+        disk.mkdir(parents=True, exist_ok=True)
+        os.chdir(disk)
     overrides = [o.replace("{rank}", rank) for o in overrides]
     cfg = load_config(PretrainConfig, config_path, overrides)
     assert cfg.data.manifest is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,33 @@ def test_gs_checkpoints_through_the_gcs_double(cloud_env: dict[str, str], gcs_bu
     assert names == [
         f"runs/a/checkpoints/{n}" for n in ("index.json", "step_00000001.pt", "step_00000003.pt")
     ]
+
+
+def test_a_nan_score_is_never_the_best_and_the_index_stays_json(tmp_path: Path) -> None:
+    manager = CheckpointManager(str(tmp_path), keep_last=1, keep_best=True)
+    manager.save(_state(1), 1, float("nan"))  # e.g. the AUROC of a one-class validation split
+    manager.save(_state(2), 2, 0.5)
+    manager.save(_state(3), 3, float("inf"))
+    text = (tmp_path / "index.json").read_text()
+    index = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in index.json"))
+    assert index["best"]["step"] == 2
+    assert [e["score"] for e in index["checkpoints"]] == [0.5, None]
+    assert manager.best() == f"{tmp_path}/step_00000002.pt"
+
+
+def test_a_nan_best_left_by_an_older_index_is_ignored(tmp_path: Path) -> None:
+    manager = CheckpointManager(str(tmp_path), keep_last=2, keep_best=True)
+    manager.save(_state(1), 1, 0.1)
+    old = {"checkpoints": [{"name": "step_00000001.pt", "step": 1, "score": float("nan")}]}
+    old["best"] = old["checkpoints"][0]
+    (tmp_path / "index.json").write_text(json.dumps(old))
+    assert manager.best() is None
+    manager.save(_state(2), 2, 0.2)
+    assert manager.best() == f"{tmp_path}/step_00000002.pt"
+
+
+def test_the_callers_verdict_decides_the_best(tmp_path: Path) -> None:
+    manager = CheckpointManager(str(tmp_path), keep_last=1, keep_best=True)
+    manager.save(_state(1), 1, 0.5, is_best=True)
+    manager.save(_state(2), 2, 0.51, is_best=False)  # better, but not by min_delta
+    assert manager.best() == f"{tmp_path}/step_00000001.pt"

@@ -243,3 +243,31 @@ def test_prefetcher_yields_every_batch_in_order_and_reraises_loader_errors(
     with pytest.raises(DataError, match="not in the cache"):
         next(failing)
     failing.close()
+
+
+def test_repeat_draws_of_one_sample_get_their_own_masks_and_hosts_agree(
+    tiny_cache: Cache,
+) -> None:
+    # Balanced sampling draws with replacement: sample 0, nearly certain, comes many times per
+    # epoch. Its seed (so its crop and its mask) is keyed by the draw's global position, never by
+    # the sample's index, so no two draws share a mask; and two hosts' shards, put together, are
+    # the single host's stream.
+    p = np.array([0.97, 0.01, 0.01, 0.01])
+    one = EpochSampler(4, 0, 1, seed=5, per_epoch=8, probabilities=p).epoch_items(0)
+    hosts = [
+        EpochSampler(4, h, 2, seed=5, per_epoch=4, probabilities=p).epoch_items(0) for h in (0, 1)
+    ]
+    assert [item for pair in zip(*hosts, strict=True) for item in pair] == one
+    repeats = [s for i, s in one if i == 0]
+    assert len(repeats) >= 3 and len(set(repeats)) == len(repeats)
+    masker = SampleMasker((2, 4, 4), MaskConfig(ratio=0.5))
+    ds = ManifestDataset(
+        load(tiny_cache[0]),
+        tiny_cache[1],
+        "train",
+        Transform((8, 32, 32), AugmentConfig()),
+        None,
+        masker,
+    )
+    masks = {tuple(ds[(0, s)]["target_idx"].tolist()) for s in repeats}
+    assert len(masks) > 1  # (block masks on a tiny grid can coincide by chance; all never)

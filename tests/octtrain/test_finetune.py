@@ -345,7 +345,13 @@ def test_single_class_validation_split(
     path = _variant(
         tiny_cache[0], tmp_path, lambda vs: [v for v in vs if v.split != "val" or v.label == 2]
     )
-    cfg = finetune_config(path, tmp_path / "run", "train.epochs=1", f"data.cache={tiny_cache[1]}")
+    cfg = finetune_config(
+        path,
+        tmp_path / "run",
+        "train.epochs=1",
+        f"data.cache={tiny_cache[1]}",
+        "early_stopping.metric=macro_auroc",  # undefined here: the score is NaN
+    )
     result = run_finetune(cfg, tiny_pretrained)
     h = result.history[0]
     assert math.isnan(h["val/macro_auroc"])  # one class only: AUROC undefined, not a crash
@@ -353,6 +359,10 @@ def test_single_class_validation_split(
     assert result.run_dir is not None
     alerts = [r for r in _records(result.run_dir) if r.get("event") == "alert"]
     assert any("has no" in a["text"] for a in alerts)  # the missing classes are announced
+    # An undefined score is never the best checkpoint, and index.json stays JSON.
+    text = (result.run_dir / "checkpoints" / "index.json").read_text()
+    index = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in index.json"))
+    assert index["best"] is None and result.best_checkpoint is None
 
 
 _G2 = "oral_medication_and_or_non_insulin_injectable_medication_controlled"
@@ -515,12 +525,18 @@ def test_prediction_collapse_alarm_and_grad_norm_in_finetuning(
     tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
 ) -> None:
     # 8 validation volumes over 4 classes: some class always takes >= 25% of the predictions.
+    # The same holds for the 32 training samples' epoch histogram. A clip of 1e-6 clips every
+    # step: a norm measured after clipping would be 1e-6.
     share = "validation.collapse_max_share=0.2"
-    cfg = finetune_config(tiny_cache[0], tmp_path / "run", "train.epochs=1", share)
+    clip = 1e-6
+    cfg = finetune_config(
+        tiny_cache[0], tmp_path / "run", "train.epochs=1", share, f"optim.grad_clip={clip}"
+    )
     result = run_finetune(cfg, tiny_pretrained)
     assert result.run_dir is not None
     records = _records(result.run_dir)
     alerts = [r["text"] for r in records if r.get("event") == "alert" and r["title"] == "collapse"]
     assert any(a.startswith("val, epoch 1: prediction collapse") for a in alerts), alerts
+    assert any(a.startswith("train, epoch 1: prediction collapse") for a in alerts), alerts
     norms = [r["train/grad_norm"] for r in records if "train/grad_norm" in r]
-    assert norms and all(n > 0 for n in norms)  # measured before zero_grad
+    assert norms and all(n > 1000 * clip for n in norms)  # before clipping and zero_grad

@@ -8,11 +8,12 @@ checked to fail with its guard removed (see the note on issue 9).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,29 @@ from octtrain.train.job import Evaluation, Settings, StepResult, monitor_rows
 from octtrain.train.loop import Trainer
 
 
+class Clock:
+    """The trainer's clock: time passes only when a test says so (no sleeping, no load)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.poll: Callable[[], None] = lambda: None  # the trainer's watchdog, once built
+
+    def __call__(self) -> float:
+        return self.now
+
+    def stall(self, seconds: float) -> None:
+        self.now += seconds
+        self.poll()
+
+
 @dataclass
 class ScriptedJob:
-    """A job whose steps and validations follow a script (1-based step numbers)."""
+    """A job whose steps and validations follow a script (1-based step numbers).
+
+    ``stall_in`` says where the stall of ``stall_s`` clock seconds happens: in the step
+    ("compute"), while the loop waits for batch ``stall_at`` ("data"), in ``validate``
+    ("validation") or in ``end_of_unit`` ("end of epoch"), after step ``stall_at - 1``.
+    """
 
     total_steps: int
     kind: str = "pretrain"
@@ -43,11 +64,18 @@ class ScriptedJob:
     global_batch: int = 2
     validates_last: bool = False
     nan_at: int | None = None
+    inf_norm_at: int | None = None
     stall_at: int | None = None
     stall_s: float = 0.0
+    stall_in: str = "compute"
     collapsed_features: bool = False
     val_alarm: str | None = None
+    scores: dict[int, float] = field(default_factory=dict)
+    epoch_metrics: bool = False
     loaded: list[int] = field(default_factory=list)
+    norms: list[float] = field(default_factory=list)
+    clock: Clock = field(default_factory=Clock)
+    phase: Callable[[], tuple[str, int]] = lambda: ("", 0)
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.loaded.append(int(state["w"]))
@@ -56,28 +84,41 @@ class ScriptedJob:
         return {"w": torch.tensor(step)}
 
     def start(self, start_step: int) -> Iterator[dict[str, Any]]:
-        return ({"x": torch.tensor(i)} for i in itertools.count(start_step))
+        for i in itertools.count(start_step):
+            if self.stall_in == "data" and i + 1 == self.stall_at:
+                # The prefetch thread loads ahead: stall once the loop waits for this batch.
+                deadline = time.monotonic() + 60
+                while self.phase() != ("data", i) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                self.clock.stall(self.stall_s)
+            yield {"x": torch.tensor(i)}
 
     def before_step(self, step: int) -> None:
         pass
 
     def train_step(self, batch: dict[str, Any], step: int) -> StepResult:
         done = step + 1
-        if done == self.stall_at:
-            time.sleep(self.stall_s)
+        if done == self.stall_at and self.stall_in == "compute":
+            self.clock.stall(self.stall_s)
         loss = math.nan if done == self.nan_at else 1.0 / done
+        norm = math.inf if done == self.inf_norm_at else float(done)
         if self.collapsed_features:  # every token of every sample the same vector
             features = torch.ones(2, 16, 8)
         else:
             features = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(done))
         rows = monitor_rows(features)
-        return StepResult(torch.tensor(loss), torch.tensor(float(done)), rows, {"lr": 0.1})
+        return StepResult(torch.tensor(loss), torch.tensor(norm), rows, {"lr": 0.1})
 
     def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
-        return {}, None
+        if self.stall_in == "end of epoch" and unit == self.stall_at:
+            self.clock.stall(self.stall_s)
+        return ({"train/epoch_loss": 1.0 / unit} if self.epoch_metrics else {}), None
 
     def validate(self, unit: int) -> Evaluation:
-        return Evaluation({"val/loss": 1.0 / unit}, score=float(unit), alarm=self.val_alarm)
+        if self.stall_in == "validation" and unit == self.stall_at:
+            self.clock.stall(self.stall_s)
+        score = self.scores.get(unit, float(unit))
+        return Evaluation({"val/loss": 1.0 / unit}, score=score, alarm=self.val_alarm)
 
     def images(self, batch: dict[str, Any], result: StepResult) -> dict[str, np.ndarray]:
         return {}
@@ -102,7 +143,10 @@ def records(run: Path) -> list[dict[str, Any]]:
 def train(job: ScriptedJob, s: Settings) -> Any:
     backend = make_backend("cpu")
     try:
-        return Trainer(job, s, backend).run()
+        trainer = Trainer(job, s, backend, clock=job.clock)
+        job.clock.poll = trainer.watchdog.poll
+        job.phase = lambda: (trainer.watchdog.phase, trainer.watchdog.step)
+        return trainer.run()
     finally:
         backend.close()
 
@@ -139,13 +183,35 @@ def test_a_stall_reaches_the_console_and_the_log_with_its_phase(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     run = tmp_path / "run"
-    s = settings(run, train=TrainConfig(max_steps=3, run_dir=str(run), stall_timeout_s=0.3))
+    s = settings(run, train=TrainConfig(max_steps=3, run_dir=str(run), stall_timeout_s=100))
     with caplog.at_level("WARNING", logger="octtrain"):
-        train(ScriptedJob(total_steps=3, stall_at=2, stall_s=1.5), s)
+        train(ScriptedJob(total_steps=3, stall_at=2, stall_s=150), s)
     alerts = [r for r in records(run) if r.get("event") == "alert"]
     assert [a["title"] for a in alerts] == ["training stalled"]
-    assert "after step 1" in alerts[0]["text"] and "compute" in alerts[0]["text"]
+    assert "150 s after step 1" in alerts[0]["text"] and "compute" in alerts[0]["text"]
     assert any("training stalled" in m and "compute" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("data", "waits for data (blocked on the DataLoader"),
+        ("compute", "waits for compute (forward/backward"),
+        ("validation", "waits for validation (its loader"),
+        ("end of epoch", "waits for the end-of-epoch metrics"),
+    ],
+)
+def test_a_stall_names_the_phase_it_happened_in(tmp_path: Path, where: str, says: str) -> None:
+    run = tmp_path / "run"
+    s = settings(
+        run,
+        train=TrainConfig(max_steps=4, run_dir=str(run), stall_timeout_s=100),
+        validation=ValidationConfig(every=1),
+    )
+    train(ScriptedJob(total_steps=4, stall_at=3, stall_s=150, stall_in=where), s)
+    alerts = [r["text"] for r in records(run) if r.get("event") == "alert"]
+    assert len(alerts) == 1 and says in alerts[0], alerts
+    assert f"after step {2 if where in ('data', 'compute') else 3}" in alerts[0]
 
 
 def test_collapse_in_training_features_raises_an_alarm(tmp_path: Path) -> None:
@@ -195,7 +261,115 @@ def test_the_collapse_monitor_samples_every_sample_of_the_batch() -> None:
 def test_each_unit_records_its_training_time_without_validation(tmp_path: Path) -> None:
     run = tmp_path / "run"
     s = settings(run, train=TrainConfig(max_steps=3, run_dir=str(run)))
-    result = train(ScriptedJob(total_steps=3, stall_at=2, stall_s=0.5), s)
+    result = train(ScriptedJob(total_steps=3, stall_at=2, stall_s=5.0), s)
     times = [h["unit_time_s"] for h in result.history]
-    assert times[1] >= 0.5 and times[0] < 0.5 and times[2] < 0.5  # the slow step, in its unit
-    assert all(0.0 <= h["unit_data_wait_frac"] < 0.5 for h in result.history)
+    assert times == [0.0, 5.0, 0.0]  # the slow step, in its unit
+    assert [h["unit_data_wait_frac"] for h in result.history] == [0.0, 0.0, 0.0]
+
+
+def test_validation_time_is_not_training_time(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(
+        run, train=TrainConfig(max_steps=3, run_dir=str(run)), validation=ValidationConfig(every=1)
+    )
+    job = ScriptedJob(total_steps=3, stall_at=2, stall_s=5.0, stall_in="validation")
+    result = train(job, s)
+    assert [h["unit_time_s"] for h in result.history] == [0.0, 0.0, 0.0]
+    assert [r["val/time_s"] for r in records(run) if "val/time_s" in r] == [0.0, 5.0, 0.0]
+
+
+def test_a_slow_loader_counts_as_data_wait(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, train=TrainConfig(max_steps=3, run_dir=str(run)))
+    result = train(ScriptedJob(total_steps=3, stall_at=2, stall_s=5.0, stall_in="data"), s)
+    assert [h["unit_data_wait_frac"] for h in result.history] == [0.0, 1.0, 0.0]
+
+
+def test_an_infinite_grad_norm_with_a_finite_loss_stops_the_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError, match=r"step 3: loss 0\.33.*grad norm inf"):
+        train(ScriptedJob(total_steps=8, inf_norm_at=3), settings(run))
+    index = json.loads((run / "checkpoints" / "index.json").read_text())
+    assert [e["step"] for e in index["checkpoints"]] == [2]
+
+
+def test_train_metrics_are_logged_before_validation(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(
+        run,
+        logging=LoggingConfig(wandb_mode="disabled", log_every=2),
+        validation=ValidationConfig(every=2),
+    )
+    train(ScriptedJob(total_steps=4, epoch_metrics=True), s)
+    order = [
+        (r["step"], key)
+        for r in records(run)
+        for key in ("train/loss", "train/epoch_loss", "val/loss")
+        if key in r
+    ]
+    for step in (2, 4):
+        seen = [k for st, k in order if st == step]
+        assert seen == ["train/loss", "train/epoch_loss", "val/loss"], order
+
+
+def test_a_nan_score_never_becomes_the_best_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=1), checkpoint=CheckpointConfig(every=1))
+    job = ScriptedJob(total_steps=4, scores={1: math.nan, 2: 0.5, 3: math.nan, 4: 0.4})
+    result = train(job, s)
+    assert result.best_unit == 2 and result.best_checkpoint.endswith("step_00000002.pt")
+    text = (run / "checkpoints" / "index.json").read_text()
+    index = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in index.json"))
+    assert index["best"]["step"] == 2
+
+
+def test_early_stopping_and_the_best_checkpoint_name_the_same_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=1), checkpoint=CheckpointConfig(every=1))
+    s = dataclasses.replace(s, min_delta=0.1)
+    job = ScriptedJob(total_steps=3, scores={1: 0.5, 2: 0.55, 3: 0.52})  # +0.05: not by min_delta
+    result = train(job, s)
+    assert result.best_unit == 1 and result.best_checkpoint.endswith("step_00000001.pt")
+
+
+def test_validation_time_never_counts_towards_a_stall_of_the_next_step(tmp_path: Path) -> None:
+    # Validation takes 90 s, the next step 20 s: each under the 100 s timeout, together over.
+    run = tmp_path / "run"
+    s = settings(
+        run,
+        train=TrainConfig(max_steps=3, run_dir=str(run), stall_timeout_s=100),
+        validation=ValidationConfig(every=1),
+    )
+    job = ScriptedJob(total_steps=3, stall_at=2, stall_s=90, stall_in="validation")
+    original = job.train_step
+
+    def slow_third(batch: dict[str, Any], step: int) -> StepResult:
+        if step + 1 == 3:
+            job.clock.stall(20)
+        return original(batch, step)
+
+    job.train_step = slow_third  # type: ignore[method-assign]
+    train(job, s)
+    assert [r for r in records(run) if r.get("event") == "alert"] == []
+
+
+def test_an_infinite_score_is_never_the_best(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=1), checkpoint=CheckpointConfig(every=1))
+    result = train(ScriptedJob(total_steps=3, scores={1: 0.2, 2: math.inf, 3: 0.3}), s)
+    assert result.best_unit == 3 and result.best_score == 0.3
+    assert result.best_checkpoint.endswith("step_00000003.pt")
+
+
+def test_resume_keeps_the_early_stopping_best_and_its_patience_count(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    scores = {1: 0.9, 2: 0.1, 3: 0.1, 4: 0.1, 5: 0.1, 6: 0.1}
+    base = settings(run, validation=ValidationConfig(every=1), checkpoint=CheckpointConfig(every=1))
+    s = dataclasses.replace(base, patience=3)
+    with pytest.raises(NonFiniteLossError):  # stops after step 2: best 0.9 at 1, one bad
+        train(ScriptedJob(total_steps=6, scores=scores, nan_at=3), s)
+    again = dataclasses.replace(s, checkpoint=CheckpointConfig(every=1, resume="auto"))
+    result = train(ScriptedJob(total_steps=6, scores=scores), again)
+    # Forgetting the best would make 0.1 at unit 3 a new best; forgetting the count, stop at 5.
+    assert result.stopped_early and result.steps == 4
+    assert result.best_unit == 1 and result.best_score == 0.9

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN_TINY = ROOT / "configs" / "pretrain" / "tiny.yaml"
 FINETUNE_TINY = ROOT / "configs" / "finetune" / "tiny.yaml"
 WORKER = ROOT / "tests" / "octtrain" / "ddp_worker.py"
+HOSTS_WORKER = ROOT / "tests" / "octtrain" / "hosts_worker.py"
 
 pytestmark = pytest.mark.slow
 
@@ -68,16 +69,24 @@ def test_resume_where_only_host_0_has_the_checkpoint_reproduces_both_hosts(
     tiny_cache: tuple[Path, Path], tmp_path: Path
 ) -> None:
     manifest = tiny_cache[0]
-    # Each host checkpoints to its own local disk; only process 0 writes, so host 1's is empty.
-    common = ["schedule.total_steps=8", "checkpoint.every=4", "validation.every=4"]
+    # Each host has its own disk (its working folder) and checkpoints to the relative folder
+    # "ckpt" on it: the same path names different files on each host, and only process 0 writes,
+    # so host 1 can read no checkpoint at all. Resuming works only if process 0 reads it and
+    # broadcasts the state.
+    common = [
+        "schedule.total_steps=8",
+        "checkpoint.every=4",
+        "validation.every=4",
+        "checkpoint.dir=ckpt",
+    ]
     full = pretrain(
         tmp_path / "full",
         manifest,
         *common,
         "train.max_steps=8",
         f"train.run_dir={tmp_path}/full/run",
-        f"checkpoint.dir={tmp_path}/full/host{{rank}}",
         POD_PEEK="0",
+        POD_DISK=f"{tmp_path}/full/disk{{rank}}",
     )
     pretrain(
         tmp_path / "half",
@@ -85,20 +94,20 @@ def test_resume_where_only_host_0_has_the_checkpoint_reproduces_both_hosts(
         *common,
         "train.max_steps=4",
         f"train.run_dir={tmp_path}/half/run",
-        f"checkpoint.dir={tmp_path}/half/host{{rank}}",
         POD_PEEK="0",
+        POD_DISK=f"{tmp_path}/disk{{rank}}",
     )
-    assert (tmp_path / "half" / "host0" / "step_00000004.pt").is_file()
-    assert not (tmp_path / "half" / "host1").exists()
+    assert (tmp_path / "disk0" / "ckpt" / "step_00000004.pt").is_file()
+    assert not (tmp_path / "disk1" / "ckpt").exists()
     resumed = pretrain(
         tmp_path / "resumed",
         manifest,
         *common,
         "train.max_steps=8",
         f"train.run_dir={tmp_path}/resumed/run",
-        f"checkpoint.dir={tmp_path}/half/host{{rank}}",
         "checkpoint.resume=auto",
         POD_PEEK="0",
+        POD_DISK=f"{tmp_path}/disk{{rank}}",
     )
     # Both hosts resumed at step 4 (a host starting at 0 would run 8 steps and hang the other),
     # and both end with the uninterrupted run's weights.
@@ -107,6 +116,17 @@ def test_resume_where_only_host_0_has_the_checkpoint_reproduces_both_hosts(
     a, b = losses(tmp_path / "full" / "run"), losses(tmp_path / "resumed" / "run")
     assert sorted(b) == [5, 6, 7, 8]
     assert [a[s] for s in range(5, 9)] == [b[s] for s in range(5, 9)]  # mean over both hosts
+
+
+def test_both_host_reductions_over_two_processes(tmp_path: Path) -> None:
+    proc = torchrun([str(HOSTS_WORKER), str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    host0 = [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]]
+    host1 = [[20.0, 21.0, 22.0], [23.0, 24.0, 25.0]]
+    for rank in ranks:
+        assert rank["rows"] == host0 + host1  # every host's rows, in process order, everywhere
+        assert rank["mean"] == 1.5  # the mean of 1 and 2, not a host's own value
 
 
 def test_pretraining_validation_with_an_empty_host(

@@ -206,3 +206,26 @@ def test_representation_pictures_from_the_first_step(tiny_cache: Cache, tmp_path
     assert attention.shape == (32, 32, 3)  # one B-scan of the 8x32x32 volume
     red = attention[..., 2].astype(int) - attention[..., 1].astype(int)  # BGR: where it looks
     assert red.max() > 50
+
+
+def test_a_run_that_clips_logs_the_norm_before_clipping_and_a_val_collapse_alarm(
+    tiny_cache: Cache, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    clip = 1e-6  # every step clips: the norm after clipping would be this
+    cfg = config(
+        tiny_cache,
+        run,
+        "train.max_steps=2",
+        "logging.log_every=1",
+        "logging.console=false",
+        "validation.every=2",
+        f"optim.grad_clip={clip}",
+        "validation.collapse_min_rank=1000",  # above any rank: the alarm must fire
+    )
+    run_pretrain(cfg)
+    rec = records(run)
+    norms = [r["train/grad_norm"] for r in rec if "train/grad_norm" in r]
+    assert len(norms) == 2 and all(n > 1000 * clip for n in norms), norms
+    alerts = [r["text"] for r in rec if r.get("event") == "alert" and r["title"] == "collapse"]
+    assert any(a.startswith("val: representation collapse") for a in alerts), alerts

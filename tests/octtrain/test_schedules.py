@@ -6,6 +6,8 @@ import itertools
 
 import pytest
 
+from octtrain.config.pretrain import ScheduleConfig
+from octtrain.errors import ConfigError
 from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
 
 LR = {"peak": 1e-3, "warmup_steps": 10, "total_steps": 100, "start": 0.0, "final": 1e-6}
@@ -43,3 +45,20 @@ def test_weight_decay_goes_from_start_to_end_by_cosine() -> None:
     assert weight_decay(100, **kw) == weight_decay(1000, **kw) == pytest.approx(0.4)
     values = [weight_decay(s, **kw) for s in range(0, 150)]
     assert all(b >= a for a, b in itertools.pairwise(values))
+
+
+def test_a_cosine_that_ends_before_its_warmup_is_refused_naming_both_keys() -> None:
+    with pytest.raises(ConfigError, match=r"schedule\.total_steps \(5\).*schedule\.warmup_steps"):
+        ScheduleConfig(warmup_steps=10, total_steps=5)
+    with pytest.raises(ConfigError, match=r"schedule\.warmup_steps"):
+        ScheduleConfig(warmup_steps=10, total_steps=10)
+    ScheduleConfig(warmup_steps=10, total_steps=11)
+    ScheduleConfig(
+        warmup_steps=100, total_steps=None
+    )  # the run's length: a short run may end in warmup
+
+
+def test_past_a_warmup_longer_than_the_schedule_the_lr_is_final_never_peak() -> None:
+    kw = {**LR, "warmup_steps": 10, "total_steps": 5}
+    assert warmup_cosine(10, **kw) == pytest.approx(1e-6)
+    assert warmup_cosine(50, **kw) == pytest.approx(1e-6)

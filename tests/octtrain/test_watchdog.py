@@ -1,4 +1,7 @@
-"""Stall watchdog: reports which phase (data or compute) the loop is stuck in, once per stall."""
+"""Stall watchdog: reports which phase (data or compute) the loop is stuck in, once per stall.
+
+Time is a clock the test advances; nothing depends on how fast a loaded machine runs.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +10,51 @@ import threading
 from octtrain.runtime.watchdog import StallWatchdog
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_reports_the_phase_once_per_stall() -> None:
-    reports: list[tuple[str, int]] = []
+    reports: list[tuple[str, float, int]] = []
+    clock = Clock()
+    dog = StallWatchdog(10, lambda *r: reports.append(r), clock=clock)  # never started: polled here
+    dog.step_done(3)
+    dog.set_phase("data")
+    clock.now = 9.9
+    dog.poll()
+    assert reports == []  # not yet a stall
+    clock.now = 11
+    dog.poll()
+    dog.poll()
+    assert reports == [("data", 11, 3)]  # once per stall
+    dog.step_done(4)
+    dog.set_phase("compute")
+    clock.now = 22
+    dog.poll()
+    assert reports == [("data", 11, 3), ("compute", 11, 4)]
+
+
+def test_the_thread_polls_by_itself() -> None:
     seen = threading.Event()
+    reports: list[str] = []
 
     def report(phase: str, idle: float, step: int) -> None:
-        reports.append((phase, step))
+        reports.append(phase)
         seen.set()
 
-    dog = StallWatchdog(0.2, report).start()
+    clock = Clock()
+    dog = StallWatchdog(0.2, report, clock=clock).start()
     try:
-        dog.step_done(3)
-        dog.set_phase("data")
-        assert seen.wait(30)
-        seen.clear()
-        dog.step_done(4)
         dog.set_phase("compute")
+        clock.now = 1.0
         assert seen.wait(30)
     finally:
         dog.stop()
-    assert reports[:2] == [("data", 3), ("compute", 4)]
+    assert reports == ["compute"]
 
 
 def test_the_first_step_gets_its_allowance_then_only_the_timeout() -> None:
@@ -44,11 +72,14 @@ def test_exit_after_ends_a_stuck_process_through_its_callback() -> None:
         ended.append((phase, step))
         seen.set()
 
-    dog = StallWatchdog(0.1, lambda *a: None, exit_after_s=0.3, on_exit=on_exit).start()
-    try:
-        dog.step_done(7)
-        dog.set_phase("checkpoint")
-        assert seen.wait(30)
-    finally:
-        dog.stop()
-    assert ended == [("checkpoint", 7)]
+    now = [0.0]
+    dog = StallWatchdog(
+        10.0, lambda *a: None, exit_after_s=30.0, on_exit=on_exit, clock=lambda: now[0]
+    )
+    dog.step_done(7)
+    dog.set_phase("checkpoint")
+    now[0] = 29.0
+    assert dog.poll() is False and ended == []
+    now[0] = 31.0
+    assert dog.poll() is True
+    assert ended == [("checkpoint", 7)] and seen.is_set()
