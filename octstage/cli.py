@@ -49,6 +49,12 @@ exit codes:
 
 
 def _synth(a: argparse.Namespace) -> int:
+    if a.kind == "cellpainting":
+        from octstage.cellpainting.synth import run_synth_cellpainting
+
+        return run_synth_cellpainting(
+            Path(a.out), a.plates, a.sites, a.size, a.seed, traps=not a.no_traps
+        )
     from octstage.dataset.synth import run_synth
 
     return run_synth(
@@ -157,8 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=fn)
         return sp
 
-    s = add("synth", _synth, "Write the deterministic AI-READI-like demo dataset (DICOM + TSVs).")
-    s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/...)")
+    s = add(
+        "synth",
+        _synth,
+        "Write a deterministic demo dataset: AI-READI-like OCT (DICOM + TSVs), or with "
+        "--kind cellpainting a JUMP-like Cell Painting twin (TIFFs, illum, load-data tables).",
+    )
+    s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/... or images/...)")
+    s.add_argument("--kind", choices=("oct", "cellpainting"), default="oct", help="which twin")
+    s.add_argument("--plates", type=int, default=2, help="cellpainting: plates (24 wells each)")
+    s.add_argument("--sites", type=int, default=3, help="cellpainting: fields per well")
+    s.add_argument("--size", type=int, default=128, help="cellpainting: field size in pixels")
     s.add_argument("--participants", type=int, default=60, help="number of participants")
     s.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     s.add_argument(
