@@ -79,7 +79,8 @@ def draw_field(
         n_mito = round(12 * p.mito_count)
         r_mito = 1.6 * scale / max(p.mito_count, 1.0) ** 0.5
         for _ in range(n_mito):
-            a, rr = rng.uniform(0, 2 * np.pi), rng.uniform(r_nuc + 1, r_cell - 1)
+            a = rng.uniform(0, 2 * np.pi)
+            rr = rng.uniform(r_nuc + 0.5, max(r_nuc + 0.6, r_cell - 0.5))
             my, mx = cy + rr * np.sin(a), cx + rr * np.cos(a)
             win[3] += np.exp(-((yy - my) ** 2 + (xx - mx) ** 2) / (2 * r_mito**2)) * 0.9
         # RNA: nucleoli inside the nucleus, and a faint cytoplasm.

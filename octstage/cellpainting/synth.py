@@ -32,6 +32,7 @@ from octstage.cellpainting.cells import (
     to_uint16,
 )
 from octstage.cellpainting.layout import LOAD_DATA_ROOT, write_csv
+from octstage.errors import ConfigError
 
 SOURCE = "source_0"
 BATCH = "B1"
@@ -74,10 +75,13 @@ class TwinInfo:
     metadata: str  # object name of the perturbation table
 
 
-def plate_map(seed: int, plate_index: int) -> dict[str, str]:
-    """well -> perturbation id: every perturbation in 4 wells, at random places per plate."""
-    wells = [f"{r}{c:02d}" for r in ROWS for c in range(1, COLS + 1)]
-    ids = [p for p in PHENOTYPES for _ in range(WELLS_PER_PERTURBATION)]
+def plate_map(
+    seed: int, plate_index: int, replicates: int = WELLS_PER_PERTURBATION
+) -> dict[str, str]:
+    """well -> perturbation id: every perturbation in ``replicates`` wells (at most 4), at
+    random places per plate (the first wells of the 4 x 6 block, row by row)."""
+    ids = [p for p in PHENOTYPES for _ in range(replicates)]
+    wells = [f"{r}{c:02d}" for r in ROWS for c in range(1, COLS + 1)][: len(ids)]
     order = np.random.default_rng([seed, plate_index, 17]).permutation(len(wells))
     return {wells[i]: ids[k] for k, i in enumerate(order)}
 
@@ -91,9 +95,20 @@ def _tiff(image: np.ndarray) -> bytes:
 
 
 def generate(
-    out: Path, plates: int = 2, sites: int = 3, size: int = 128, seed: int = 0, traps: bool = True
+    out: Path,
+    plates: int = 2,
+    sites: int = 3,
+    size: int = 128,
+    seed: int = 0,
+    traps: bool = True,
+    replicates: int = WELLS_PER_PERTURBATION,
 ) -> TwinInfo:
-    """Write the twin under ``out`` (the source root)."""
+    """Write the twin under ``out`` (the source root); ``replicates`` wells per perturbation
+    and plate (1..4; tests use fewer to stay fast)."""
+    if not (
+        1 <= replicates <= WELLS_PER_PERTURBATION and size >= 32 and plates >= 1 and sites >= 1
+    ):
+        raise ConfigError("twin needs 1..4 replicates, size >= 32, at least one plate and site")
     out.mkdir(parents=True, exist_ok=True)
     metadata_rows: list[dict[str, object]] = []
     load_data: list[str] = []
@@ -112,7 +127,7 @@ def generate(
             np.save(out / illum_dir / f"{plate}_Illum{ch}.npy", illum[k] / illum[k].mean())
         (out / img_dir).mkdir(parents=True, exist_ok=True)
         rows: list[dict[str, object]] = []
-        wells = plate_map(seed, pi)
+        wells = plate_map(seed, pi, replicates)
         for wi, (well, pert) in enumerate(sorted(wells.items())):
             kind, phenotype, _ = PHENOTYPES[pert]
             metadata_rows.append(
