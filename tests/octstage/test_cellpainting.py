@@ -258,3 +258,20 @@ def _rows(url: str) -> list[layout.FieldRow]:
     return layout.parse_load_data(
         layout.read_table(storage.read_bytes(name), name), name, storage.url
     )
+
+
+def test_synth_cli_writes_the_jump_layout(tmp_path: Path) -> None:
+    out = tmp_path / "twin"
+    assert main(["synth", "--kind", "cellpainting", str(out), "--plates", "1", "--sites", "1",
+                 "--size", "48", "--no-traps"]) == 0  # fmt: skip
+    table = out / "workspace/load_data_csv/B1/P1/load_data_with_illum.csv"
+    rows = layout.parse_load_data(layout.read_table(table.read_bytes(), str(table)), "t", str(out))
+    assert len(rows) == 24 and {r.well for r in rows} == {
+        f"{r}{c:02d}" for r in "ABCD" for c in range(1, 7)
+    }
+    image = decode_tiff((out / rows[0].images[0][1]).read_bytes(), "dna")
+    assert image.dtype == np.uint16 and image.shape == (48, 48)
+    assert np.load(out / rows[0].illum[0][1]).shape == (48, 48)
+    meta = layout.read_table((out / "metadata/perturbations.csv").read_bytes(), "m")
+    perts = layout.parse_perturbations(meta, "m")
+    assert sum(p.is_control for p in perts.values()) == 4 and len(perts) == 24
