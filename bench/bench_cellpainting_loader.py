@@ -13,6 +13,13 @@ loader core (one thread, no latency: the CPU cost), and the bytes a random crop 
 cache (only the chunks it covers, through the shard index) beside the whole field's.
 
     python bench/bench_cellpainting_loader.py [--size 256] [--crop 224] [--steps 6]
+
+Measured (commit of this file, 2 shared CPU cores, 48 fields 256x256x5, 224 crops, 4 threads,
+--steps 4): (a) S3 +50 ms/GET: data wait 99% of the step time, 8 fields/s per loader core;
+(b) staged cache: data wait 64%, 105 fields/s per loader core (a step needs 267 fields/s: ~2.5
+cores); a crop reads 132 KiB of the field's 142 KiB stored (raw TIFFs 641 KiB). zarr costs
+~8.9 ms per field read here, against ~1.1 ms to read the shard file and blosc-decode its 16
+chunks directly: zarr's per-read overhead, not I/O or the codec, bounds (b) on this machine.
 """
 
 from __future__ import annotations
