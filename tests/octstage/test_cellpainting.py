@@ -19,8 +19,9 @@ import zarr
 from octstage import manifest as mf
 from octstage.cache.verify import verify
 from octstage.cellpainting import layout
-from octstage.cellpainting.build import CellPaintingConfig, build, exit_code, plate_splits
+from octstage.cellpainting.build import build, exit_code, plate_splits
 from octstage.cellpainting.normalize import decode_tiff, plate_normalization, to_uint8
+from octstage.cellpainting.plate import CellPaintingConfig
 from octstage.cellpainting.synth import PHENOTYPES, TwinInfo, generate
 from octstage.cli import main
 from octstage.errors import CellPaintingError
