@@ -1,5 +1,6 @@
 # Two commands set up everything on a fresh machine:
 #   make demo   - the whole pipeline end to end on the embedded synthetic dataset
+#   make demo-cellpainting - Cell Painting (JUMP twin) staged from the S3 double, verified
 #   make test   - lint, type-check and the default test suite
 # Heavier tiers: make test-slow, make test-xla (own environment: torch 2.9.0 + torch-xla 2.9.0),
 # make test-py312 (the default suite on Python 3.12, in its own environment).
@@ -17,7 +18,7 @@ XLA_STAMP := $(XLA_VENV)/.installed
 PY312_STAMP := $(PY312_VENV)/.installed
 DEMO_DIR ?= demo-output
 
-.PHONY: demo demo-hba1c test test-slow test-xla test-py312 lint bench clean
+.PHONY: demo demo-hba1c demo-cellpainting test test-slow test-xla test-py312 lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,9 @@ demo: $(STAMP)
 # After `make demo`: fine-tune macula-only on HbA1c (regression) and report its test MAE.
 demo-hba1c: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo-hba1c.sh $(DEMO_DIR)
+
+demo-cellpainting: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo_cellpainting.sh demo-cellpainting
 
 lint: $(STAMP)
 	$(BIN)/ruff check octstage octtrain tests bench scripts

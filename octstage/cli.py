@@ -38,7 +38,8 @@ exit codes:
      running...), or nothing kept (0 volumes), or more than --max-reject-share of the listed
      sources left out (manifest still written in both cases)
   3  the manifest was written, but some volumes are missing for environmental reasons (I/O
-     error, missing decoder, dead worker, a dangling symlink): run the same command again to
+     error, missing decoder, dead worker, a dangling symlink; cellpainting: a TLS or network
+     error that persisted after retries, its plate left out): run the same command again to
      retry only those; or the disk or quota filled up (the path is named; finished volumes
      are kept, the manifest is not written)""",
     "mirror": "exit codes:\n  0  every object copied (or already there) and verified\n"
@@ -59,6 +60,12 @@ exit codes:
 
 
 def _synth(a: argparse.Namespace) -> int:
+    if a.kind == "cellpainting":
+        from octstage.cellpainting.synth import run_synth_cellpainting
+
+        return run_synth_cellpainting(
+            Path(a.out), a.plates, a.sites, a.size, a.seed, traps=not a.no_traps
+        )
     from octstage.dataset.synth import run_synth
 
     return run_synth(
@@ -89,6 +96,20 @@ def _audit(a: argparse.Namespace) -> int:
 
 
 def _build(a: argparse.Namespace) -> int:
+    if a.kind == "cellpainting":
+        from octstage.cellpainting.build import run_build_cellpainting
+
+        return run_build_cellpainting(
+            source=a.source,
+            out=Path(a.out),
+            load_data=tuple(a.load_data or ()),
+            metadata=a.metadata,
+            workers=a.workers,
+            json_out=Path(a.json) if a.json else None,
+            manifest_path=Path(a.manifest) if a.manifest else None,
+        )
+    if not a.labels:
+        raise OctstageError("--labels (participants.tsv) is required for --kind oct")
     from octstage.config import load_build_config
 
     # Settings are checked before the step (dask, zarr, pydicom) is imported: a refusal is quick.
@@ -218,9 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = add(
         "synth",
         _synth,
-        "Write the deterministic AI-READI twin (DICOM, manifest.tsv, participants, OMOP tables).",
+        "Write a deterministic demo dataset: the AI-READI twin (DICOM, manifest.tsv, participants, "
+        "OMOP tables), or with --kind cellpainting a JUMP-like Cell Painting twin (TIFFs, illum, "
+        "load-data tables).",
     )
-    s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/...)")
+    s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/... or images/...)")
+    s.add_argument("--kind", choices=("oct", "cellpainting"), default="oct", help="which twin")
+    s.add_argument(
+        "--plates", type=_at_least(1), default=2, help="cellpainting: plates (24 wells each)"
+    )
+    s.add_argument("--sites", type=_at_least(1), default=3, help="cellpainting: fields per well")
+    s.add_argument(
+        "--size", type=_at_least(32), default=128, help="cellpainting: field size in pixels"
+    )
     s.add_argument("--participants", type=_at_least(1), default=60, help="number of participants")
     s.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     s.add_argument(
@@ -269,7 +300,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--source", required=True, help="dataset root (folder, gs://, s3:// or b2:// URL)"
     )
-    s.add_argument("--labels", required=True, help="participants.tsv (path or URL)")
+    s.add_argument("--labels", help="participants.tsv (path or URL); required for --kind oct")
+    s.add_argument(
+        "--kind",
+        choices=("oct", "cellpainting"),
+        default="oct",
+        help="oct: AI-READI DICOM volumes; cellpainting: JUMP fields from load-data tables "
+        "(--source is the root their PathNames are under; --out a local folder)",
+    )
+    s.add_argument(
+        "--load-data",
+        action="append",
+        metavar="TABLE",
+        help="cellpainting: a load-data table (name under --source, path or URL; repeat); "
+        "default: every table under SOURCE/workspace/load_data_csv/",
+    )
+    s.add_argument(
+        "--metadata",
+        metavar="TABLE",
+        help="cellpainting: perturbation table (Metadata_Plate, Metadata_Well, Metadata_JCP2022, "
+        "Metadata_perturbation_type), joined by plate and well",
+    )
     s.add_argument(
         "--out",
         required=True,

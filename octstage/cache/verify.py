@@ -59,8 +59,9 @@ class VerifyReport:
         return {**asdict(self), "ok": self.ok}
 
 
-def check_entry(cache: Path, volume: mf.Volume) -> tuple[str, str] | None:
-    """``("missing"|"changed", why)`` for one volume, None when it matches the manifest.
+def check_entry(cache: Path, volume: mf.Item) -> tuple[str, str] | None:
+    """``("missing"|"changed", why)`` for one volume (or Cell Painting field), None when it
+    matches the manifest.
 
     "missing": the volume, its metadata or a data object that held values is gone (zarr would
     read the object as its fill value); "changed": the bytes are there and differ. An absent
@@ -86,7 +87,7 @@ def check_entry(cache: Path, volume: mf.Volume) -> tuple[str, str] | None:
     return "changed", finding
 
 
-def _compare(cache: Path, volume: mf.Volume) -> str | None:
+def _compare(cache: Path, volume: mf.Item) -> str | None:
     """Why the stored values differ from the manifest's, or None when they match."""
     try:
         array = volumestore.read_volume(cache, volume.zarr_path)
@@ -100,9 +101,10 @@ def _compare(cache: Path, volume: mf.Volume) -> str | None:
     return None
 
 
-def volume_folders(cache: Path) -> Iterator[tuple[str, bool]]:
-    """``(relpath, hidden)`` of every ``volumes/<pid>/<name>.ome.zarr`` folder in a local cache."""
-    root = cache / "volumes"
+def volume_folders(cache: Path, top: str = "volumes") -> Iterator[tuple[str, bool]]:
+    """``(relpath, hidden)`` of every ``<top>/<pid or plate>/<name>.ome.zarr`` folder in a local
+    cache (``top``: ``volumes`` for OCT, ``fields`` for Cell Painting)."""
+    root = cache / top
     if not root.is_dir():
         return
     for pid in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -143,17 +145,18 @@ def verify(
     every = interval(progress_seconds)  # checked before any work starts
     loaded = mf.load(manifest_path)
     root = cache if cache is not None else manifest_path.parent
-    report = VerifyReport(str(manifest_path), str(root), volumes=len(loaded.volumes))
+    items = loaded.items  # OCT volumes or Cell Painting fields: the common part is enough
+    report = VerifyReport(str(manifest_path), str(root), volumes=len(items))
     report.schema, report.schema_errors = validate_schema(json.loads(manifest_path.read_text()))
     report.inconsistent = mf.consistency_problems(loaded)
     # zarr's blosc and hashlib release the GIL on large buffers: threads give real parallelism.
     workers = threads or min(8, os.cpu_count() or 1)
     with (
         ThreadPoolExecutor(workers) as pool,
-        counter(console, "verify", len(loaded.volumes), every) as advance,
+        counter(console, "verify", len(items), every) as advance,
     ):
-        findings = _interruptible(pool, pool.map(lambda v: check_entry(root, v), loaded.volumes))
-        for volume, finding in zip(loaded.volumes, findings, strict=True):
+        findings = _interruptible(pool, pool.map(lambda v: check_entry(root, v), items))
+        for volume, finding in zip(items, findings, strict=True):
             if finding is None:
                 report.verified += 1
             elif finding[0] == "missing":
@@ -165,8 +168,9 @@ def verify(
                 f"{report.verified} verified, {len(report.missing)} missing, "
                 f"{len(report.changed)} changed"
             )
-    listed = {v.zarr_path for v in loaded.volumes}
-    for relpath, hidden in volume_folders(root):
+    listed = {v.zarr_path for v in items}
+    top = "fields" if loaded.kind == "cellpainting" else "volumes"
+    for relpath, hidden in volume_folders(root, top):
         if hidden:
             report.temporaries.append(relpath)
         elif relpath not in listed:

@@ -1,0 +1,278 @@
+"""Cell Painting staged as OCT is: the JUMP-layout twin served from the S3 double (moto, real
+HTTP) is built into a cache, verify and stage pass, a TLS error on one object is an environment
+failure (exit 3, nothing rejected) and the next run retries it; bad TIFFs are rejections."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import ssl
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import pytest
+import zarr
+
+from octstage import manifest as mf
+from octstage.cache.verify import verify
+from octstage.cellpainting import layout
+from octstage.cellpainting.build import build, exit_code, plate_splits
+from octstage.cellpainting.normalize import decode_tiff, plate_normalization, to_uint8
+from octstage.cellpainting.plate import CellPaintingConfig
+from octstage.cellpainting.synth import PHENOTYPES, TwinInfo, generate
+from octstage.cli import main
+from octstage.errors import CellPaintingError
+from octstage.stage import run_stage
+from octstage.storage import ObjectInfo, Storage, open_storage
+from tests.doubles.fixtures import clear_client_caches
+from tests.doubles.s3 import S3Double
+
+PLATES, SITES, SIZE = 2, 1, 64
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TwinInfo]:
+    root = tmp_path_factory.mktemp("cp") / "source_0"
+    return root, generate(root, plates=PLATES, sites=SITES, size=SIZE, seed=3, replicates=1)
+
+
+@pytest.fixture(scope="module")
+def s3_twin(s3_server: S3Double, twin: tuple[Path, TwinInfo]) -> Iterator[str]:
+    """The twin uploaded to a bucket; yields its ``s3://`` root (AWS_* point at the double)."""
+    root, _ = twin
+    bucket = "cpg-twin"
+    s3_server.create_bucket(bucket)
+    client = s3_server.client()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        client.put_object(
+            Bucket=bucket,
+            Key=f"cpg0016-jump/source_0/{path.relative_to(root)}",
+            Body=path.read_bytes(),
+        )
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3_server.env().items():
+            mp.setenv(key, value)
+        clear_client_caches()
+        yield f"s3://{bucket}/cpg0016-jump/source_0"
+        clear_client_caches()
+
+
+class FlakyStorage:
+    """The real S3 backend, except that reads of ``name`` fail ``times`` times with the TLS
+    error the users saw, mapped to StorageError by the backend's own ``fail`` (as s3fs would)."""
+
+    def __init__(self, inner: Storage, name: str, times: int) -> None:
+        self.inner, self.name, self.left = inner, name, times
+        self.url = inner.url
+        self.calls = 0
+
+    def read_bytes(self, name: str) -> bytes:
+        if name == self.name:
+            self.calls += 1
+            if self.left > 0:
+                self.left -= 1
+                exc = ssl.SSLError(
+                    1, "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)"
+                )
+                raise self.inner.fail(name, exc)  # type: ignore[attr-defined]
+        return self.inner.read_bytes(name)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix)
+
+    def stat(self, name: str) -> ObjectInfo:
+        return self.inner.stat(name)
+
+    def open(self, name: str, chunk_size: int | None = None) -> BinaryIO:
+        return self.inner.open(name, chunk_size)
+
+    def write_bytes(
+        self, name: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        self.inner.write_bytes(name, data, metadata)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+
+def test_plate_splits_never_share_a_plate() -> None:
+    plates = [f"BR{i:05d}" for i in range(10)]
+    splits = plate_splits(plates, 0.2, 0.1)
+    assert sorted(splits) == plates  # one split per plate, by construction of the mapping
+    assert sorted(splits.values()).count("val") == 2 and list(splits.values()).count("test") == 1
+    assert set(plate_splits(["P1", "P2"], 0.25, 0.0).values()) == {"train", "val"}
+    assert plate_splits(["P1"], 0.25, 0.0) == {"P1": "train"}
+
+
+def test_normalization_is_per_channel_robust_percentiles() -> None:
+    rng = np.random.default_rng(0)
+    field = np.stack([rng.uniform(100, 200, (32, 32)), rng.uniform(1000, 5000, (32, 32))]).astype(
+        np.float32
+    )
+    field[0, 0, 0] = 1e6  # one hot pixel must not set the range
+    norms = plate_normalization([field.reshape(2, -1)], 1.0, 99.0)
+    assert (
+        100 <= norms[0].low < norms[0].high <= 200 and 1000 <= norms[1].low < norms[1].high <= 5000
+    )
+    out = to_uint8(field, norms)
+    assert out.dtype == np.uint8 and out[0, 0, 0] == 255 and out.min() == 0
+
+
+def test_a_bad_tiff_is_a_rejection_naming_the_file() -> None:
+    with pytest.raises(CellPaintingError, match=r"x\.tiff: not a readable TIFF"):
+        decode_tiff(b"<html>503</html>", "x.tiff")
+
+
+def test_a_load_data_table_without_a_channel_column_is_refused_naming_it() -> None:
+    rows = [{"Metadata_Plate": "P1", "Metadata_Well": "A01", "Metadata_Site": "1"}]
+    with pytest.raises(CellPaintingError, match=r"t\.csv: missing column\(s\) FileName_OrigDNA"):
+        layout.parse_load_data(rows, "t.csv", "/root")
+
+
+def test_absolute_path_names_must_lie_under_the_source_root() -> None:
+    root = "s3://cellpainting-gallery/cpg0016-jump/source_4"
+    assert (
+        layout.relative_name(f"{root}/images/B/images/P/", "a.tiff", root)
+        == "images/B/images/P/a.tiff"
+    )
+    with pytest.raises(CellPaintingError, match="not under the source root"):
+        layout.relative_name("s3://elsewhere/images/", "a.tiff", root)
+
+
+def test_twin_builds_from_s3_into_a_verified_cache_that_stages(
+    s3_twin: str, twin: tuple[Path, TwinInfo], tmp_path: Path, s3_server: S3Double
+) -> None:
+    _, info = twin
+    cache = tmp_path / "cache"
+    rc = main(
+        ["build-cache", "--kind", "cellpainting", "--source", s3_twin, "--out", str(cache),
+         "--metadata", "metadata/perturbations.csv", "--json", str(tmp_path / "r.json")]
+    )  # fmt: skip
+    assert rc == 1  # the planted truncated TIFF, and nothing else, is rejected
+    m = mf.load(cache / "manifest.json")
+    assert m.kind == "cellpainting" and m.volumes == ()
+    assert len(m.fields) == info.fields - 1
+    assert [r.reason for r in m.rejected] == [
+        f"{info.truncated[0]}: not a readable TIFF: " + m.rejected[0].reason.split("TIFF: ")[1]
+    ]
+    # Splits by plate; labels index the perturbations; controls marked.
+    assert all(len({f.split for f in m.fields if f.plate == p}) == 1 for p in ("P1", "P2"))
+    assert {f.split for f in m.fields} == {"train", "val"}
+    assert set(m.classes) == set(PHENOTYPES)
+    assert all(f.label is not None and m.classes[f.label] == f.perturbation for f in m.fields)
+    assert {f.is_control for f in m.fields if f.perturbation == "DMSO"} == {True}
+    f = m.fields[0]
+    assert f.shape == (5, SIZE, SIZE) and f.channels == layout.CHANNELS and len(f.illum) == 5
+    assert f.sources[0].path.startswith("images/B1/images/") and f.source_dtype == "uint16"
+    # The SHA1 recorded is the source object's.
+    raw = s3_server.client().get_object(
+        Bucket="cpg-twin", Key=f"cpg0016-jump/source_0/{f.sources[3].path}"
+    )
+    assert hashlib.sha1(raw["Body"].read()).hexdigest() == f.sources[3].sha1
+    # Every channel uses its range: normalization per plate and channel.
+    arr = zarr.open_array(str(cache / f.array_path), mode="r")
+    assert arr.chunks == (5, 64, 64) and arr.dtype == np.uint8
+    assert all(np.asarray(arr[c]).max() > 100 for c in range(5))
+    report = verify(cache / "manifest.json")
+    assert report.ok and report.verified == len(m.fields) and report.schema == "valid"
+    # Stage from a bucket copy of the cache, verified.
+    client = s3_server.client()
+    for path in sorted(p for p in cache.rglob("*") if p.is_file()):
+        client.put_object(
+            Bucket="cpg-twin", Key=f"cache/{path.relative_to(cache)}", Body=path.read_bytes()
+        )
+    staged = tmp_path / "staged"
+    assert run_stage("s3://cpg-twin/cache", staged) == 0
+    assert mf.load(staged / "manifest.json") == m
+    assert verify(staged / "manifest.json").ok
+
+
+def test_a_tls_error_is_an_environment_failure_retried_on_the_next_run(
+    s3_twin: str, twin: tuple[Path, TwinInfo], tmp_path: Path
+) -> None:
+    _, info = twin
+    inner = open_storage(s3_twin)
+    # The bad object: plate P1's first field's ER image.
+    victim = next(r for r in _rows(s3_twin) if r.plate == "P1").images[2][1]
+    flaky = FlakyStorage(inner, victim, times=10)
+    cache2 = tmp_path / "cache2"
+    report, m = build(flaky, cache2, metadata="metadata/perturbations.csv", retries=2)
+    assert exit_code(report) == 3
+    assert flaky.calls == 3  # tried, then retried twice in the run
+    assert [e["source"] for e in report.environment] == [next(r for r in _rows(s3_twin)).item_id]
+    assert (
+        "SSL" in report.environment[0]["reason"]
+        and "WRONG_VERSION_NUMBER" in report.environment[0]["reason"]
+    )
+    assert report.plates_left_out == ["P1"]
+    assert all("SSL" not in r.reason for r in m.rejected)  # never called a bad file
+    assert {f.plate for f in m.fields} == {"P2"}
+    written = report.written
+    # The next run (the network healthy again) retries it and keeps what was done.
+    report2, m2 = build(inner, cache2, metadata="metadata/perturbations.csv")
+    assert exit_code(report2) == 1 and not report2.environment  # only the planted bad TIFF
+    assert len(m2.fields) == info.fields - 1 and report2.kept == written
+    assert verify(cache2 / "manifest.json").ok
+
+
+def test_a_transient_tls_error_is_retried_within_the_run(s3_twin: str, tmp_path: Path) -> None:
+    inner = open_storage(s3_twin)
+    victim = _rows(s3_twin)[0].images[0][1]
+    flaky = FlakyStorage(inner, victim, times=1)
+    report, m = build(flaky, tmp_path / "c", config=CellPaintingConfig(), retries=2)
+    assert flaky.calls == 2 and not report.environment
+    assert any(f.sources[0].path == victim for f in m.fields)
+
+
+def test_the_cli_says_exit_3_for_an_unreadable_object(
+    tmp_path: Path, twin: tuple[Path, TwinInfo]
+) -> None:
+    """An illum file that is a folder (EISDIR on read): an OS error, not a data fault."""
+    root, _ = twin
+    copy = tmp_path / "src"
+    shutil.copytree(root, copy)
+    illum = next((copy / "images/B1/illum/P2").glob("*IllumDNA.npy"))
+    illum.unlink()
+    illum.mkdir()
+    rc = main(
+        [
+            "build-cache",
+            "--kind",
+            "cellpainting",
+            "--source",
+            str(copy),
+            "--out",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert rc == 3
+    m = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert {f["plate"] for f in m["fields"]} == {"P1"} and m["rejected"] == []
+
+
+def _rows(url: str) -> list[layout.FieldRow]:
+    storage = open_storage(url)
+    name = "workspace/load_data_csv/B1/P1/load_data_with_illum.csv"
+    return layout.parse_load_data(
+        layout.read_table(storage.read_bytes(name), name), name, storage.url
+    )
+
+
+def test_synth_cli_writes_the_jump_layout(tmp_path: Path) -> None:
+    out = tmp_path / "twin"
+    assert main(["synth", "--kind", "cellpainting", str(out), "--plates", "1", "--sites", "1",
+                 "--size", "48", "--no-traps"]) == 0  # fmt: skip
+    table = out / "workspace/load_data_csv/B1/P1/load_data_with_illum.csv"
+    rows = layout.parse_load_data(layout.read_table(table.read_bytes(), str(table)), "t", str(out))
+    assert len(rows) == 24 and {r.well for r in rows} == {
+        f"{r}{c:02d}" for r in "ABCD" for c in range(1, 7)
+    }
+    image = decode_tiff((out / rows[0].images[0][1]).read_bytes(), "dna")
+    assert image.dtype == np.uint16 and image.shape == (48, 48)
+    assert np.load(out / rows[0].illum[0][1]).shape == (48, 48)
+    meta = layout.read_table((out / "metadata/perturbations.csv").read_bytes(), "m")
+    perts = layout.parse_perturbations(meta, "m")
+    assert sum(p.is_control for p in perts.values()) == 4 and len(perts) == 24
