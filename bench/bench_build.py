@@ -42,12 +42,12 @@ from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, JPEGBaseline8B
 from rich.console import Console
 from rich.table import Table
 
-from octstage.build import run as build_module
-from octstage.build.cluster import local_cluster
-from octstage.build.normalize import normalize_volume
-from octstage.build.run import run_build
-from octstage.build.task import Task, run_task
 from octstage.cache.volumestore import write_volume
+from octstage.cachebuild import run as build_module
+from octstage.cachebuild.cluster import local_cluster
+from octstage.cachebuild.normalize import normalize_volume
+from octstage.cachebuild.run import run_build
+from octstage.cachebuild.task import Task, run_task
 from octstage.config import BuildConfig
 from octstage.dataset.dicom import read_volume
 from octstage.dataset.synth_oct import MAIN_REGION, SCANS, render_retina, write_oct_dicom

@@ -68,8 +68,8 @@ from monai.transforms.transform import Transform as MonaiTransform
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from octstage import manifest as mf
-from octstage.build.normalize import normalize_volume
 from octstage.cache.volumestore import volume_relpath, write_volume
+from octstage.cachebuild.normalize import normalize_volume
 from octstage.dataset.synth_oct import render_retina, write_oct_dicom
 from octtrain.config.loader import load_config
 from octtrain.config.pretrain import PretrainConfig

@@ -46,7 +46,10 @@ def main() -> None:
         train = [py, "-m", "octtrain.cli", "pretrain", "--config", tiny, "--manifest", tmp]
         rows = [
             ("baseline: python -c pass", [py, "-c", "pass"]),
-            ("baseline: import octstage.build.run", [py, "-c", "import octstage.build.run"]),
+            (
+                "baseline: import octstage.cachebuild.run",
+                [py, "-c", "import octstage.cachebuild.run"],
+            ),
             ("build-cache --workers -2", [*cli, "--workers", "-2"]),
             ("build-cache --config (shape: 16)", [*cli, "--config", str(bad_yaml)]),
             ("build-cache --max-reject-share 2", [*cli, "--max-reject-share", "2"]),

@@ -116,7 +116,7 @@ def _build(a: argparse.Namespace) -> int:
     config = load_build_config(a.config, shape=tuple(a.shape) if a.shape else None)
     if a.inventory is not None and a.no_verify_sources:
         raise OctstageError("--inventory and --no-verify-sources contradict each other")
-    from octstage.build.run import run_build
+    from octstage.cachebuild.run import run_build
 
     return run_build(
         source=a.source,

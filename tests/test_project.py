@@ -22,3 +22,16 @@ def test_ci_runs_the_default_suite_on_a_newer_python_too() -> None:
     steps = (ROOT / ".ci" / "run").read_text().split()
     assert "test" in steps and "test-py312" in steps
     assert "test-py312:" in (ROOT / "Makefile").read_text()
+
+
+# Folders the standard Python .gitignore template (GitHub's Python.gitignore) ignores anywhere in
+# a tree: a package folder with one of these names vanishes from a fork that adopts it.
+IGNORED_BY_THE_PYTHON_TEMPLATE = {"build", "dist", "develop-eggs", "downloads", "eggs", "lib"}
+IGNORED_BY_THE_PYTHON_TEMPLATE |= {"lib64", "parts", "sdist", "var", "wheels", "env", "venv"}
+
+
+def test_no_package_folder_has_a_name_the_python_gitignore_template_ignores() -> None:
+    folders = [p for pkg in ("octstage", "octtrain") for p in (ROOT / pkg).rglob("*") if p.is_dir()]
+    assert folders, "no package folders found"
+    clashes = [p.relative_to(ROOT) for p in folders if p.name in IGNORED_BY_THE_PYTHON_TEMPLATE]
+    assert not clashes, f"renamed build stage? these folders would be ignored: {clashes}"

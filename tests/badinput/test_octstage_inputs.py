@@ -652,7 +652,7 @@ def test_ctrl_c_in_build_cache_is_one_line_keeps_finished_volumes_and_frees_the_
 
 _HEARTBEAT = """
 import logging
-from octstage.build.cluster import dask_client
+from octstage.cachebuild.cluster import dask_client
 
 def heartbeat_lost() -> None:  # what a worker logs when the scheduler closes under a heartbeat
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from octstage import manifest as mf
-from octstage.build.run import run_build
+from octstage.cachebuild.run import run_build
 from octstage.config import BuildConfig
 
 SHAPE = (8, 32, 32)

@@ -256,7 +256,7 @@ def test_audit_and_build_agree_on_an_encapsulated_file_cut_anywhere(
     remembered (a verdict on the bytes), not retried as an environment failure."""
     from pydicom.uid import JPEG2000Lossless, RLELossless
 
-    from octstage.build.task import Task, is_environment, run_task
+    from octstage.cachebuild.task import Task, is_environment, run_task
     from octstage.config import BuildConfig
 
     src, cache = tmp_path / "src", tmp_path / "cache"

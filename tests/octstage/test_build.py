@@ -20,9 +20,11 @@ import pytest
 import zarr
 
 from octstage import manifest as mf
-from octstage.build import normalize
-from octstage.build.normalize import normalize_volume, scaled_spacing
-from octstage.build.plan import (
+from octstage.cache import volumestore
+from octstage.cache.verify import verify
+from octstage.cachebuild import normalize
+from octstage.cachebuild.normalize import normalize_volume, scaled_spacing
+from octstage.cachebuild.plan import (
     InventoryEntry,
     Record,
     cache_key,
@@ -31,8 +33,6 @@ from octstage.build.plan import (
     precheck,
     software_versions,
 )
-from octstage.cache import volumestore
-from octstage.cache.verify import verify
 from octstage.config import BuildConfig
 from octstage.dataset import dicom
 from octstage.dataset.labels import Participant

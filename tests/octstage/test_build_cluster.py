@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from octstage import manifest as mf
-from octstage.build.plan import software_mismatch
+from octstage.cachebuild.plan import software_mismatch
 from octstage.storage import open_storage
 from tests.doubles.b2_server import B2Double
 from tests.octstage.build_helpers import SHAPE, Built

@@ -27,11 +27,11 @@ from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import RLELossless
 
 from octstage import manifest as mf
-from octstage.build.run import INDEX_NAME
-from octstage.build.task import REJECT_FORMAT, load_reject, reject_name
 from octstage.cache import volumestore
 from octstage.cache.store import CacheStore
 from octstage.cache.verify import verify
+from octstage.cachebuild.run import INDEX_NAME
+from octstage.cachebuild.task import REJECT_FORMAT, load_reject, reject_name
 from octstage.config import BuildConfig
 from octstage.dataset.synth import write_oct_dicom
 from octstage.errors import ConfigError

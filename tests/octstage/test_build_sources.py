@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from octstage import manifest as mf
-from octstage.build import cluster as builddask
-from octstage.build.run import INDEX_NAME, run_build
+from octstage.cachebuild import cluster as builddask
+from octstage.cachebuild.run import INDEX_NAME, run_build
 from octstage.cli import main
 from octstage.dataset.synth import SynthInfo
 from octstage.errors import StorageError
@@ -215,7 +215,7 @@ def test_build_from_a_bucket_matches_the_local_build(
 
 
 def test_spool_hashes_in_one_pass_and_notices_a_rewrite(tmp_path: Path) -> None:
-    from octstage.build.task import spooled
+    from octstage.cachebuild.task import spooled
     from octstage.storage import LocalStorage
 
     data = bytes(range(256)) * 50_000  # several read chunks

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from octstage import manifest as mf
-from octstage.build.run import exit_code
+from octstage.cachebuild.run import exit_code
 from octstage.cli import build_parser, main
 from tests.octstage.build_helpers import Built, build, copy_cache
 

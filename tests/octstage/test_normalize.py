@@ -7,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from octstage.build.normalize import (
+from octstage.cachebuild.normalize import (
     MIN_SAMPLE,
     axis_weights,
     histogram_percentiles,

@@ -9,10 +9,10 @@ import numpy as np
 from matplotlib.image import imread
 
 from octstage import manifest as mf
-from octstage.build.plan import qc_sample
-from octstage.build.qc import middle_bscan, qc_sheet
 from octstage.cache import volumestore
 from octstage.cache.store import CacheStore
+from octstage.cachebuild.plan import qc_sample
+from octstage.cachebuild.qc import middle_bscan, qc_sheet
 
 
 def volume(pid: str, device: str, key: str) -> mf.Volume:

@@ -261,7 +261,7 @@ def test_b2_to_gcs_to_build_cache_to_stage_end_to_end(
     cache mirrored to GCS, staged to a local folder and verified there."""
     import hashlib
 
-    from octstage.build.run import run_build
+    from octstage.cachebuild.run import run_build
     from octstage.config import BuildConfig
     from octstage.dataset.synth import generate
     from octstage.mirror.run import run_mirror

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import cv2
 
-from octstage.build.normalize import normalize_volume, scaled_spacing
-from octstage.build.plan import ENVIRONMENT, Record, cache_key, header_verdict, sha1_mismatch
 from octstage.cache import volumestore
 from octstage.cache.store import CacheStore
+from octstage.cachebuild.normalize import normalize_volume, scaled_spacing
+from octstage.cachebuild.plan import ENVIRONMENT, Record, cache_key, header_verdict, sha1_mismatch
 from octstage.config import BuildConfig
 from octstage.dataset.dicom import read_header, read_volume
 from octstage.dataset.ids import parse_oct_path

@@ -54,9 +54,10 @@ from rich.console import Console
 from rich.table import Table
 
 from octstage import manifest as mf
-from octstage.build.cluster import execute
-from octstage.build.lock import exclusive, open_cache
-from octstage.build.plan import (
+from octstage.cache.store import CacheStore
+from octstage.cachebuild.cluster import execute
+from octstage.cachebuild.lock import exclusive, open_cache
+from octstage.cachebuild.plan import (
     DEFAULT_INVENTORY,
     OCT_PREFIXES,
     Candidate,
@@ -71,9 +72,8 @@ from octstage.build.plan import (
     summary,
     volume_entry,
 )
-from octstage.build.qc import qc_sheet
-from octstage.build.task import Task, environment, load_record, load_reject
-from octstage.cache.store import CacheStore
+from octstage.cachebuild.qc import qc_sheet
+from octstage.cachebuild.task import Task, environment, load_record, load_reject
 from octstage.config import BuildConfig
 from octstage.dataset.clinical import read_concepts
 from octstage.dataset.labels import STUDY_GROUPS, Participant, read_label_table

@@ -17,7 +17,7 @@ import zarr
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from octstage.build.plan import qc_sample
+from octstage.cachebuild.plan import qc_sample
 from octstage.manifest import Volume
 
 # A volume's zarr_path -> its array (``CacheStore.open_array``).

@@ -28,9 +28,9 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 from rich.console import Console
 
-from octstage.build import task as task_module
-from octstage.build.plan import software_mismatch, software_versions
-from octstage.build.task import Outcome, Task, environment, run_task
+from octstage.cachebuild import task as task_module
+from octstage.cachebuild.plan import software_mismatch, software_versions
+from octstage.cachebuild.task import Outcome, Task, environment, run_task
 from octstage.errors import OctstageError
 from octstage.progress import DEFAULT_SECONDS, counter
 

@@ -1,6 +1,7 @@
 """The pure half of ``build-cache``: cache keys, what to do with each source file, records,
 manifest entries and the summary. No I/O here (beyond looking up installed package versions
-for the cache key); ``octstage.build.run`` and ``octstage.build.task`` do the reading and writing.
+for the cache key); ``octstage.cachebuild.run`` and ``octstage.cachebuild.task`` do the reading
+and writing.
 
 A file's fate is decided in the cheapest order: its path (layout, folder vs file-name ID), its
 label, the source inventory (size, SHA1), and only then its bytes (header, PatientID, pixels).
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from octstage.build import normalize
+from octstage.cachebuild import normalize
 from octstage.config import BuildConfig
 from octstage.dataset import dicom
 from octstage.dataset.ids import Reason, parse_oct_path, resolve
