@@ -50,12 +50,17 @@ def overrides_of(args: argparse.Namespace) -> list[str]:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
+    from octtrain.config.dino import DinoConfig, job_of
     from octtrain.config.loader import load_config
     from octtrain.config.pretrain import PretrainConfig
+    from octtrain.train.dino import run_dino
     from octtrain.train.pretrain import run_pretrain
 
-    cfg = load_config(PretrainConfig, args.config, overrides_of(args))
-    result = run_pretrain(cfg)
+    overrides = overrides_of(args)
+    if job_of(args.config, overrides) == "dino":
+        result = run_dino(load_config(DinoConfig, args.config, overrides))
+    else:
+        result = run_pretrain(load_config(PretrainConfig, args.config, overrides))
     if result.run_dir is not None:
         log.info("run folder: %s (last checkpoint: %s)", result.run_dir, result.last_checkpoint)
     return 0
@@ -66,7 +71,8 @@ def _add_pretrain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "pretrain",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="V-JEPA pretraining of the 3D ViT encoder",
+        help="self-supervised pretraining: V-JEPA of the 3D ViT (OCT), or DINOv2 of the 2D ViT "
+        "(Cell Painting) with `job: dino` in the config",
     )
     add_config_arguments(p)
     p.set_defaults(func=_pretrain)

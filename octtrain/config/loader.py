@@ -101,8 +101,8 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
 
 
-def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> T:
-    """Read ``yaml_path`` (None: defaults only), apply dotted overrides, build and validate."""
+def read_values(yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> dict[str, Any]:
+    """The plain data of ``yaml_path`` (None: empty) with the dotted overrides applied."""
     data: dict[str, Any] = {}
     if yaml_path is not None:
         try:
@@ -118,6 +118,12 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, override
         data = loaded or {}
     for override in overrides:
         apply_override(data, override)
+    return data
+
+
+def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> T:
+    """Read ``yaml_path`` (None: defaults only), apply dotted overrides, build and validate."""
+    data = read_values(yaml_path, overrides)
     try:
         return from_dict(cls, data)
     except ConfigError as exc:

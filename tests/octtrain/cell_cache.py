@@ -1,0 +1,83 @@
+"""A tiny Cell Painting cache for the trainer's tests: uint8 ``[C, Y, X]`` OME-Zarr-style fields
+(the array at ``<zarr_path>/0``, chunked for crops) and their records, as octstage's manifest
+lists them (common part: zarr_path, shape, split, label).
+
+Each field holds a few round "cells": nuclei in channel 0 (DNA), a ring around each nucleus in
+channel 1, cytoplasm in channel 2, dots in 3, and a faint background in 4. The label (two
+"perturbations") sets the nucleus radius, so a probe can tell them apart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+
+@dataclass(frozen=True)
+class CellField:
+    """The common part of a manifest field that the dataset reads."""
+
+    zarr_path: str
+    shape: tuple[int, int, int]
+    split: str
+    label: int | None
+
+
+def synth_field(rng: np.random.Generator, label: int, channels: int, size: int) -> np.ndarray:
+    """One uint8 field ``[channels, size, size]`` with cells whose nucleus radius is the label's."""
+    yy, xx = np.mgrid[:size, :size]
+    out = np.zeros((channels, size, size), dtype=np.float64)
+    radius = 3.0 if label == 0 else 6.0
+    for _ in range(max(2, size // 16)):
+        cy, cx = rng.uniform(8, size - 8, 2)
+        d = np.hypot(yy - cy, xx - cx)
+        out[0] += d < radius
+        if channels > 1:
+            out[1] += (d >= radius) & (d < radius + 2)
+        if channels > 2:
+            out[2] += (d < radius + 6) * 0.5
+        if channels > 3:
+            out[3] += rng.random((size, size)) * (d < radius + 6) > 0.8
+    if channels > 4:
+        out[4] += 0.1
+    out += rng.normal(0, 0.05, out.shape)
+    return (np.clip(out, 0, 1) * 255).astype(np.uint8)
+
+
+def write_cell_cache(
+    root: Path,
+    n: int = 16,
+    channels: int = 5,
+    size: int = 64,
+    chunk: int = 32,
+    splits: tuple[str, ...] = ("train", "train", "train", "val"),
+) -> list[CellField]:
+    """``n`` fields under ``root/fields/<i>``, labels alternating; ``root/fields.json`` lists
+    the records (for the torchrun worker)."""
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(n):
+        label = i % 2
+        data = synth_field(rng, label, channels, size)
+        path = f"fields/f{i:03d}"
+        array = zarr.create_array(
+            store=str(root / path / "0"),
+            shape=data.shape,
+            chunks=(channels, chunk, chunk),
+            dtype="uint8",
+            zarr_format=3,
+        )
+        array[...] = data
+        records.append(CellField(path, (channels, size, size), splits[i % len(splits)], label))
+    (root / "fields.json").write_text(json.dumps([asdict(r) for r in records]))
+    return records
+
+
+def read_records(root: Path) -> list[CellField]:
+    """The records ``write_cell_cache`` listed."""
+    rows = json.loads((root / "fields.json").read_text())
+    return [CellField(r["zarr_path"], tuple(r["shape"]), r["split"], r["label"]) for r in rows]
