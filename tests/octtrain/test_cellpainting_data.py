@@ -37,7 +37,7 @@ def test_regions_stay_inside_the_field_with_the_asked_area() -> None:
     rng = np.random.default_rng(0)
     for _ in range(200):
         y, x, h, w = sample_region(rng, 64, 80, (0.1, 0.5), (0.75, 1.333))
-        assert 0 <= y and y + h <= 64 and 0 <= x and x + w <= 80
+        assert y >= 0 and y + h <= 64 and x >= 0 and x + w <= 80
         assert 0.08 * 64 * 80 <= h * w <= 0.52 * 64 * 80
 
 
@@ -140,7 +140,7 @@ def test_views_apply_each_crops_channel_jitter_on_the_device_crop_major() -> Non
 
 def test_a_field_smaller_than_the_global_crop_is_refused(tmp_path: Path) -> None:
     small = [CellField("f", (5, 16, 16), "train", 0)]
-    with pytest.raises(DataError, match="smaller than crops.global_size"):
+    with pytest.raises(DataError, match=r"smaller than crops\.global_size"):
         CellPaintingDataset(small, tmp_path, CROPS, 4)
 
 

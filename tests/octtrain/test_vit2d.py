@@ -11,8 +11,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from octtrain.models.attention_maps import AttentionCapture, cls_attention, unwrap_all
+from octtrain.models.attention_maps import (
+    AttentionCapture,
+    cls_attention,
+    unwrap_all,
+)
 from octtrain.models.vit2d import ViT2D, build_vit2d
+from octtrain.models.vit3d import Block
 
 
 def _model() -> ViT2D:
@@ -49,12 +54,14 @@ def test_fully_masked_crops_do_not_see_their_pixels() -> None:
 def _reference(model: ViT2D, x: torch.Tensor) -> torch.Tensor:
     """The CLS row of the last block's attention, computed by hand on the bare model."""
     seen: list[torch.Tensor] = []
-    attn = model.blocks[-1].attn  # type: ignore[union-attr]
+    block = model.blocks[-1]
+    assert isinstance(block, Block)
+    attn = block.attn
     h = attn.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
     with torch.no_grad():
         model(x)
     h.remove()
-    return cls_attention(attn, seen[-1])  # type: ignore[arg-type]
+    return cls_attention(attn, seen[-1])
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +93,7 @@ def test_attention_is_read_through_any_wrapper(kind: str, process_group: None) -
 
         for block in model.blocks:
             fully_shard(block)
-        wrapped = fully_shard(model)  # FSDP2: parameters become sharded DTensors
+        wrapped = fully_shard(model)  # type: ignore[assignment]  # FSDP2: parameters become sharded DTensors
     assert unwrap_all(wrapped) is model
     with torch.no_grad(), AttentionCapture(wrapped) as cap:
         wrapped(x)
