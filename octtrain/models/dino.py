@@ -81,8 +81,11 @@ class DinoStudent(nn.Module):
         global_crops: torch.Tensor,
         local_crops: torch.Tensor | None = None,
         masks: torch.Tensor | None = None,
+        mask_input: bool = True,
     ) -> StudentOutput:
-        g_cls, g_patches = self.backbone(global_crops, masks)
+        """``mask_input`` False (the teacher): the crops are seen whole and ``masks`` only
+        chooses the patch tokens the iBOT head scores."""
+        g_cls, g_patches = self.backbone(global_crops, masks if mask_input else None)
         if local_crops is not None and local_crops.shape[0]:
             local_logits = self.dino_head(self.backbone(local_crops)[0])
         else:
@@ -112,6 +115,7 @@ def teacher_outputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The teacher's DINO logits ``[2B, K]``, iBOT logits on the student's masked positions
     ``[M, K_ibot]`` and its CLS tokens ``[2B, D]`` (unmasked global crops, no graph)."""
+    # Through the module's own forward, so a wrapper's hooks (FSDP's all-gather) run.
     with torch.no_grad():
-        cls, patches = teacher.backbone(global_crops)
-        return teacher.dino_head(cls), teacher.patch_head()(patches[masks]), cls
+        out = teacher(global_crops, None, masks, mask_input=False)
+    return out.global_logits, out.masked_logits, out.global_cls

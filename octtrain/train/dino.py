@@ -20,6 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
 from octstage.manifest import Manifest
 from octtrain.config.dino import DinoConfig
@@ -46,6 +53,9 @@ from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, moni
 from octtrain.train.loop import Trainer
 from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
 from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on the CPU
+FULL_IN = StateDictOptions(full_state_dict=True)
 
 
 def manifest_fields(manifest: Manifest, split: str) -> list[FieldRecord]:
@@ -120,10 +130,11 @@ class DinoJob:
         self.student: nn.Module = self.raw
         self.teacher = make_teacher(self.raw)
         self.optimizer = pretrain_optimizer(self.raw, cfg.optim)
-        self.params = [p for p in self.raw.parameters() if p.requires_grad]
-        self.last_layers = [
-            p for n, p in self.raw.named_parameters() if "last_layer" in n and p.requires_grad
-        ]
+        self._trainable()
+        # FSDP only across processes (one process has nothing to shard over).
+        self.fsdp = cfg.parallel == "fsdp" and backend.process_count > 1
+        self._optimizer_state: dict[str, Any] | None = None
+        self._gathered: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
         dev = backend.device
         self.center = torch.zeros(cfg.dino.dino_prototypes, device=dev)
         self.ibot_center = torch.zeros(cfg.dino.ibot_prototypes, device=dev)
@@ -141,14 +152,20 @@ class DinoJob:
     # --- state ---------------------------------------------------------------------------------
 
     def state(self, step: int) -> dict[str, Any]:
+        if self._gathered is not None:  # FSDP: gathered on every process at the unit's end
+            model, teacher, optim = self._gathered
+            self._gathered = None
+        else:
+            model, teacher = self.raw.state_dict(), self.teacher.state_dict()
+            optim = get_optimizer_state_dict(self.raw, self.optimizer, options=FULL)
         return {
             "format": 1,
             "kind": "dino",
-            "student": self.raw.state_dict(),
-            "teacher": self.teacher.state_dict(),
+            "student": model,
+            "teacher": teacher,
             "center": self.center,
             "ibot_center": self.ibot_center,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optim,  # keyed by parameter name: DDP and FSDP runs resume each other
             "schedule": {"step": step},
             "rng": ckpt.rng_state(),
             "config": to_dict(self.cfg),
@@ -168,13 +185,47 @@ class DinoJob:
         self.teacher.load_state_dict(state["teacher"])
         self.center.copy_(state["center"])
         self.ibot_center.copy_(state["ibot_center"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._optimizer_state = state["optimizer"]  # applied in start(), after any sharding
         ckpt.set_rng_state(state["rng"])
+
+    def _shard(self) -> None:
+        """FSDP2: every transformer block and the whole model, student and teacher alike (the
+        EMA then runs shard by shard); the optimizer is rebuilt on the sharded parameters."""
+        from torch.distributed.fsdp import fully_shard
+
+        for model in (self.raw, self.teacher):
+            for block in model.backbone.blocks:
+                fully_shard(block)
+            fully_shard(model, reshard_after_forward=True)  # the root too: the EMA needs shards
+        self.optimizer = pretrain_optimizer(self.raw, self.cfg.optim)
+        self._trainable()
+
+    def _trainable(self) -> None:
+        self.params = [p for p in self.raw.parameters() if p.requires_grad]
+        self.last_layers = [
+            p for n, p in self.raw.named_parameters() if "last_layer" in n and p.requires_grad
+        ]
+
+    def _will_save(self, unit: int) -> bool:
+        """Whether the skeleton saves after ``unit`` (its rule in ``loop._unit_end``)."""
+        s, last = self.cfg, unit == self.total_steps
+        every = s.validation.every
+        validate = bool(every and unit % every == 0) or (last and bool(every))
+        return unit % s.checkpoint.every == 0 or last or validate
 
     # --- training ------------------------------------------------------------------------------
 
     def start(self, start_step: int) -> Any:
-        self.student = self.backend.wrap_model(self.raw)
+        if self.fsdp:
+            self._shard()
+            self.student = self.raw
+        else:
+            self.student = self.backend.wrap_model(self.raw)
+        if self._optimizer_state is not None:
+            set_optimizer_state_dict(
+                self.raw, self.optimizer, self._optimizer_state, options=FULL_IN
+            )
+            self._optimizer_state = None
         b = self.backend
         return fields_loader(
             self.train_set,
@@ -252,6 +303,8 @@ class DinoJob:
                 p.grad = None
         grads = [p.grad for p in self.params if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping, before zeroing
+        if isinstance(grad_norm, DTensor):  # FSDP: the norm over every shard
+            grad_norm = grad_norm.full_tensor()
         if self.cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
         self.optimizer.step()
@@ -279,6 +332,13 @@ class DinoJob:
         )
 
     def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
+        if self.fsdp and self._will_save(unit):
+            # Gathering is a collective: every process joins here, process 0 keeps the result.
+            self._gathered = (
+                get_model_state_dict(self.raw, options=FULL),
+                get_model_state_dict(self.teacher, options=FULL),
+                get_optimizer_state_dict(self.raw, self.optimizer, options=FULL),
+            )
         return {}, None
 
     def images(self, batch: dict[str, Any], result: StepResult) -> dict[str, np.ndarray]:
