@@ -36,7 +36,9 @@ def main(config_path: str, cache: str, out: str, overrides: list[str]) -> None:
         state = get_model_state_dict(job.raw, options=FULL_IN)  # a collective under FSDP
         digest = hashlib.sha256()
         for key in sorted(state):
-            digest.update(state[key].numpy().tobytes())
+            value = state[key]
+            assert isinstance(value, torch.Tensor)
+            digest.update(value.numpy().tobytes())
         record = {
             "world_size": backend.world_size,
             "wrapper": type(job.student).__name__,
