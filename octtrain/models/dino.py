@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octtrain.models.vit2d import ViT2D
+from octtrain.config.dino import DinoConfig
+from octtrain.models.vit2d import ViT2D, build_vit2d
 
 
 class DinoHead(nn.Module):
@@ -119,3 +120,26 @@ def teacher_outputs(
     with torch.no_grad():
         out = teacher(global_crops, None, masks, mask_input=False)
     return out.global_logits, out.masked_logits, out.global_cls
+
+
+def build_student(cfg: DinoConfig, in_chans: int) -> DinoStudent:
+    """Backbone and heads as configured."""
+    m, d = cfg.model, cfg.dino
+    backbone = build_vit2d(
+        m.preset,
+        in_chans,
+        patch=m.patch,
+        embed_dim=m.embed_dim,
+        depth=m.depth,
+        num_heads=m.num_heads,
+        mlp_ratio=m.mlp_ratio,
+        drop_path=m.drop_path,
+        attention=m.attention,
+    )
+    dim = backbone.embed_dim
+
+    def head(out: int) -> DinoHead:
+        return DinoHead(dim, out, d.head_hidden, d.head_bottleneck, d.head_layers)
+
+    ibot = head(d.ibot_prototypes) if d.separate_ibot_head else None
+    return DinoStudent(backbone, head(d.dino_prototypes), ibot)

@@ -36,7 +36,7 @@ from octtrain.data.dataset import read_manifest
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.cell_pictures import attention_heads, channel_strip, features_pca
 from octtrain.models.attention_maps import AttentionCapture
-from octtrain.models.dino import DinoHead, DinoStudent, make_teacher, teacher_outputs
+from octtrain.models.dino import build_student, make_teacher, teacher_outputs
 from octtrain.models.dino_loss import (
     dino_loss,
     ibot_loss,
@@ -45,7 +45,6 @@ from octtrain.models.dino_loss import (
     update_center,
 )
 from octtrain.models.jepa import ema_update
-from octtrain.models.vit2d import build_vit2d
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
@@ -68,29 +67,6 @@ def manifest_fields(manifest: Manifest, split: str) -> list[FieldRecord]:
             "cache built with `octstage build-cache` from a Cell Painting load-data table"
         )
     return [f for f in fields if f.split == split]
-
-
-def build_student(cfg: DinoConfig, in_chans: int) -> DinoStudent:
-    """Backbone and heads as configured."""
-    m, d = cfg.model, cfg.dino
-    backbone = build_vit2d(
-        m.preset,
-        in_chans,
-        patch=m.patch,
-        embed_dim=m.embed_dim,
-        depth=m.depth,
-        num_heads=m.num_heads,
-        mlp_ratio=m.mlp_ratio,
-        drop_path=m.drop_path,
-        attention=m.attention,
-    )
-    dim = backbone.embed_dim
-
-    def head(out: int) -> DinoHead:
-        return DinoHead(dim, out, d.head_hidden, d.head_bottleneck, d.head_layers)
-
-    ibot = head(d.ibot_prototypes) if d.separate_ibot_head else None
-    return DinoStudent(backbone, head(d.dino_prototypes), ibot)
 
 
 def teacher_temperature(step: int, cfg: DinoConfig) -> float:

@@ -3,8 +3,10 @@
 lists them (common part: zarr_path, shape, split, label).
 
 Each field holds a few round "cells": nuclei in channel 0 (DNA), a ring around each nucleus in
-channel 1, cytoplasm in channel 2, dots in 3, and a faint background in 4. The label (two
-"perturbations") sets the nucleus radius, so a probe can tell them apart.
+channel 1, cytoplasm in channel 2, dots in 3, and a faint background in 4. The label (the
+perturbation) sets the nucleus radius, so a probe can tell them apart. Fields are laid out as
+plates of 4 wells x 2 sites: wells A01 and A03 are controls (DMSO, small nuclei), A02 and A04
+are treated ("cmpd1", large nuclei).
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ class CellField:
     shape: tuple[int, int, int]
     split: str
     label: int | None
+    # The typed part (Cell Painting): where the field was imaged and what was done to it.
+    plate: str = "P0"
+    well: str = "A01"
+    site: int = 1
+    perturbation: str = "DMSO"
+    is_control: bool = True
 
 
 def synth_field(rng: np.random.Generator, label: int, channels: int, size: int) -> np.ndarray:
@@ -61,7 +69,8 @@ def write_cell_cache(
     rng = np.random.default_rng(0)
     records = []
     for i in range(n):
-        label = i % 2
+        plate, well_index, site = i // 8, (i % 8) // 2, i % 2 + 1
+        label = well_index % 2
         data = synth_field(rng, label, channels, size)
         path = f"fields/f{i:03d}"
         array = zarr.create_array(
@@ -72,7 +81,19 @@ def write_cell_cache(
             zarr_format=3,
         )
         array[...] = data
-        records.append(CellField(path, (channels, size, size), splits[i % len(splits)], label))
+        records.append(
+            CellField(
+                path,
+                (channels, size, size),
+                splits[i % len(splits)],
+                label,
+                plate=f"P{plate}",
+                well=f"A0{well_index + 1}",
+                site=site,
+                perturbation="cmpd1" if label else "DMSO",
+                is_control=not label,
+            )
+        )
     (root / "fields.json").write_text(json.dumps([asdict(r) for r in records]))
     return records
 
@@ -80,4 +101,4 @@ def write_cell_cache(
 def read_records(root: Path) -> list[CellField]:
     """The records ``write_cell_cache`` listed."""
     rows = json.loads((root / "fields.json").read_text())
-    return [CellField(r["zarr_path"], tuple(r["shape"]), r["split"], r["label"]) for r in rows]
+    return [CellField(**{**r, "shape": tuple(r["shape"])}) for r in rows]
