@@ -92,3 +92,23 @@ def test_pretrain_configs_name_their_job(tmp_path: Path) -> None:
         job_of(DINO_TINY, ["job=mae"])
     with pytest.raises(ConfigError, match="not divisible by model patch"):
         load_config(DinoConfig, DINO_TINY, ["crops.local_size=18"])
+
+
+def test_cli_dino_on_an_oct_manifest_is_refused_with_exit_2(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from octtrain.cli import main
+
+    code = main(
+        [
+            "pretrain",
+            "--config",
+            str(DINO_TINY),
+            "--manifest",
+            str(tiny_cache[0]),
+            f"train.run_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert code == 2
+    assert "lists no Cell Painting fields" in caplog.text
+    assert "octstage build-cache" in caplog.text
