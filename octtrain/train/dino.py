@@ -69,6 +69,17 @@ def manifest_fields(manifest: Manifest, split: str) -> list[FieldRecord]:
     return [f for f in fields if f.split == split]
 
 
+def collapse_entropies(probs: torch.Tensor) -> dict[str, float]:
+    """DINO's two collapses, in nats (``log K`` is uniform): one prototype for every crop makes
+    the batch-mean distribution's entropy fall to 0; uniform targets make each crop's entropy
+    rise to ``log K``. Healthy training keeps the first high and the second well below it."""
+    p = probs.float().clamp_min(1e-12)
+    per_crop = -(p * p.log()).sum(dim=-1).mean()
+    mean = p.mean(dim=0)
+    batch = -(mean * mean.log()).sum()
+    return {"train/teacher_entropy": float(per_crop), "train/teacher_batch_entropy": float(batch)}
+
+
 def teacher_temperature(step: int, cfg: DinoConfig) -> float:
     """Linear warmup of the teacher temperature (sharper targets early), then constant."""
     d = cfg.dino
@@ -291,6 +302,7 @@ class DinoJob:
         if done % self.cfg.logging.log_every == 0 or done == self.total_steps or step == 0:
             # The users' breakdown (dino / ibot / koleo); read only on logged steps.
             host |= {f"train/{k}_loss": float(v.detach()) for k, v in parts.items()}
+            host |= collapse_entropies(probs.detach())
         rows = monitor_rows(out.global_cls.detach()[:, None, :])
         return StepResult(loss.detach(), grad_norm.detach(), rows, host)
 

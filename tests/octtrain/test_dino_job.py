@@ -4,6 +4,7 @@ per part, data wait logged, pictures at the first step, checkpoints and resume."
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from octtrain.config.dino import DinoConfig, job_of
 from octtrain.config.loader import load_config
 from octtrain.errors import CheckpointError, ConfigError
 from octtrain.runtime.backend import make_backend
-from octtrain.train.dino import DinoJob, teacher_temperature
+from octtrain.train.dino import DinoJob, collapse_entropies, teacher_temperature
 from octtrain.train.job import RunResult, Settings
 from octtrain.train.loop import Trainer
 from tests.octtrain.cell_cache import CellField, write_cell_cache
@@ -49,6 +50,8 @@ def test_dino_runs_in_the_skeleton_with_pictures_at_the_first_step(
     for r in train:
         assert {"train/dino_loss", "train/ibot_loss", "train/koleo_loss"} <= r.keys()
         assert "train/data_wait_s" in r and "train/feat_erank" in r
+        assert 0 <= r["train/teacher_entropy"] <= math.log(64) + 1e-6  # 64 prototypes
+        assert 0 <= r["train/teacher_batch_entropy"] <= math.log(64) + 1e-6
         parts = r["train/dino_loss"] + r["train/ibot_loss"] + 0.1 * r["train/koleo_loss"]
         assert r["train/loss"] == pytest.approx(parts, rel=1e-4)
     images = [r for r in records if "images" in r]
@@ -76,6 +79,16 @@ def test_resume_continues_from_the_checkpoint_with_teacher_and_centres(
     with pytest.raises(CheckpointError, match="model config differs"):
         _run(root, fields, [*base, "checkpoint.resume=auto", "model.depth=3"])
     del resumed
+
+
+def test_collapse_entropies_tell_the_two_collapses_apart() -> None:
+    one_hot = torch.zeros(8, 4)
+    one_hot[:, 2] = 1.0  # every crop on one prototype
+    uniform = torch.full((8, 4), 0.25)
+    collapsed, flat = collapse_entropies(one_hot), collapse_entropies(uniform)
+    assert collapsed["train/teacher_batch_entropy"] == pytest.approx(0.0, abs=1e-6)
+    assert flat["train/teacher_entropy"] == pytest.approx(math.log(4))
+    assert flat["train/teacher_batch_entropy"] == pytest.approx(math.log(4))
 
 
 def test_teacher_temperature_warms_up_linearly() -> None:
