@@ -37,12 +37,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--fields", type=int, default=96)
     parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--radii", type=float, nargs=2, default=(4.0, 5.0))
+    parser.add_argument("--noise", type=float, default=0.3)
     args = parser.parse_args()
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "cache"
         root.mkdir()
-        fields = write_cell_cache(root, n=args.fields, size=args.size, splits=("train",))
+        fields = write_cell_cache(
+            root,
+            n=args.fields,
+            size=args.size,
+            splits=("train",),
+            radii=tuple(args.radii),
+            noise=args.noise,
+        )
         cfg = load_config(
             DinoConfig,
             ROOT / "configs" / "pretrain" / "dino-tiny.yaml",
@@ -54,6 +64,7 @@ def main() -> None:
                 "logging.image_every=0",
                 "data.batch_size=16",
                 "train.cpu_threads=2",
+                f"optim.lr={args.lr}",
                 f"schedule.warmup_steps={args.steps // 10}",
                 f"dino.warmup_teacher_temp_steps={args.steps // 3}",
             ],

@@ -90,8 +90,10 @@ def profile_fields(
     checkpoint: str, fields: Sequence[ProfiledField], root: Path, device: str = "cpu"
 ) -> dict[str, Any]:
     """The report: per encoder (dino, random_init, handcrafted) mAP and probes."""
+    # A field whose plate and well the metadata does not list has no perturbation to profile.
+    fields = [f for f in fields if f.perturbation or f.is_control]
     if not fields:
-        raise DataError("no Cell Painting fields to profile")
+        raise DataError("no Cell Painting fields with perturbation metadata to profile")
     dev = torch.device(device)
     cfg, trained, random = encoders(checkpoint, fields[0].shape[0])
     dataset = CellPaintingDataset(fields, root, cfg.crops, trained.patch)

@@ -35,11 +35,19 @@ class CellField:
     is_control: bool = True
 
 
-def synth_field(rng: np.random.Generator, label: int, channels: int, size: int) -> np.ndarray:
-    """One uint8 field ``[channels, size, size]`` with cells whose nucleus radius is the label's."""
+def synth_field(
+    rng: np.random.Generator,
+    label: int,
+    channels: int,
+    size: int,
+    radii: tuple[float, float] = (3.0, 6.0),
+    noise: float = 0.05,
+) -> np.ndarray:
+    """One uint8 field ``[channels, size, size]`` with cells whose nucleus radius is the
+    label's (``radii[label]``) and Gaussian noise of sd ``noise``."""
     yy, xx = np.mgrid[:size, :size]
     out = np.zeros((channels, size, size), dtype=np.float64)
-    radius = 3.0 if label == 0 else 6.0
+    radius = radii[label]
     for _ in range(max(2, size // 16)):
         cy, cx = rng.uniform(8, size - 8, 2)
         d = np.hypot(yy - cy, xx - cx)
@@ -52,7 +60,7 @@ def synth_field(rng: np.random.Generator, label: int, channels: int, size: int) 
             out[3] += rng.random((size, size)) * (d < radius + 6) > 0.8
     if channels > 4:
         out[4] += 0.1
-    out += rng.normal(0, 0.05, out.shape)
+    out += rng.normal(0, noise, out.shape)
     return (np.clip(out, 0, 1) * 255).astype(np.uint8)
 
 
@@ -63,6 +71,8 @@ def write_cell_cache(
     size: int = 64,
     chunk: int = 32,
     splits: tuple[str, ...] = ("train", "train", "train", "val"),
+    radii: tuple[float, float] = (3.0, 6.0),
+    noise: float = 0.05,
 ) -> list[CellField]:
     """``n`` fields under ``root/fields/<i>``, labels alternating; ``root/fields.json`` lists
     the records (for the torchrun worker)."""
@@ -71,7 +81,7 @@ def write_cell_cache(
     for i in range(n):
         plate, well_index, site = i // 8, (i % 8) // 2, i % 2 + 1
         label = well_index % 2
-        data = synth_field(rng, label, channels, size)
+        data = synth_field(rng, label, channels, size, radii, noise)
         path = f"fields/f{i:03d}"
         array = zarr.create_array(
             store=str(root / path / "0"),
