@@ -1,10 +1,24 @@
 """The manifest: the one contract between octstage and octtrain.
 
 A manifest is one JSON file (schema in ``octstage/manifest.schema.json``, shipped with the
-package) listing every cached volume with its labels, provenance and a checksum of the stored
+package) listing every cached item with its labels, provenance and a checksum of the stored
 array, plus every rejected source file with its reason. It is written last and atomically;
 readers check the schema and cache versions before trusting anything. This module imports neither
 torch nor any cloud SDK.
+
+Two kinds of data share the one schema (``Manifest.kind``):
+
+- ``"oct"`` (the default; a manifest without ``kind`` is one): ``Manifest.volumes`` lists
+  ``Volume`` items, uint8 ``[frames, rows, columns]`` OCT volumes of AI-READI.
+- ``"cellpainting"``: ``Manifest.fields`` lists ``Field`` items, uint8 ``[C, Y, X]`` Cell Painting
+  fields of view (JUMP layout); ``volumes`` is empty.
+
+Every item has the common part: an id (``participant_id`` + source for a volume, ``item_id`` for
+a field), ``split``, ``label`` (an index into ``Manifest.classes``; a field's may be None),
+``zarr_path`` (OME-Zarr group; the array is ``array_path`` = ``f"{zarr_path}/0"``), ``shape``,
+``dtype``, ``checksum`` (``"sha256:<hex>"`` of the array's values in C order), ``cache_key`` and
+its source files with their hashes; the rest is typed per kind. ``Manifest.items`` gives the
+common part of either kind (what ``verify`` and ``stage`` need).
 """
 
 from __future__ import annotations
@@ -14,11 +28,18 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from octstage.errors import ManifestError as ManifestError  # octtrain catches it from here
 
 SCHEMA_VERSION = 1
+# The kinds of data a manifest can list (``Manifest.kind``); absent in JSON means "oct".
+KINDS = ("oct", "cellpainting")
+# Cell Painting channels in JUMP's order of the load-data columns (FileName_Orig<channel>).
+CELLPAINTING_CHANNELS = ("DNA", "AGP", "ER", "Mito", "RNA")
+# What a field's perturbation is; "negcon" marks negative controls (DMSO, non-targeting, ...),
+# "" a field whose plate and well the metadata does not list.
+PERTURBATION_TYPES = ("compound", "orf", "crispr", "negcon", "")
 # The manifest's JSON Schema, package data beside this module (verify and stage read it).
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 # Bump when anything changes what a cached volume contains for the same source and parameters.
@@ -77,6 +98,74 @@ class Volume:
 
 
 @dataclass(frozen=True)
+class ChannelSource:
+    """One source file of a Cell Painting field: a channel image (or its illumination function)."""
+
+    channel: str  # "DNA", "AGP", "ER", "Mito", "RNA"
+    path: str  # relative to the source root (the load-data table's PathName joined with FileName)
+    sha1: str  # SHA1 of the file's bytes, as listed or hashed once at the source
+    size: int  # bytes
+
+
+@dataclass(frozen=True)
+class Field:
+    """One cached Cell Painting field of view (a site of a well) and what the trainer may know.
+
+    The array at ``array_path`` is uint8 ``[C, Y, X]`` with ``channels`` in that order, each
+    channel illumination-corrected (when the plate has illumination functions) and clipped to
+    its plate's robust percentiles (``normalization[c]``) before scaling to 0..255.
+    """
+
+    # Common part (every kind has it).
+    item_id: str  # "<source>/<plate>/<well>/<site>", unique in the manifest
+    split: str  # train / val / test; all fields of a plate share one split
+    label: int | None  # index of ``perturbation`` in Manifest.classes; None without metadata
+    zarr_path: str  # "fields/<plate>/<cache_key>.ome.zarr"; the data is its array "0"
+    shape: tuple[int, int, int]  # channels, rows, columns
+    dtype: str  # "uint8"
+    checksum: str  # "sha256:<hex>" of the stored array's values (C order)
+    cache_key: str
+    sources: tuple[ChannelSource, ...]  # one per channel, in ``channels`` order
+    # Typed part (Cell Painting).
+    source: str  # JUMP source, e.g. "source_4"
+    batch: str
+    plate: str
+    well: str  # e.g. "A01"
+    site: int
+    channels: tuple[str, ...]  # e.g. CELLPAINTING_CHANNELS
+    perturbation: str  # compound / ORF / CRISPR id (JCP2022_...), "" when unknown
+    perturbation_type: str  # one of PERTURBATION_TYPES
+    is_control: bool  # a negative control well (perturbation_type "negcon")
+    normalization: tuple[Normalization, ...]  # per channel, in ``channels`` order
+    illum: tuple[ChannelSource, ...] = ()  # illumination functions applied (empty: none)
+    source_dtype: str = "uint16"  # the TIFFs' dtype (checked per file, never assumed)
+
+    @property
+    def array_path(self) -> str:
+        """Path of the Zarr array (relative to the cache root)."""
+        return f"{self.zarr_path}/0"
+
+
+class Item(Protocol):
+    """The common part of a cached item of either kind (what verify and stage read)."""
+
+    @property
+    def split(self) -> str: ...
+    @property
+    def zarr_path(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def checksum(self) -> str: ...
+    @property
+    def cache_key(self) -> str: ...
+    @property
+    def array_path(self) -> str: ...
+
+
+@dataclass(frozen=True)
 class Concept:
     """A clinical concept build-cache copied from clinical_data/ into the volumes' ``clinical``."""
 
@@ -111,7 +200,8 @@ class Header:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A whole manifest; ``classes[label]`` names a volume's study group."""
+    """A whole manifest; ``classes[label]`` names a volume's study group (OCT) or a field's
+    perturbation (Cell Painting). ``kind`` says which of ``volumes`` / ``fields`` is used."""
 
     header: Header
     classes: tuple[str, ...]
@@ -119,14 +209,32 @@ class Manifest:
     rejected: tuple[Rejected, ...] = field(default=())
     schema_version: int = SCHEMA_VERSION
     concepts: tuple[Concept, ...] = field(default=())
+    kind: Literal["oct", "cellpainting"] = "oct"
+    fields: tuple[Field, ...] = field(default=())
 
     def split(self, name: str) -> tuple[Volume, ...]:
         """The volumes of one split, in manifest order."""
         return tuple(v for v in self.volumes if v.split == name)
 
+    def split_fields(self, name: str) -> tuple[Field, ...]:
+        """The Cell Painting fields of one split, in manifest order."""
+        return tuple(f for f in self.fields if f.split == name)
 
-def count_summary(volumes: tuple[Volume, ...] | list[Volume], rejected: int) -> dict[str, Any]:
-    """Counts for the manifest header: volumes, participants, by split, class and device."""
+    @property
+    def items(self) -> tuple[Item, ...]:
+        """Every cached item of the manifest's kind (the common part is all a caller may use)."""
+        return self.fields if self.kind == "cellpainting" else self.volumes
+
+
+def count_summary(
+    items: tuple[Volume, ...] | list[Volume] | tuple[Field, ...] | list[Field], rejected: int
+) -> dict[str, Any]:
+    """Counts for the manifest header. OCT volumes: volumes, participants, by split, class,
+    device and region; Cell Painting fields: see ``field_counts`` (chosen by the items' type;
+    an empty list counts as OCT)."""
+    if items and isinstance(items[0], Field):
+        return field_counts([f for f in items if isinstance(f, Field)], rejected)
+    volumes = [v for v in items if isinstance(v, Volume)]
     by: dict[str, dict[str, int]] = {"split": {}, "study_group": {}, "device": {}, "region": {}}
     for v in volumes:
         region = ", ".join(x for x in (v.anatomic_region, v.scan_size) if x) or "unknown"
@@ -148,18 +256,63 @@ def count_summary(volumes: tuple[Volume, ...] | list[Volume], rejected: int) -> 
     }
 
 
+def field_counts(fields: tuple[Field, ...] | list[Field], rejected: int) -> dict[str, Any]:
+    """Counts for a Cell Painting manifest header: fields, plates, wells, controls, rejected,
+    by split, plate and perturbation type."""
+    by: dict[str, dict[str, int]] = {"split": {}, "plate": {}, "type": {}}
+    for f in fields:
+        for key, value in (
+            ("split", f.split),
+            ("plate", f.plate),
+            ("type", f.perturbation_type or "unknown"),
+        ):
+            by[key][value] = by[key].get(value, 0) + 1
+    return {
+        "fields": len(fields),
+        "plates": len({f.plate for f in fields}),
+        "wells": len({(f.plate, f.well) for f in fields}),
+        "controls": sum(f.is_control for f in fields),
+        "rejected": rejected,
+        "by_split": by["split"],
+        "by_plate": by["plate"],
+        "by_perturbation_type": by["type"],
+    }
+
+
 def to_dict(manifest: Manifest) -> dict[str, Any]:
     """The JSON form of a manifest (see octstage/manifest.schema.json)."""
-    out = {
+    out: dict[str, Any] = {
         "schema_version": manifest.schema_version,
+        "kind": manifest.kind,
         "header": asdict(manifest.header),
         "classes": list(manifest.classes),
         "volumes": [_volume_to_dict(v) for v in manifest.volumes],
         "rejected": [asdict(r) for r in manifest.rejected],
     }
+    if manifest.kind == "cellpainting":
+        out["fields"] = [_field_to_dict(f) for f in manifest.fields]
     if manifest.concepts:
         out["concepts"] = [asdict(c) for c in manifest.concepts]
     return out
+
+
+def _field_to_dict(f: Field) -> dict[str, Any]:
+    d = asdict(f)
+    for key in ("shape", "channels"):
+        d[key] = list(d[key])
+    for key in ("sources", "illum", "normalization"):
+        d[key] = [dict(x) for x in d[key]]
+    return d
+
+
+def _field_from_dict(d: dict[str, Any]) -> Field:
+    d = dict(d)
+    d["shape"] = tuple(d["shape"])
+    d["channels"] = tuple(str(c) for c in d["channels"])
+    d["sources"] = tuple(ChannelSource(**s) for s in d["sources"])
+    d["illum"] = tuple(ChannelSource(**s) for s in d.get("illum", ()))
+    d["normalization"] = tuple(Normalization(**n) for n in d["normalization"])
+    return Field(**d)
 
 
 def _volume_to_dict(v: Volume) -> dict[str, Any]:
@@ -184,13 +337,20 @@ def from_dict(data: dict[str, Any], source: str = "<manifest>") -> Manifest:
                 f"{source}: cache version {header.cache_version}, this code expects "
                 f"{CACHE_VERSION}; rebuild the cache (octstage build-cache)"
             )
+        kind = data.get("kind", "oct")
+        if kind not in KINDS:
+            raise ManifestError(
+                f"{source}: manifest kind {kind!r} is not one of {', '.join(KINDS)}; "
+                "upgrade octstage or rebuild the cache"
+            )
         volumes = tuple(_volume_from_dict(v) for v in data["volumes"])
+        fields = tuple(_field_from_dict(f) for f in data.get("fields", ()))
         rejected = tuple(Rejected(**r) for r in data["rejected"])
         classes = tuple(str(c) for c in data["classes"])
         concepts = tuple(Concept(**c) for c in data.get("concepts", ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{source}: malformed manifest: {exc!r}") from exc
-    return Manifest(header, classes, volumes, rejected, concepts=concepts)
+    return Manifest(header, classes, volumes, rejected, concepts=concepts, kind=kind, fields=fields)
 
 
 def _volume_from_dict(d: dict[str, Any]) -> Volume:
