@@ -125,8 +125,8 @@ def run_profile(
 ) -> dict[str, Any]:
     """``octtrain profile``: every field of the manifest; writes ``profile.json``."""
     manifest = read_manifest(manifest_path)
-    fields: Sequence[ProfiledField] = getattr(manifest, "fields", ())
-    if not fields:
+    fields = manifest.fields
+    if manifest.kind != "cellpainting" or not fields:
         raise DataError(f"{manifest_path}: lists no Cell Painting fields")
     root = Path(cache) if cache else Path(manifest_path).parent
     report = profile_fields(checkpoint, fields, root, device)

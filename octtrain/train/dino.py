@@ -59,14 +59,12 @@ FULL_IN = StateDictOptions(full_state_dict=True)
 
 def manifest_fields(manifest: Manifest, split: str) -> list[FieldRecord]:
     """The Cell Painting fields of ``split``; DataError for a manifest of another kind."""
-    fields = getattr(manifest, "fields", ())
-    if not fields:
-        kind = getattr(manifest, "kind", "oct")
+    if manifest.kind != "cellpainting" or not manifest.fields:
         raise DataError(
-            f"the manifest (kind {kind!r}) lists no Cell Painting fields; job 'dino' needs a "
-            "cache built with `octstage build-cache` from a Cell Painting load-data table"
+            f"the manifest (kind {manifest.kind!r}) lists no Cell Painting fields; job 'dino' "
+            "needs a cache built with `octstage build-cache` from a Cell Painting load-data table"
         )
-    return [f for f in fields if f.split == split]
+    return list(manifest.split_fields(split))
 
 
 def collapse_entropies(probs: torch.Tensor) -> dict[str, float]:

@@ -11,12 +11,14 @@ are treated ("cmpd1", large nuclei).
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
+
+from octstage import manifest
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,10 @@ def write_cell_cache(
     radii: tuple[float, float] = (3.0, 6.0),
     noise: float = 0.05,
 ) -> list[CellField]:
-    """``n`` fields under ``root/fields/<i>``, labels alternating; ``root/fields.json`` lists
-    the records (for the torchrun worker)."""
+    """``n`` fields under ``root/fields/<i>`` and ``root/manifest.json`` listing them."""
     rng = np.random.default_rng(0)
     records = []
+    checksums = []
     for i in range(n):
         plate, well_index, site = i // 8, (i % 8) // 2, i % 2 + 1
         label = well_index % 2
@@ -91,6 +93,7 @@ def write_cell_cache(
             zarr_format=3,
         )
         array[...] = data
+        checksums.append("sha256:" + hashlib.sha256(data.tobytes()).hexdigest())
         records.append(
             CellField(
                 path,
@@ -104,11 +107,52 @@ def write_cell_cache(
                 is_control=not label,
             )
         )
-    (root / "fields.json").write_text(json.dumps([asdict(r) for r in records]))
+    write_manifest(root, records, checksums)
     return records
 
 
-def read_records(root: Path) -> list[CellField]:
-    """The records ``write_cell_cache`` listed."""
-    rows = json.loads((root / "fields.json").read_text())
-    return [CellField(**{**r, "shape": tuple(r["shape"])}) for r in rows]
+def write_manifest(root: Path, records: list[CellField], checksums: list[str]) -> Path:
+    """``root/manifest.json``: a real Cell Painting manifest (octstage.manifest) of the fields."""
+    channels = manifest.CELLPAINTING_CHANNELS
+    fields = tuple(
+        manifest.Field(
+            item_id=f"source_0/{r.plate}/{r.well}/{r.site}",
+            split=r.split,
+            label=r.label,
+            zarr_path=r.zarr_path,
+            shape=(r.shape[0], r.shape[1], r.shape[2]),
+            dtype="uint8",
+            checksum=checksum,
+            cache_key=Path(r.zarr_path).name,
+            sources=tuple(
+                manifest.ChannelSource(
+                    c, f"images/{r.plate}/{r.well}-{r.site}-{c}.tiff", "0" * 40, 1
+                )
+                for c in channels
+            ),
+            source="source_0",
+            batch="B1",
+            plate=r.plate,
+            well=r.well,
+            site=r.site,
+            channels=channels[: r.shape[0]],
+            perturbation=r.perturbation,
+            perturbation_type="negcon" if r.is_control else "compound",
+            is_control=r.is_control,
+            normalization=tuple(manifest.Normalization(1.0, 99.8, 0.0, 1.0) for _ in channels),
+        )
+        for r, checksum in zip(records, checksums, strict=True)
+    )
+    header = manifest.Header(
+        dataset="cell-cache",
+        created="2026-11-23T00:00:00Z",
+        code_version="test",
+        cache_version=manifest.CACHE_VERSION,
+        config_hash="test",
+        config={},
+        counts=manifest.count_summary(fields, rejected=0),
+    )
+    m = manifest.Manifest(header, ("DMSO", "cmpd1"), (), (), kind="cellpainting", fields=fields)
+    path = root / "manifest.json"
+    manifest.write(m, path)
+    return path

@@ -1,5 +1,5 @@
 """Run by torchrun in the DINO multi-process test: one rank of a gloo DINOv2 run on the tiny
-Cell Painting cache (``fields.json`` under the cache root lists the fields).
+Cell Painting cache (its ``manifest.json``, a real Cell Painting manifest).
 
 Writes ``<out>/rank<r>.json``: world size, the class of the model the step ran (the wrapper),
 a checksum of the final student weights (gathered under FSDP) and the run folder.
@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+from octstage.manifest import load
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.runtime.backend import make_backend
-from octtrain.train.dino import FULL_IN, DinoJob
+from octtrain.train.dino import FULL_IN, DinoJob, manifest_fields
 from octtrain.train.job import Settings
 from octtrain.train.loop import Trainer
-from tests.octtrain.cell_cache import read_records
 
 
 def main(config_path: str, cache: str, out: str, overrides: list[str]) -> None:
@@ -30,8 +30,8 @@ def main(config_path: str, cache: str, out: str, overrides: list[str]) -> None:
     cfg = load_config(DinoConfig, config_path, overrides)
     backend = make_backend("cpu")
     try:
-        train = [f for f in read_records(Path(cache)) if f.split == "train"]
-        job = DinoJob(cfg, train, Path(cache), backend)
+        fields = manifest_fields(load(Path(cache) / "manifest.json"), cfg.data.train_split)
+        job = DinoJob(cfg, fields, Path(cache), backend)
         result = Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
         state = get_model_state_dict(job.raw, options=FULL_IN)  # a collective under FSDP
         digest = hashlib.sha256()

@@ -125,3 +125,34 @@ def test_cli_dino_on_an_oct_manifest_is_refused_with_exit_2(
     assert code == 2
     assert "lists no Cell Painting fields" in caplog.text
     assert "octstage build-cache" in caplog.text
+
+
+def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -> None:
+    from octtrain.cli import main
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    write_cell_cache(root, n=24)
+    manifest = root / "manifest.json"
+    run = tmp_path / "run"
+    code = main(
+        [
+            "pretrain",
+            "--config",
+            str(DINO_TINY),
+            "--manifest",
+            str(manifest),
+            f"train.run_dir={run}",
+            "train.max_steps=2",
+            "checkpoint.every=2",
+        ]
+    )
+    assert code == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "images" in r] == [1]
+    ckpt = run / "checkpoints" / "step_00000002.pt"
+    code = main(["profile", "--checkpoint", str(ckpt), "--manifest", str(manifest)])
+    assert code == 0
+    report = json.loads((ckpt.parent / "profile.json").read_text())
+    assert report["fields"] == 24
+    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted"}
