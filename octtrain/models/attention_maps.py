@@ -36,6 +36,23 @@ def unwrap_all(model: nn.Module) -> nn.Module:
     return model
 
 
+def eager(model: nn.Module) -> nn.Module:
+    """``model`` without its ``torch.compile`` layers; DDP and FSDP wrappers kept (a DDP around
+    a compiled module gives way to it: without a graph, DDP adds nothing to a forward)."""
+    for _ in range(8):
+        orig = getattr(model, "_orig_mod", None)
+        inner = getattr(model, "module", None)
+        if isinstance(orig, nn.Module):
+            model = orig
+        elif isinstance(inner, nn.Module) and isinstance(
+            getattr(inner, "_orig_mod", None), nn.Module
+        ):
+            model = inner
+        else:
+            break
+    return model
+
+
 def last_attention(model: nn.Module) -> Attention:
     """The last ``Attention`` module of ``model`` (wrapped or not), by type."""
     found = [m for m in unwrap_all(model).modules() if isinstance(m, Attention)]
@@ -55,9 +72,11 @@ def cls_attention(module: Attention, x: torch.Tensor) -> torch.Tensor:
 
 
 class AttentionCapture:
-    """``with AttentionCapture(wrapped) as cap: wrapped(x)`` then ``cap.weights`` ``[B, H, N]``."""
+    """``with AttentionCapture(wrapped) as cap: out = cap(x)`` then ``cap.weights``
+    ``[B, H, N]``; ``out`` is what the wrapped model returned."""
 
     def __init__(self, model: nn.Module) -> None:
+        self.model = model
         self.module = last_attention(model)
         self.weights: torch.Tensor | None = None
         self._handle: Any = None
@@ -66,6 +85,10 @@ class AttentionCapture:
         assert isinstance(module, Attention)
         with torch.no_grad():
             self.weights = cls_attention(module, args[0].detach()).cpu()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's forward (compiled layers stepped over), capturing on the way."""
+        return eager(self.model)(*args, **kwargs)
 
     def __enter__(self) -> AttentionCapture:
         self._handle = self.module.register_forward_hook(self._hook)

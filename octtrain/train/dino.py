@@ -333,7 +333,7 @@ class DinoJob:
         global_views, _, _ = to_views(batch)
         x = global_views[:1]
         with torch.no_grad(), AttentionCapture(self.student) as cap:
-            out = self.student(x, None, None)
+            out = cap(x, None, None)
         assert cap.weights is not None
         patch = self.raw.backbone.patch
         grid = self.raw.backbone.grid(x.shape[-2], x.shape[-1])

@@ -95,8 +95,11 @@ def test_attention_is_read_through_any_wrapper(kind: str, process_group: None) -
             fully_shard(block)
         wrapped = fully_shard(model)  # type: ignore[assignment]  # FSDP2: parameters become sharded DTensors
     assert unwrap_all(wrapped) is model
+    with torch.no_grad():
+        wrapped(torch.randn(2, 5, 32, 32))  # a step ran (and compiled) before the picture
     with torch.no_grad(), AttentionCapture(wrapped) as cap:
-        wrapped(x)
+        out = cap(x)
+    assert torch.allclose(out[0], model(x)[0], atol=1e-5)
     assert cap.weights is not None and cap.weights.shape == (2, 3, 64)
     assert torch.allclose(cap.weights, expected, atol=1e-5)
     # The hook is gone afterwards: a later forward does not overwrite the capture.
