@@ -35,7 +35,8 @@ exit codes:
   2  refused or failed (bad arguments, unreadable inventory, another build running...), or
      more than --max-reject-share of the listed sources left out (manifest still written)
   3  the manifest was written, but some volumes are missing for environmental reasons (I/O
-     error, missing decoder, dead worker): run the same command again to retry only those""",
+     error, missing decoder, dead worker; cellpainting: a TLS or network error that persisted
+     after retries, its plate left out): run the same command again to retry only those""",
     "mirror": "exit codes:\n  0  every object copied (or already there) and verified\n"
     "  1  some objects failed to copy or could not be verified (the source lists no SHA1 for\n"
     "     them: --hash-missing hashes them at the source once): see the report\n"
@@ -49,6 +50,12 @@ exit codes:
 
 
 def _synth(a: argparse.Namespace) -> int:
+    if a.kind == "cellpainting":
+        from octstage.cellpainting.synth import run_synth_cellpainting
+
+        return run_synth_cellpainting(
+            Path(a.out), a.plates, a.sites, a.size, a.seed, traps=not a.no_traps
+        )
     from octstage.dataset.synth import run_synth
 
     return run_synth(
@@ -74,6 +81,20 @@ def _audit(a: argparse.Namespace) -> int:
 
 
 def _build(a: argparse.Namespace) -> int:
+    if a.kind == "cellpainting":
+        from octstage.cellpainting.build import run_build_cellpainting
+
+        return run_build_cellpainting(
+            source=a.source,
+            out=Path(a.out),
+            load_data=tuple(a.load_data or ()),
+            metadata=a.metadata,
+            workers=a.workers,
+            json_out=Path(a.json) if a.json else None,
+            manifest_path=Path(a.manifest) if a.manifest else None,
+        )
+    if not a.labels:
+        raise OctstageError("--labels (participants.tsv) is required for --kind oct")
     from octstage.build.run import run_build
     from octstage.config import load_build_config
 
@@ -157,8 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=fn)
         return sp
 
-    s = add("synth", _synth, "Write the deterministic AI-READI-like demo dataset (DICOM + TSVs).")
-    s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/...)")
+    s = add(
+        "synth",
+        _synth,
+        "Write a deterministic demo dataset: AI-READI-like OCT (DICOM + TSVs), or with "
+        "--kind cellpainting a JUMP-like Cell Painting twin (TIFFs, illum, load-data tables).",
+    )
+    s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/... or images/...)")
+    s.add_argument("--kind", choices=("oct", "cellpainting"), default="oct", help="which twin")
+    s.add_argument("--plates", type=int, default=2, help="cellpainting: plates (24 wells each)")
+    s.add_argument("--sites", type=int, default=3, help="cellpainting: fields per well")
+    s.add_argument("--size", type=int, default=128, help="cellpainting: field size in pixels")
     s.add_argument("--participants", type=int, default=60, help="number of participants")
     s.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     s.add_argument(
@@ -199,7 +229,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--source", required=True, help="dataset root (folder, gs://, s3:// or b2:// URL)"
     )
-    s.add_argument("--labels", required=True, help="participants.tsv (path or URL)")
+    s.add_argument("--labels", help="participants.tsv (path or URL); required for --kind oct")
+    s.add_argument(
+        "--kind",
+        choices=("oct", "cellpainting"),
+        default="oct",
+        help="oct: AI-READI DICOM volumes; cellpainting: JUMP fields from load-data tables "
+        "(--source is the root their PathNames are under; --out a local folder)",
+    )
+    s.add_argument(
+        "--load-data",
+        action="append",
+        metavar="TABLE",
+        help="cellpainting: a load-data table (name under --source, path or URL; repeat); "
+        "default: every table under SOURCE/workspace/load_data_csv/",
+    )
+    s.add_argument(
+        "--metadata",
+        metavar="TABLE",
+        help="cellpainting: perturbation table (Metadata_Plate, Metadata_Well, Metadata_JCP2022, "
+        "Metadata_perturbation_type), joined by plate and well",
+    )
     s.add_argument(
         "--out",
         required=True,

@@ -54,3 +54,8 @@ class DicomEnvironmentError(DicomError):
 class ReleaseError(OctstageError):
     """A table of the release (retinal_oct/manifest.tsv, a clinical_data/ OMOP table) is
     malformed, or asks for something it does not hold (an unknown concept id)."""
+
+
+class CellPaintingError(OctstageError):
+    """A Cell Painting load-data or perturbation table is malformed, or a field cannot be
+    staged for a reason of its data (the message names the table, row or file)."""

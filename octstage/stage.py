@@ -1,7 +1,8 @@
 """``octstage stage SRC DST``: pull a built cache and its manifest to local SSD, verified.
 
 SRC is any location (``gs://bucket/cache``, ``s3://...``, ``b2://...``, an rclone remote or a
-folder) holding ``manifest.json`` and the ``volumes/`` it names. Nothing is listed: the manifest
+folder) holding ``manifest.json`` and the ``volumes/`` it names (a Cell Painting manifest:
+the ``fields/``; everything below applies to either kind). Nothing is listed: the manifest
 names every volume, and each volume's own Zarr metadata names its objects (group ``zarr.json``,
 array ``0/zarr.json``, and the shards: zarr opens the fetched metadata and names them with the
 array's own chunk grid and chunk key encoding). Every name is checked
@@ -78,10 +79,12 @@ def shard_keys(array_dir: Path) -> list[str]:
 
 
 @functools.cache
-def zarr_path_pattern() -> re.Pattern[str]:
-    """The manifest schema's own pattern for a volume's ``zarr_path`` (one source of truth)."""
+def zarr_path_pattern(kind: str = "oct") -> re.Pattern[str]:
+    """The manifest schema's own pattern for an item's ``zarr_path`` (one source of truth):
+    a volume's (OCT) or a field's (Cell Painting)."""
     schema = json.loads(manifest_mod.SCHEMA_PATH.read_text())
-    return re.compile(schema["$defs"]["volume"]["properties"]["zarr_path"]["pattern"])
+    item = "field" if kind == "cellpainting" else "volume"
+    return re.compile(schema["$defs"][item]["properties"]["zarr_path"]["pattern"])
 
 
 def volume_paths(manifest: manifest_mod.Manifest, where: str) -> dict[str, str]:
@@ -89,13 +92,14 @@ def volume_paths(manifest: manifest_mod.Manifest, where: str) -> dict[str, str]:
     a name that could escape the destination (UnsafePathError) or that the schema would refuse
     (ManifestError). Either refuses the whole manifest before anything is fetched."""
     volumes: dict[str, str] = {}
-    pattern = zarr_path_pattern()
-    for n, volume in enumerate(manifest.volumes):
+    pattern = zarr_path_pattern(manifest.kind)
+    key = "fields" if manifest.kind == "cellpainting" else "volumes"
+    for n, volume in enumerate(manifest.items):
         rel = check_name(volume.zarr_path)
         # fullmatch: the schema's "$" (ECMA-262) does not allow the trailing newline re's does.
         if not pattern.fullmatch(rel):
             raise ManifestError(
-                f"{where}: volumes[{n}].zarr_path {rel!r} does not match the schema's pattern "
+                f"{where}: {key}[{n}].zarr_path {rel!r} does not match the schema's pattern "
                 f"{pattern.pattern!r}: refusing the manifest, nothing fetched"
             )
         if volumes.setdefault(rel, volume.checksum) != volume.checksum:

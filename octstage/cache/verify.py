@@ -52,8 +52,9 @@ class VerifyReport:
         return {**asdict(self), "ok": self.ok}
 
 
-def check_entry(cache: Path, volume: mf.Volume) -> tuple[str, str] | None:
-    """``("missing"|"changed", why)`` for one volume, None when it matches the manifest."""
+def check_entry(cache: Path, volume: mf.Item) -> tuple[str, str] | None:
+    """``("missing"|"changed", why)`` for one volume (or Cell Painting field), None when it
+    matches the manifest."""
     if not (cache / volume.array_path / "zarr.json").is_file():
         return "missing", "not in the cache"
     try:
@@ -71,9 +72,10 @@ def check_entry(cache: Path, volume: mf.Volume) -> tuple[str, str] | None:
     return None
 
 
-def volume_folders(cache: Path) -> Iterator[tuple[str, bool]]:
-    """``(relpath, hidden)`` of every ``volumes/<pid>/<name>.ome.zarr`` folder in a local cache."""
-    root = cache / "volumes"
+def volume_folders(cache: Path, top: str = "volumes") -> Iterator[tuple[str, bool]]:
+    """``(relpath, hidden)`` of every ``<top>/<pid or plate>/<name>.ome.zarr`` folder in a local
+    cache (``top``: ``volumes`` for OCT, ``fields`` for Cell Painting)."""
+    root = cache / top
     if not root.is_dir():
         return
     for pid in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -105,16 +107,17 @@ def verify(
     every = interval(progress_seconds)  # checked before any work starts
     loaded = mf.load(manifest_path)
     root = cache if cache is not None else manifest_path.parent
-    report = VerifyReport(str(manifest_path), str(root), volumes=len(loaded.volumes))
+    items = loaded.items  # OCT volumes or Cell Painting fields: the common part is enough
+    report = VerifyReport(str(manifest_path), str(root), volumes=len(items))
     report.schema, report.schema_errors = validate_schema(json.loads(manifest_path.read_text()))
     # zarr's blosc and hashlib release the GIL on large buffers: threads give real parallelism.
     workers = threads or min(8, os.cpu_count() or 1)
     with (
         ThreadPoolExecutor(workers) as pool,
-        counter(console, "verify", len(loaded.volumes), every) as advance,
+        counter(console, "verify", len(items), every) as advance,
     ):
         for volume, finding in zip(
-            loaded.volumes, pool.map(lambda v: check_entry(root, v), loaded.volumes), strict=True
+            items, pool.map(lambda v: check_entry(root, v), items), strict=True
         ):
             if finding is None:
                 report.verified += 1
@@ -126,8 +129,9 @@ def verify(
                 f"{report.verified} verified, {len(report.missing)} missing, "
                 f"{len(report.changed)} changed"
             )
-    listed = {v.zarr_path for v in loaded.volumes}
-    for relpath, hidden in volume_folders(root):
+    listed = {v.zarr_path for v in items}
+    top = "fields" if loaded.kind == "cellpainting" else "volumes"
+    for relpath, hidden in volume_folders(root, top):
         if hidden:
             report.temporaries.append(relpath)
         elif relpath not in listed:

@@ -1,0 +1,116 @@
+"""Draw synthetic Cell Painting fields: cells whose five channels show different compartments.
+
+Pure numpy, no I/O. Each cell has a nucleus (DNA, filled), nucleoli inside it (RNA, bright
+spots, plus faint cytoplasmic RNA), endoplasmic reticulum as a diffuse ring around the nucleus
+(ER), mitochondria as puncta scattered in the cytoplasm (Mito) and a membrane outline with
+actin fibres (AGP). A perturbation's ``Phenotype`` changes the morphology in documented ways
+(``PHENOTYPES`` in ``synth.py`` names them); the negative control is ``Phenotype()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Image = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class Phenotype:
+    """Multipliers on the control morphology (1.0 = as the negative control)."""
+
+    nucleus_size: float = 1.0  # nucleus radius
+    cell_size: float = 1.0  # cell (membrane) radius
+    mito_count: float = 1.0  # puncta per cell (their size shrinks as count grows: fission)
+    er_spread: float = 1.0  # width of the ER ring around the nucleus
+    agp_membrane: float = 1.0  # brightness of the membrane / actin outline
+    nucleoli: float = 1.0  # nucleoli per nucleus (and cytoplasmic RNA)
+
+
+CHANNEL_ORDER = ("DNA", "AGP", "ER", "Mito", "RNA")
+
+
+def _blob(yy: Image, xx: Image, cy: float, cx: float, r: float) -> Image:
+    """A soft disk of radius ``r`` (1 inside, falling to 0 over ~1.5 px at the edge)."""
+    d = np.sqrt((yy - cy) ** 2 + (xx - cx) ** 2)
+    return np.clip((r - d) / 1.5 + 0.5, 0.0, 1.0).astype(np.float32)
+
+
+def _ring(yy: Image, xx: Image, cy: float, cx: float, r: float, width: float) -> Image:
+    d = np.sqrt((yy - cy) ** 2 + (xx - cx) ** 2)
+    return np.exp(-(((d - r) / max(width, 0.5)) ** 2)).astype(np.float32)
+
+
+def draw_field(
+    rng: np.random.Generator, size: int, phenotype: Phenotype, cells: int
+) -> npt.NDArray[np.float32]:
+    """A float32 ``[5, size, size]`` field (channels in ``CHANNEL_ORDER``), values ~0..1."""
+    out = np.zeros((5, size, size), dtype=np.float32)
+    scale = size / 128.0
+    p = phenotype
+    for _ in range(cells):
+        cy, cx = rng.uniform(0.08, 0.92, size=2) * size
+        r_cell = float(rng.uniform(13, 17) * scale * p.cell_size)
+        r_nuc = float(min(rng.uniform(5.0, 6.5) * scale * p.nucleus_size, 0.8 * r_cell))
+        # Draw in a window around the cell (everything of it lies within r_cell + a margin).
+        half = int(r_cell + 4 * scale + 3)
+        y0, y1 = max(0, int(cy) - half), min(size, int(cy) + half + 1)
+        x0, x1 = max(0, int(cx) - half), min(size, int(cx) + half + 1)
+        yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+        win = out[:, y0:y1, x0:x1]
+        # The nucleus is a little elliptic: stretch one axis.
+        stretch = float(rng.uniform(0.8, 1.2))
+        nucleus = _blob(cy + (yy - cy) * stretch, xx, cy, cx, r_nuc)
+        cell = _blob(yy, xx, cy, cx, r_cell)
+        cytoplasm = np.clip(cell - nucleus, 0.0, 1.0)
+        win[0] += nucleus * float(rng.uniform(0.7, 1.0))
+        # ER: a ring hugging the nucleus, wider when spread, inside the cell.
+        er_width = 2.5 * scale * p.er_spread
+        win[2] += _ring(yy, xx, cy, cx, r_nuc + er_width, er_width) * cell * 0.8 / p.er_spread**0.5
+        # AGP: the membrane outline plus a few actin fibres across the cytoplasm.
+        win[1] += _ring(yy, xx, cy, cx, r_cell, 1.2 * scale) * 0.7 * p.agp_membrane
+        for _ in range(3):
+            angle = rng.uniform(0, np.pi)
+            dist = np.abs((yy - cy) * np.cos(angle) - (xx - cx) * np.sin(angle))
+            win[1] += np.exp(-((dist / (0.8 * scale)) ** 2)) * cytoplasm * 0.3 * p.agp_membrane
+        # Mito: puncta in the cytoplasm; more and smaller when fragmented.
+        n_mito = round(12 * p.mito_count)
+        r_mito = 1.6 * scale / max(p.mito_count, 1.0) ** 0.5
+        for _ in range(n_mito):
+            a, rr = rng.uniform(0, 2 * np.pi), rng.uniform(r_nuc + 1, r_cell - 1)
+            my, mx = cy + rr * np.sin(a), cx + rr * np.cos(a)
+            win[3] += np.exp(-((yy - my) ** 2 + (xx - mx) ** 2) / (2 * r_mito**2)) * 0.9
+        # RNA: nucleoli inside the nucleus, and a faint cytoplasm.
+        for _ in range(max(1, round(2 * p.nucleoli))):
+            a, rr = rng.uniform(0, 2 * np.pi), rng.uniform(0, 0.5 * r_nuc)
+            win[4] += _blob(yy, xx, cy + rr * np.sin(a), cx + rr * np.cos(a), 1.5 * scale)
+        win[4] += cytoplasm * 0.15 * p.nucleoli
+    return out
+
+
+def illumination(size: int, channel: int) -> npt.NDArray[np.float32]:
+    """A smooth vignette (the microscope's uneven illumination), ~0.55 at the corners and 1.0
+    near an off-centre peak that differs per channel; CellProfiler's illum function is this
+    field normalized so that dividing by it flattens the image."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    py, px = 0.45 + 0.03 * channel, 0.55 - 0.02 * channel
+    vignette: npt.NDArray[np.float32] = (
+        1.0 - 0.45 * ((yy - py) ** 2 + (xx - px) ** 2) / 0.5
+    ).astype(np.float32)
+    return vignette
+
+
+def to_uint16(
+    rng: np.random.Generator,
+    field: npt.NDArray[np.float32],
+    illum: npt.NDArray[np.float32],
+    gain: float,
+) -> npt.NDArray[np.uint16]:
+    """The camera: background, gain, uneven illumination (``illum``: [C, Y, X]) and shot noise,
+    as 16-bit counts."""
+    signal = (120.0 + field * 2500.0 * gain) * illum
+    noisy = rng.poisson(np.clip(signal, 0, None)).astype(np.float64)
+    counts: npt.NDArray[np.uint16] = np.clip(noisy, 0, 65535).astype(np.uint16)
+    return counts
