@@ -1,14 +1,16 @@
 """Does DINOv2 pretraining give profiles that beat a random-init encoder? A CPU-sized check.
 
-Writes a small Cell Painting cache (the trainer tests' synthetic fields: ``tests/octtrain/
-cell_cache.py``; the perturbation enlarges the nuclei; 3 plates x 4 wells, 2 of them DMSO
-controls), pretrains the tiny 2D ViT with DINO + iBOT + KoLeo for ``--steps`` through the real
-job and skeleton, then runs ``profile_fields``: per encoder (the DINO teacher, the same encoder at
-random init, handcrafted CellProfiler-style features) the phenotypic-activity and consistency
-mAP (copairs) of control-normalised well profiles and the k-NN probes. Prints the table and the
-wall time.
+Builds a small Cell Painting cache: by default octstage's JUMP-layout twin (``octstage synth
+--kind cellpainting``, then ``octstage build-cache --kind cellpainting``: 2 plates x 24 wells,
+five documented phenotypes + DMSO; splits by plate, DINO trains on the train plate); with
+``--simple`` the trainer tests' fields (``tests/octtrain/cell_cache.py``: the perturbation
+enlarges the nuclei). It pretrains the tiny 2D ViT with DINO + iBOT + KoLeo for ``--steps``
+through the real job and skeleton, then runs ``profile_fields`` on every field: per encoder
+(the DINO teacher, the same encoder at random init, handcrafted CellProfiler-style features)
+the phenotypic-activity and consistency mAP (copairs) of control-normalised well profiles and
+the k-NN probes. Prints the table and the wall time.
 
-    PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 200] [--fields 96]
+    PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 300] [--simple --fields 96]
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from octstage.cli import main as octstage
+from octstage.manifest import load
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.eval.profile_run import profile_fields
@@ -40,19 +45,31 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--radii", type=float, nargs=2, default=(4.0, 5.0))
     parser.add_argument("--noise", type=float, default=0.3)
+    parser.add_argument("--simple", action="store_true", help="the tests' fields, not the twin")
     args = parser.parse_args()
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "cache"
         root.mkdir()
-        fields = write_cell_cache(
-            root,
-            n=args.fields,
-            size=args.size,
-            splits=("train",),
-            radii=tuple(args.radii),
-            noise=args.noise,
-        )
+        if args.simple:
+            fields: list[Any] = list(
+                write_cell_cache(
+                    root,
+                    n=args.fields,
+                    size=args.size,
+                    splits=("train",),
+                    radii=tuple(args.radii),
+                    noise=args.noise,
+                )
+            )
+            train = fields
+        else:
+            src = Path(tmp) / "src"
+            assert octstage(["synth", "--kind", "cellpainting", str(src)]) == 0
+            build = ["build-cache", "--kind", "cellpainting", "--source", str(src)]
+            octstage([*build, "--out", str(root)])  # exit 1: the planted truncated TIFF
+            manifest = load(root / "manifest.json")
+            fields, train = list(manifest.fields), list(manifest.split_fields("train"))
         cfg = load_config(
             DinoConfig,
             ROOT / "configs" / "pretrain" / "dino-tiny.yaml",
@@ -63,7 +80,8 @@ def main() -> None:
                 "logging.log_every=50",
                 "logging.image_every=0",
                 "data.batch_size=16",
-                "train.cpu_threads=2",
+                "train.cpu_threads=1",
+                "data.num_workers=1",
                 f"optim.lr={args.lr}",
                 f"schedule.warmup_steps={args.steps // 10}",
                 f"dino.warmup_teacher_temp_steps={args.steps // 3}",
@@ -71,7 +89,7 @@ def main() -> None:
         )
         backend = make_backend("cpu")
         start = time.perf_counter()
-        job = DinoJob(cfg, fields, root, backend)
+        job = DinoJob(cfg, train, root, backend)
         Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
         trained = time.perf_counter() - start
         ckpt = Path(tmp) / "run" / "checkpoints" / f"step_{args.steps:08d}.pt"
