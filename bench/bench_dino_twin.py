@@ -67,6 +67,7 @@ def main() -> None:
             src = Path(tmp) / "src"
             assert octstage(["synth", "--kind", "cellpainting", str(src)]) == 0
             build = ["build-cache", "--kind", "cellpainting", "--source", str(src)]
+            build += ["--metadata", str(src / "metadata" / "perturbations.csv")]
             octstage([*build, "--out", str(root)])  # exit 1: the planted truncated TIFF
             manifest = load(root / "manifest.json")
             fields, train = list(manifest.fields), list(manifest.split_fields("train"))
