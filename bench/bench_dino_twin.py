@@ -96,7 +96,7 @@ def main() -> None:
         ckpt = Path(tmp) / "run" / "checkpoints" / f"step_{args.steps:08d}.pt"
         report = profile_fields(str(ckpt), fields, root)
     print(
-        f"{args.fields} fields, {report['encoders']['dino']['wells']:.0f} wells, "
+        f"{report['fields']} fields, {report['encoders']['dino']['wells']:.0f} wells, "
         f"{args.steps} steps in {trained:.0f} s"
     )
     print(
