@@ -67,14 +67,22 @@ def overrides_of(args: argparse.Namespace) -> list[str]:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
+    from octtrain.config.dino import DinoConfig, job_of
     from octtrain.config.loader import load_config
     from octtrain.config.pretrain import PretrainConfig
 
-    cfg = load_config(PretrainConfig, args.config, overrides_of(args))
+    overrides = overrides_of(args)
     # The step module (and torch) only once the config is valid: a refusal stays instant.
-    from octtrain.train.pretrain import run_pretrain
+    if job_of(args.config, overrides) == "dino":
+        dino_cfg = load_config(DinoConfig, args.config, overrides)
+        from octtrain.train.dino import run_dino
 
-    result = run_pretrain(cfg)
+        result = run_dino(dino_cfg)
+    else:
+        cfg = load_config(PretrainConfig, args.config, overrides)
+        from octtrain.train.pretrain import run_pretrain
+
+        result = run_pretrain(cfg)
     if result.run_dir is not None:
         log.info("run folder: %s (last checkpoint: %s)", result.run_dir, result.last_checkpoint)
     return EXIT_OK
@@ -85,7 +93,8 @@ def _add_pretrain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "pretrain",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="V-JEPA pretraining of the 3D ViT encoder",
+        help="self-supervised pretraining: V-JEPA of the 3D ViT (OCT), or DINOv2 of the 2D ViT "
+        "(Cell Painting) with `job: dino` in the config",
     )
     add_config_arguments(p)
     p.set_defaults(func=_pretrain)
@@ -289,12 +298,36 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_probe)
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from octtrain.eval.profile_run import run_profile
+
+    run_profile(args.checkpoint, args.manifest, args.cache, args.out, args.device)
+    return 0
+
+
+def _add_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "profile",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="well profiles of a DINO checkpoint (Cell Painting): retrieval mAP and probes "
+        "beside a random-init encoder and handcrafted features",
+    )
+    p.add_argument("--checkpoint", required=True, help="DINO checkpoint file (step_*.pt)")
+    p.add_argument("--manifest", required=True, help="manifest.json of a Cell Painting cache")
+    p.add_argument("--cache", help="cache root; default: the manifest's folder")
+    p.add_argument("--out", help="folder for profile.json; default: the checkpoint's folder")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.set_defaults(func=_profile)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_pretrain,
     _add_finetune,
     _add_evaluate,
     _add_probe,
     _add_doctor,
+    _add_profile,
 ]
 
 

@@ -8,7 +8,6 @@ itself when built (``__post_init__``), so a bad value fails before any work star
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 import types
@@ -102,8 +101,8 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
 
 
-def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> T:
-    """Read ``yaml_path`` (None: defaults only), apply dotted overrides, build and validate."""
+def read_values(yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> dict[str, Any]:
+    """The plain data of ``yaml_path`` (None: empty) with the dotted overrides applied."""
     data: dict[str, Any] = {}
     if yaml_path is not None:
         try:
@@ -117,12 +116,18 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, override
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{yaml_path}: top level must be a mapping")
         data = loaded or {}
-    from_file = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
+    return data
+
+
+def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> T:
+    """Read ``yaml_path`` (None: defaults only), apply dotted overrides, build and validate."""
+    data = read_values(yaml_path, overrides)
     try:
         return from_dict(cls, data)
     except ConfigError as exc:
+        from_file = read_values(yaml_path, [])  # the file alone: whom to blame
         raise ConfigError(f"{_blame(cls, from_file, exc, yaml_path)}{exc}") from None
 
 

@@ -19,7 +19,9 @@ def _config_class(path: Path) -> type:
         from octtrain.config.finetune import FinetuneConfig
 
         return FinetuneConfig
-    return PretrainConfig
+    from octtrain.config.dino import DinoConfig, job_of
+
+    return DinoConfig if job_of(path, []) == "dino" else PretrainConfig
 
 
 TRAINER_YAMLS = sorted(
@@ -36,7 +38,7 @@ def test_every_trainer_yaml_loads_validates_and_round_trips(path: Path) -> None:
 
 def test_pretrain_configs_exist() -> None:
     names = {p.stem for p in (CONFIGS / "pretrain").glob("*.yaml")}
-    assert {"tiny", "demo", "fast_start", "vit29m", "vit90m"} <= names
+    assert {"tiny", "demo", "fast_start", "vit29m", "vit90m", "dino-tiny", "dino-vits8"} <= names
 
 
 def test_dotted_overrides_are_parsed_as_yaml_and_typed(tmp_path: Path) -> None:

@@ -1,0 +1,203 @@
+"""The config of ``octtrain pretrain`` with ``job: dino``: DINOv2 on Cell Painting fields.
+
+The shared sections (data, train, validation, logging, checkpoint) and pretraining's optimizer
+and schedule (``config/pretrain.py``) are reused as they are; what is DINO's own is the 2D model,
+the multi-crop and channel-aware augmentations, and the objective (heads, temperatures,
+centring, loss weights, iBOT masks). ``job`` picks this config in ``octtrain pretrain``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from octtrain.config.loader import read_values
+from octtrain.config.pretrain import OptimConfig, ScheduleConfig
+from octtrain.config.sections import (
+    ATTENTIONS,
+    CheckpointConfig,
+    DataConfig,
+    LoggingConfig,
+    TrainConfig,
+    ValidationConfig,
+    check,
+)
+from octtrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Vit2dPreset:
+    """Encoder sizes and patch of a named 2D ViT."""
+
+    embed_dim: int
+    depth: int
+    num_heads: int
+    patch: int
+
+
+VIT2D_PRESETS: dict[str, Vit2dPreset] = {
+    # Tests and CPU smoke runs: a step on 32 x 32 crops takes milliseconds.
+    "tiny": Vit2dPreset(embed_dim=48, depth=2, num_heads=3, patch=4),
+    "small": Vit2dPreset(embed_dim=96, depth=4, num_heads=4, patch=8),
+    # What the users trained: ViT-S/8 (21.7M parameters), and the cheaper ViT-S/16.
+    "vits8": Vit2dPreset(embed_dim=384, depth=12, num_heads=6, patch=8),
+    "vits16": Vit2dPreset(embed_dim=384, depth=12, num_heads=6, patch=16),
+}
+
+
+JOBS = ("jepa", "dino")  # what ``octtrain pretrain`` can run; a YAML without ``job`` is jepa
+PARALLEL = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class Vit2dConfig:
+    """The 2D ViT: a preset (``tiny``, ``small``, ``vits8``, ``vits16``), sizes overridable.
+    ``in_chans`` None: the manifest's channel count."""
+
+    preset: str = "tiny"
+    in_chans: int | None = None
+    patch: int | None = None
+    embed_dim: int | None = None
+    depth: int | None = None
+    num_heads: int | None = None
+    mlp_ratio: float = 4.0
+    drop_path: float = 0.0
+    attention: str = "auto"
+
+    def __post_init__(self) -> None:
+        known = list(VIT2D_PRESETS)
+        check(self.preset in VIT2D_PRESETS, f"preset {self.preset!r} unknown (known: {known})")
+        for name in ("in_chans", "patch", "embed_dim", "depth", "num_heads"):
+            value = getattr(self, name)
+            check(value is None or value > 0, f"{name} must be positive or null, got {value}")
+        check(self.mlp_ratio > 0, "mlp_ratio must be positive")
+        check(0.0 <= self.drop_path < 1.0, "drop_path must be in [0, 1)")
+        check(self.attention in ATTENTIONS, f"attention must be one of {ATTENTIONS}")
+
+    @property
+    def patch_size(self) -> int:
+        return self.patch or VIT2D_PRESETS[self.preset].patch
+
+
+@dataclass(frozen=True)
+class CropConfig:
+    """Multi-crop and channel-aware augmentations, drawn in the loader workers on uint8.
+
+    Each field gives 2 global crops and ``n_local`` local crops: a random region of
+    ``scale`` x the field's area (aspect ratio in ``ratio``), read from the cache alone
+    (only the chunks it touches), resized to ``global_size`` / ``local_size``, flipped and
+    rotated by multiples of 90 degrees (microscopy has no up). Channels are never mixed: each
+    channel gets its own gain and shift (applied on the device), and each is dropped (zeroed)
+    with probability ``channel_drop``, at least one kept.
+    """
+
+    global_size: int = 224
+    local_size: int = 96
+    n_local: int = 8
+    global_scale: tuple[float, float] = (0.32, 1.0)
+    local_scale: tuple[float, float] = (0.05, 0.32)
+    ratio: tuple[float, float] = (0.75, 1.333)
+    flip: float = 0.5
+    rot90: bool = True
+    channel_drop: float = 0.2
+    brightness: float = 0.1  # per-channel additive shift in [-b, b] (image range [-1, 1])
+    contrast: float = 0.2  # per-channel gain in [1 - c, 1 + c]
+
+    def __post_init__(self) -> None:
+        check(self.global_size > 0 and self.local_size > 0, "crop sizes must be positive")
+        check(self.n_local >= 0, "n_local must be >= 0")
+        for name in ("global_scale", "local_scale", "ratio"):
+            lo, hi = getattr(self, name)
+            check(0 < lo <= hi, f"{name} must be 0 < low <= high")
+        check(self.global_scale[1] <= 1 and self.local_scale[1] <= 1, "scales must be <= 1")
+        check(0.0 <= self.flip <= 1.0, "flip must be a probability")
+        check(0.0 <= self.channel_drop < 1.0, "channel_drop must be in [0, 1)")
+        check(self.brightness >= 0 and 0 <= self.contrast < 1, "brightness/contrast out of range")
+
+
+@dataclass(frozen=True)
+class DinoObjectiveConfig:
+    """DINO + iBOT + KoLeo (DINOv2's defaults, sized down where CPU tests need it)."""
+
+    dino_prototypes: int = 65536
+    ibot_prototypes: int = 65536
+    head_hidden: int = 2048
+    head_bottleneck: int = 256
+    head_layers: int = 3
+    separate_ibot_head: bool = True
+    dino_weight: float = 1.0
+    ibot_weight: float = 1.0
+    koleo_weight: float = 0.1
+    student_temp: float = 0.1
+    teacher_temp: float = 0.07
+    warmup_teacher_temp: float = 0.04
+    warmup_teacher_temp_steps: int = 0  # linear from warmup_teacher_temp to teacher_temp
+    center_momentum: float = 0.9
+    mask_probability: float = 0.5  # share of global crops that get iBOT masks
+    mask_ratio: tuple[float, float] = (0.1, 0.5)  # share of a masked crop's patches
+    freeze_last_layer_steps: int = 0  # the prototypes stay fixed this long (DINO's trick)
+
+    def __post_init__(self) -> None:
+        for name in ("dino_prototypes", "ibot_prototypes", "head_hidden", "head_bottleneck"):
+            check(getattr(self, name) > 0, f"{name} must be positive")
+        check(self.head_layers >= 1, "head_layers must be >= 1")
+        for name in ("dino_weight", "ibot_weight", "koleo_weight"):
+            check(getattr(self, name) >= 0, f"{name} must be >= 0")
+        for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
+            check(getattr(self, name) > 0, f"{name} must be positive")
+        check(self.warmup_teacher_temp_steps >= 0, "warmup_teacher_temp_steps must be >= 0")
+        check(0.0 <= self.center_momentum < 1.0, "center_momentum must be in [0, 1)")
+        check(0.0 <= self.mask_probability <= 1.0, "mask_probability must be a probability")
+        lo, hi = self.mask_ratio
+        check(0 <= lo <= hi < 1, "mask_ratio must be 0 <= low <= high < 1")
+        check(self.freeze_last_layer_steps >= 0, "freeze_last_layer_steps must be >= 0")
+
+
+@dataclass(frozen=True)
+class DinoConfig:
+    """Everything ``octtrain pretrain`` needs for DINOv2 on Cell Painting (``job: dino``)."""
+
+    job: str = "dino"
+    model: Vit2dConfig = field(default_factory=Vit2dConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    crops: CropConfig = field(default_factory=CropConfig)
+    dino: DinoObjectiveConfig = field(default_factory=DinoObjectiveConfig)
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=5e-4, betas=(0.9, 0.999), grad_clip=3.0)
+    )
+    schedule: ScheduleConfig = field(
+        default_factory=lambda: ScheduleConfig(ema_start=0.992, ema_end=0.9999)
+    )
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: str = "ddp"  # across processes: ddp, or fsdp (sharded student and teacher)
+
+    def __post_init__(self) -> None:
+        check(self.job == "dino", f"job must be 'dino' for this config, got {self.job!r}")
+        if self.train.name is None:
+            object.__setattr__(self, "train", dataclasses.replace(self.train, name="dino"))
+        check(self.train.max_steps is not None, "train.max_steps must be set for pretraining")
+        check(self.train.epochs is None, "train.epochs is for finetuning; use train.max_steps")
+        check(not self.data.balanced_sampling, "data.balanced_sampling is for finetuning only")
+        check(self.parallel in PARALLEL, f"parallel must be one of {PARALLEL}")
+        p = self.model.patch_size
+        for name in ("global_size", "local_size"):
+            size = getattr(self.crops, name)
+            check(size % p == 0, f"crops.{name} {size} is not divisible by model patch {p}")
+
+    @property
+    def max_steps(self) -> int:
+        assert self.train.max_steps is not None
+        return self.train.max_steps
+
+
+def job_of(yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> str:
+    """The ``job`` a pretraining config asks for (``jepa`` when it names none)."""
+    job = read_values(yaml_path, overrides).get("job", "jepa")
+    if job not in JOBS:
+        where = f"{yaml_path}: " if yaml_path is not None else ""
+        raise ConfigError(f"{where}job {job!r} unknown (known: {list(JOBS)})")
+    return str(job)

@@ -1,0 +1,251 @@
+"""Cell Painting fields for DINOv2: multi-crop views read from the cache alone.
+
+``CellPaintingDataset`` takes the manifest's field records (``octstage.manifest``: ``zarr_path``
+with the uint8 ``[C, Y, X]`` array at ``zarr_path/0``, ``shape``, ``split``, ``label``) and a
+cache root; it never lists a folder. A training item (``dataset[(index, seed)]``) is DINOv2's
+multi-crop of one field: 2 global and ``n_local`` local crops, each a random region read with a
+zarr slice (only the chunks the region touches are fetched and decoded), resized, flipped and
+rotated by multiples of 90 degrees, all on **uint8** in the loader worker. The channel-aware
+intensity jitter (a gain and a shift per channel) and channel drop travel as small float
+tensors; ``to_views`` applies them with the scaling to [-1, 1] on the device, inside the step,
+so a batch crosses the worker pipe and the host-to-device link at a quarter of float32's bytes.
+Channels are never mixed (no colour jitter: a Cell Painting channel is a stain, not a colour).
+Each global crop also carries its iBOT mask ``[N]`` (True: masked), drawn in the worker.
+
+A deterministic item (``dataset[index]``) is the centre crop of ``global_size`` (evaluation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import zarr
+from torch.utils.data import DataLoader, Dataset
+
+from octtrain.config.dino import CropConfig
+from octtrain.config.sections import DataConfig
+from octtrain.data.loaders import loader_kwargs
+from octtrain.data.samplers import EpochSampler
+from octtrain.errors import DataError
+
+Region = tuple[int, int, int, int]  # y, x, height, width
+
+
+class FieldRecord(Protocol):
+    """What the dataset reads of a manifest field (octstage.manifest's common part)."""
+
+    @property
+    def zarr_path(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def label(self) -> int | None: ...
+    @property
+    def split(self) -> str: ...
+
+
+def sample_region(
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+) -> Region:
+    """A random region of ``scale`` x the area and aspect ``ratio`` (h/w), inside the field
+    (torchvision's RandomResizedCrop sampling; after 10 misses, the largest centred square)."""
+    area = height * width
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        h = round(math.sqrt(target * aspect))
+        w = round(math.sqrt(target / aspect))
+        if 0 < h <= height and 0 < w <= width:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    side = min(height, width)
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+def read_region(array: Any, region: Region) -> np.ndarray:
+    """``array[:, y:y+h, x:x+w]`` as uint8: zarr fetches only the chunks the slice touches."""
+    y, x, h, w = region
+    return np.asarray(array[:, y : y + h, x : x + w], dtype=np.uint8)
+
+
+def resize(crop: np.ndarray, size: int) -> np.ndarray:
+    """uint8 ``[C, h, w]`` -> uint8 ``[C, size, size]`` (bilinear, antialiased when shrinking)."""
+    if crop.shape[1:] == (size, size):
+        return crop
+    t = torch.from_numpy(np.ascontiguousarray(crop)).float()[None]
+    out = F.interpolate(t, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    return out[0].round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def flip_rotate(crop: np.ndarray, rng: np.random.Generator, flip: float, rot90: bool) -> np.ndarray:
+    """Horizontal flip with probability ``flip``, then 0-3 quarter turns (square crops)."""
+    if rng.random() < flip:
+        crop = crop[:, :, ::-1]
+    if rot90:
+        crop = np.rot90(crop, k=int(rng.integers(4)), axes=(1, 2))
+    return np.ascontiguousarray(crop)
+
+
+def channel_jitter(
+    rng: np.random.Generator, channels: int, cfg: CropConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-channel ``gain``, ``shift`` and ``keep`` (0: dropped; at least one channel kept)."""
+    gain = 1.0 + rng.uniform(-cfg.contrast, cfg.contrast, channels)
+    shift = rng.uniform(-cfg.brightness, cfg.brightness, channels)
+    keep = (rng.random(channels) >= cfg.channel_drop).astype(np.float32)
+    if not keep.any():
+        keep[rng.integers(channels)] = 1.0
+    return gain.astype(np.float32), shift.astype(np.float32), keep
+
+
+def sample_mask(
+    rng: np.random.Generator, patches: int, probability: float, ratio: tuple[float, float]
+) -> np.ndarray:
+    """iBOT mask ``[patches]`` bool: with ``probability`` a random share in ``ratio`` of the
+    patches (at least one) is masked, else none."""
+    mask = np.zeros(patches, dtype=bool)
+    if rng.random() < probability:
+        n = max(1, round(patches * rng.uniform(*ratio)))
+        mask[rng.choice(patches, size=min(n, patches), replace=False)] = True
+    return mask
+
+
+class CellPaintingDataset(Dataset[dict[str, Any]]):
+    """The fields of one split, multi-cropped for DINOv2 (see the module docstring).
+
+    Items: ``global`` uint8 ``[2, C, G, G]``, ``local`` uint8 ``[L, C, l, l]``, ``gain``,
+    ``shift``, ``keep`` float32 ``[2 + L, C]``, ``masks`` bool ``[2, N]``, ``label`` int (-1: none),
+    ``index``; deterministic items: ``image`` uint8 ``[C, G, G]``, ``label``, ``index``.
+    """
+
+    def __init__(
+        self,
+        fields: Sequence[FieldRecord],
+        cache_root: str | Path,
+        crops: CropConfig,
+        patch: int,
+        mask_probability: float = 0.5,
+        mask_ratio: tuple[float, float] = (0.1, 0.5),
+        max_samples: int | None = None,
+    ) -> None:
+        self.fields = list(fields)[:max_samples]
+        self.cache_root = Path(cache_root)
+        self.crops, self.patch = crops, patch
+        self.mask_probability, self.mask_ratio = mask_probability, mask_ratio
+        for f in self.fields:
+            _, h, w = f.shape
+            if min(h, w) < crops.global_size:
+                raise DataError(
+                    f"{f.zarr_path}: field {h}x{w} is smaller than crops.global_size "
+                    f"{crops.global_size}"
+                )
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def open(self, index: int) -> Any:
+        """The field's zarr array (metadata only; chunks are read when sliced)."""
+        path = self.cache_root / self.fields[index].zarr_path / "0"
+        try:
+            return zarr.open_array(store=str(path), mode="r")
+        except (FileNotFoundError, OSError, ValueError) as exc:
+            raise DataError(
+                f"{path}: cannot open cached field: {exc}; run `octstage verify` on the manifest"
+            ) from exc
+
+    def _crop(
+        self, array: Any, rng: np.random.Generator, size: int, scale: tuple[float, float]
+    ) -> np.ndarray:
+        _, h, w = array.shape
+        region = sample_region(rng, h, w, scale, self.crops.ratio)
+        crop = resize(read_region(array, region), size)
+        return flip_rotate(crop, rng, self.crops.flip, self.crops.rot90)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
+        index, seed = (key, None) if isinstance(key, int) else key
+        f = self.fields[index]
+        array = self.open(index)
+        if tuple(array.shape) != tuple(f.shape):
+            raise DataError(
+                f"{f.zarr_path}: shape {array.shape} differs from the manifest's {f.shape}"
+            )
+        label = -1 if f.label is None else int(f.label)
+        c = self.crops
+        if seed is None:
+            _, h, w = array.shape
+            g = c.global_size
+            image = read_region(array, ((h - g) // 2, (w - g) // 2, g, g))
+            return {"image": torch.from_numpy(image), "label": label, "index": index}
+        rng = np.random.default_rng(seed)
+        globals_ = [self._crop(array, rng, c.global_size, c.global_scale) for _ in range(2)]
+        locals_ = [self._crop(array, rng, c.local_size, c.local_scale) for _ in range(c.n_local)]
+        jitter = [channel_jitter(rng, array.shape[0], c) for _ in range(2 + c.n_local)]
+        patches = (c.global_size // self.patch) ** 2
+        masks = [
+            sample_mask(rng, patches, self.mask_probability, self.mask_ratio) for _ in range(2)
+        ]
+        size = c.local_size
+        empty = np.zeros((0, array.shape[0], size, size), np.uint8)
+        local = np.stack(locals_) if locals_ else empty
+        return {
+            "global": torch.from_numpy(np.stack(globals_)),
+            "local": torch.from_numpy(local),
+            "gain": torch.from_numpy(np.stack([j[0] for j in jitter])),
+            "shift": torch.from_numpy(np.stack([j[1] for j in jitter])),
+            "keep": torch.from_numpy(np.stack([j[2] for j in jitter])),
+            "masks": torch.from_numpy(np.stack(masks)),
+            "label": label,
+            "index": index,
+        }
+
+
+def scale(images: torch.Tensor) -> torch.Tensor:
+    """uint8 -> float in [-1, 1], on the images' device."""
+    return images.float() * (2.0 / 255.0) - 1.0
+
+
+def to_views(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's float views, crop-major (crop 0 of every field, then crop 1, ...):
+    global ``[2B, C, G, G]``, local ``[LB, C, l, l]`` and masks ``[2B, N]``, with each crop's
+    per-channel gain, shift and drop applied (``(x * gain + shift) * keep``)."""
+    g, loc = batch["global"], batch["local"]
+    n_global = g.shape[1]
+    gain = batch["gain"].float()[..., None, None]  # [B, V, C, 1, 1]
+    shift = batch["shift"].float()[..., None, None]
+    keep = batch["keep"].float()[..., None, None]
+
+    def views(images: torch.Tensor, sl: slice) -> torch.Tensor:
+        x: torch.Tensor = (scale(images) * gain[:, sl] + shift[:, sl]) * keep[:, sl]  # [B,V,C,S,S]
+        return x.transpose(0, 1).reshape(-1, *x.shape[2:])
+
+    global_views = views(g, slice(0, n_global))
+    local_views = views(loc, slice(n_global, None))
+    masks = batch["masks"].transpose(0, 1).reshape(-1, batch["masks"].shape[-1])
+    return global_views, local_views, masks
+
+
+def fields_loader(
+    dataset: CellPaintingDataset,
+    cfg: DataConfig,
+    batch_size: int,
+    process_index: int,
+    process_count: int,
+    seed: int,
+    start_step: int = 0,
+) -> DataLoader[dict[str, Any]]:
+    """Endless multi-crop batches for this process (keyed seeds: resumable, host-independent)."""
+    sampler = EpochSampler(
+        len(dataset), process_index, process_count, seed, start=start_step * batch_size
+    )
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **loader_kwargs(cfg)
+    )

@@ -1,0 +1,145 @@
+"""``octtrain profile``: well-level profiles of a DINO checkpoint's fields and the field's
+metrics, beside the two baselines (the same encoder at random init; handcrafted features).
+
+Each field's embedding is the mean CLS token of the EMA teacher over the field's
+non-overlapping ``crops.global_size`` tiles (the whole field, not one crop). Profiles, their
+normalisation against controls and the retrieval mAP are ``eval/profiles.py``'s; the probe is
+the leave-one-out k-NN balanced accuracy of the perturbation classes (``eval/probe.py``) on
+well profiles and on field embeddings. The report goes to ``<out>/profile.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from octtrain.config.dino import DinoConfig
+from octtrain.config.loader import from_dict
+from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, scale
+from octtrain.data.dataset import read_manifest
+from octtrain.errors import CheckpointError, DataError
+from octtrain.eval.probe import knn_balanced_accuracy
+from octtrain.eval.profiles import (
+    Array,
+    WellKey,
+    handcrafted_features,
+    retrieval_map,
+    well_profiles,
+)
+from octtrain.models.dino import build_student
+from octtrain.models.vit2d import ViT2D
+from octtrain.runtime.checkpoint import load_checkpoint
+
+log = logging.getLogger("octtrain")
+
+
+class ProfiledField(FieldRecord, Protocol):
+    """A manifest field with the Cell Painting typed part the profiles group by."""
+
+    @property
+    def plate(self) -> str: ...
+    @property
+    def well(self) -> str: ...
+    @property
+    def perturbation(self) -> str: ...
+    @property
+    def is_control(self) -> bool: ...
+
+
+def encoders(checkpoint: str, in_chans: int) -> tuple[DinoConfig, ViT2D, ViT2D]:
+    """(config, trained teacher backbone, the same backbone at random init)."""
+    state = load_checkpoint(checkpoint)
+    if state.get("kind") != "dino":
+        raise CheckpointError(f"{checkpoint}: not a DINO checkpoint (kind {state.get('kind')!r})")
+    cfg = from_dict(DinoConfig, state["config"])
+    teacher = build_student(cfg, in_chans)
+    teacher.load_state_dict(state["teacher"])
+    torch.manual_seed(cfg.train.seed + 1)
+    random = build_student(cfg, in_chans)
+    return cfg, teacher.backbone.eval(), random.backbone.eval()
+
+
+def field_embeddings(
+    backbone: ViT2D, dataset: CellPaintingDataset, tile: int, device: torch.device
+) -> Array:
+    """Mean CLS token over each field's ``tile`` x ``tile`` tiles: ``[fields, D]``."""
+    backbone.to(device)
+    rows = []
+    with torch.no_grad():
+        for i in range(len(dataset)):
+            field = np.asarray(dataset.open(i)[...], dtype=np.uint8)
+            _, h, w = field.shape
+            tiles = [
+                field[:, y : y + tile, x : x + tile]
+                for y in range(0, h - tile + 1, tile)
+                for x in range(0, w - tile + 1, tile)
+            ]
+            x = scale(torch.from_numpy(np.stack(tiles)).to(device))
+            cls, _ = backbone(x)
+            rows.append(cls.float().mean(dim=0).cpu().numpy())
+    return np.stack(rows).astype(np.float64)
+
+
+def profile_fields(
+    checkpoint: str, fields: Sequence[ProfiledField], root: Path, device: str = "cpu"
+) -> dict[str, Any]:
+    """The report: per encoder (dino, random_init, handcrafted) mAP and probes."""
+    # A field whose plate and well the metadata does not list has no perturbation to profile.
+    fields = [f for f in fields if f.perturbation or f.is_control]
+    if not fields:
+        raise DataError("no Cell Painting fields with perturbation metadata to profile")
+    dev = torch.device(device)
+    cfg, trained, random = encoders(checkpoint, fields[0].shape[0])
+    dataset = CellPaintingDataset(fields, root, cfg.crops, trained.patch)
+    tile = cfg.crops.global_size
+    features = {
+        "dino": field_embeddings(trained, dataset, tile, dev),
+        "random_init": field_embeddings(random, dataset, tile, dev),
+        "handcrafted": np.stack(
+            [handcrafted_features(np.asarray(dataset.open(i)[...])) for i in range(len(dataset))]
+        ),
+    }
+    keys = [WellKey(f.plate, f.well, f.perturbation, f.is_control) for f in fields]
+    classes = sorted({k.perturbation for k in keys})
+    field_labels = np.array([classes.index(k.perturbation) for k in keys])
+    report: dict[str, Any] = {"fields": len(fields), "perturbations": classes, "encoders": {}}
+    for name, x in features.items():
+        profiles, wells = well_profiles(x, keys)
+        well_labels = np.array([classes.index(w.perturbation) for w in wells])
+        metrics = retrieval_map(profiles, wells)
+        metrics["well_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(profiles, well_labels)
+        metrics["field_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(x, field_labels)
+        metrics["wells"] = float(len(wells))
+        report["encoders"][name] = metrics
+    return report
+
+
+def run_profile(
+    checkpoint: str, manifest_path: str, cache: str | None, out: str | None, device: str
+) -> dict[str, Any]:
+    """``octtrain profile``: every field of the manifest; writes ``profile.json``."""
+    manifest = read_manifest(manifest_path)
+    fields = manifest.fields
+    if manifest.kind != "cellpainting" or not fields:
+        raise DataError(f"{manifest_path}: lists no Cell Painting fields")
+    root = Path(cache) if cache else Path(manifest_path).parent
+    report = profile_fields(checkpoint, fields, root, device)
+    folder = Path(out) if out else Path(checkpoint).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "profile.json").write_text(json.dumps(report, indent=2))
+    for name, m in report["encoders"].items():
+        log.info(
+            "%s: activity mAP %.3f (retrieved %.2f), consistency mAP %.3f, well probe %.3f",
+            name,
+            m["activity_map"],
+            m["activity_retrieved"],
+            m["consistency_map"],
+            m["well_probe_knn_balanced_accuracy"],
+        )
+    return report

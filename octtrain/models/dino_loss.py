@@ -1,0 +1,72 @@
+"""The DINOv2 losses, pure tensor functions (no I/O, no process group).
+
+* ``dino_loss``: cross-entropy between the teacher's centred, sharpened softmax over the
+  prototypes (``teacher_probs``) and the student's softmax at ``student_temp``, over every
+  (student crop, teacher crop) pair except a global crop with itself;
+* ``ibot_loss``: the same cross-entropy on masked patch tokens, each image's masked tokens
+  weighted ``1 / n_masked`` and the sum divided by the number of images (DINOv2's weighting);
+* ``koleo_loss``: the Kozachenko-Leonenko entropy estimate on L2-normalised CLS features,
+  ``-mean(log d_nn)``, which spreads the batch over the sphere;
+* ``teacher_probs`` / ``update_center``: centring (the EMA of the teacher's mean logits) and
+  sharpening (a low teacher temperature), which together keep DINO from collapsing.
+
+Reference: facebookresearch/dinov2 ``dinov2/loss/{dino_clstoken,ibot_patch,koleo}_loss.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def teacher_probs(logits: torch.Tensor, center: torch.Tensor, temp: float) -> torch.Tensor:
+    """Centred, sharpened teacher distribution ``softmax((logits - center) / temp)``."""
+    return F.softmax((logits.float() - center) / temp, dim=-1)
+
+
+def update_center(center: torch.Tensor, batch_mean: torch.Tensor, momentum: float) -> torch.Tensor:
+    """EMA of the teacher's mean logits (``batch_mean`` already averaged over replicas)."""
+    return center * momentum + batch_mean.float() * (1.0 - momentum)
+
+
+def dino_loss(
+    student_logits: list[torch.Tensor], teacher_probs_: list[torch.Tensor], student_temp: float
+) -> torch.Tensor:
+    """Mean over (student crop s, teacher crop t) pairs, s != t, of the batch-mean
+    cross-entropy; the student's first crops are the teacher's crops, in the same order."""
+    total = student_logits[0].new_zeros((), dtype=torch.float32)
+    terms = 0
+    for s, logits in enumerate(student_logits):
+        log_p = F.log_softmax(logits.float() / student_temp, dim=-1)
+        for t, probs in enumerate(teacher_probs_):
+            if s == t:
+                continue
+            total = total - (probs * log_p).sum(dim=-1).mean()
+            terms += 1
+    return total / max(terms, 1)
+
+
+def ibot_loss(
+    student_logits: torch.Tensor,
+    teacher_probs_: torch.Tensor,
+    masks: torch.Tensor,
+    student_temp: float,
+) -> torch.Tensor:
+    """iBOT on the masked tokens (rows of ``student_logits`` follow ``masks [I, N]``'s True
+    entries in row-major order); images without masked tokens count in the denominator."""
+    log_p = F.log_softmax(student_logits.float() / student_temp, dim=-1)
+    per_token = -(teacher_probs_ * log_p).sum(dim=-1)
+    counts = masks.sum(dim=1).clamp(min=1).float()  # [I]
+    weights = (1.0 / counts)[:, None].expand_as(masks)[masks]  # [M]
+    return (per_token * weights).sum() / masks.shape[0]
+
+
+def koleo_loss(features: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``-mean_i log ||x_i - x_nn(i)||`` over L2-normalised rows (rows >= 2)."""
+    x = F.normalize(features.float(), dim=-1, eps=eps)
+    with torch.no_grad():
+        dots = x @ x.T
+        dots.fill_diagonal_(-2.0)  # never one's own neighbour
+        nearest = dots.argmax(dim=1)
+    distances = F.pairwise_distance(x, x[nearest], p=2, eps=eps)
+    return -torch.log(distances + eps).mean()

@@ -1,0 +1,365 @@
+"""``octtrain pretrain`` with ``job: dino``: DINOv2 (DINO + iBOT + KoLeo) on Cell Painting
+fields, as a job of the one training skeleton (``train/loop.py``).
+
+What is DINO's own: the student (2D ViT + DINO head + iBOT head) and its EMA teacher; the
+centres of the teacher's logits (EMA over replicas) and the teacher temperature schedule; the
+step (multi-crop views built on the device from uint8, the three losses, AdamW with the
+scheduled lr and weight decay, the prototypes frozen for the first steps, grad norm before
+clipping, then the EMA and centre updates); and the pictures: the last block's attention and
+the patch features, read through the student's wrapper (DDP or FSDP) at the first image step.
+Everything else (run folder, resume, checkpoints, watchdog, data wait, non-finite and collapse
+guards) is the skeleton's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from octstage.manifest import Manifest
+from octtrain.config.dino import DinoConfig
+from octtrain.config.loader import to_dict
+from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, fields_loader, to_views
+from octtrain.data.dataset import read_manifest
+from octtrain.errors import CheckpointError, ConfigError, DataError
+from octtrain.eval.cell_pictures import attention_heads, channel_strip, features_pca
+from octtrain.models.attention_maps import AttentionCapture
+from octtrain.models.dino import build_student, make_teacher, teacher_outputs
+from octtrain.models.dino_loss import (
+    dino_loss,
+    ibot_loss,
+    koleo_loss,
+    teacher_probs,
+    update_center,
+)
+from octtrain.models.jepa import ema_update
+from octtrain.runtime import checkpoint as ckpt
+from octtrain.runtime import hosts
+from octtrain.runtime.backend import Backend, cpu_threads, make_backend
+from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, monitor_rows
+from octtrain.train.loop import Trainer
+from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
+from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on the CPU
+FULL_IN = StateDictOptions(full_state_dict=True)
+
+
+def manifest_fields(manifest: Manifest, split: str) -> list[FieldRecord]:
+    """The Cell Painting fields of ``split``; DataError for a manifest of another kind."""
+    if manifest.kind != "cellpainting" or not manifest.fields:
+        raise DataError(
+            f"the manifest (kind {manifest.kind!r}) lists no Cell Painting fields; job 'dino' "
+            "needs a cache built with `octstage build-cache` from a Cell Painting load-data table"
+        )
+    return list(manifest.split_fields(split))
+
+
+def collapse_entropies(probs: torch.Tensor) -> dict[str, float]:
+    """DINO's two collapses, in nats (``log K`` is uniform): one prototype for every crop makes
+    the batch-mean distribution's entropy fall to 0; uniform targets make each crop's entropy
+    rise to ``log K``. Healthy training keeps the first high and the second well below it."""
+    p = probs.float().clamp_min(1e-12)
+    per_crop = -(p * p.log()).sum(dim=-1).mean()
+    mean = p.mean(dim=0)
+    batch = -(mean * mean.log()).sum()
+    return {"train/teacher_entropy": float(per_crop), "train/teacher_batch_entropy": float(batch)}
+
+
+def teacher_temperature(step: int, cfg: DinoConfig) -> float:
+    """Linear warmup of the teacher temperature (sharper targets early), then constant."""
+    d = cfg.dino
+    if step >= d.warmup_teacher_temp_steps:
+        return d.teacher_temp
+    frac = step / d.warmup_teacher_temp_steps
+    return d.warmup_teacher_temp + (d.teacher_temp - d.warmup_teacher_temp) * frac
+
+
+class DinoJob:
+    """The DINOv2 student, its EMA teacher, the centres, the optimizer and one process's data."""
+
+    kind = "pretrain"
+    steps_per_unit = 1
+    validates_last = False
+
+    def __init__(
+        self, cfg: DinoConfig, train: Sequence[FieldRecord], root: Path, backend: Backend
+    ) -> None:
+        self.cfg, self.backend = cfg, backend
+        self.total_steps = cfg.max_steps
+        self.global_batch = cfg.data.batch_size
+        self.schedule_steps = cfg.schedule.total_steps or cfg.max_steps
+        self.local_batch = hosts.local_batch(cfg.data.batch_size, backend)
+        if not train:
+            raise DataError(f"the manifest has no fields in split {cfg.data.train_split!r}")
+        channels = {f.shape[0] for f in train}
+        if len(channels) != 1:
+            raise DataError(f"fields with different channel counts: {sorted(channels)}")
+        in_chans = cfg.model.in_chans or channels.pop()
+        if cfg.model.in_chans is not None and cfg.model.in_chans not in channels:
+            raise ConfigError(f"model.in_chans {cfg.model.in_chans} but fields have {channels}")
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every replica
+        self.raw = build_student(cfg, in_chans).to(backend.device)
+        self.student: nn.Module = self.raw
+        self.teacher = make_teacher(self.raw)
+        self.optimizer = pretrain_optimizer(self.raw, cfg.optim)
+        self._trainable()
+        # FSDP only across processes (one process has nothing to shard over).
+        self.fsdp = cfg.parallel == "fsdp" and backend.process_count > 1
+        self._optimizer_state: dict[str, Any] | None = None
+        self._gathered: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
+        dev = backend.device
+        self.center = torch.zeros(cfg.dino.dino_prototypes, device=dev)
+        self.ibot_center = torch.zeros(cfg.dino.ibot_prototypes, device=dev)
+        d = cfg.dino
+        self.train_set = CellPaintingDataset(
+            train,
+            root,
+            cfg.crops,
+            self.raw.backbone.patch,
+            d.mask_probability,
+            d.mask_ratio,
+            cfg.data.max_samples,
+        )
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def state(self, step: int) -> dict[str, Any]:
+        if self._gathered is not None:  # FSDP: gathered on every process at the unit's end
+            model, teacher, optim = self._gathered
+            self._gathered = None
+        else:
+            model, teacher = self.raw.state_dict(), self.teacher.state_dict()
+            optim = get_optimizer_state_dict(self.raw, self.optimizer, options=FULL)
+        return {
+            "format": 1,
+            "kind": "dino",
+            "student": model,
+            "teacher": teacher,
+            "center": self.center,
+            "ibot_center": self.ibot_center,
+            "optimizer": optim,  # keyed by parameter name: DDP and FSDP runs resume each other
+            "schedule": {"step": step},
+            "rng": ckpt.rng_state(),
+            "config": to_dict(self.cfg),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != "dino":
+            raise CheckpointError(f"not a DINO checkpoint (kind {state.get('kind')!r})")
+        saved, current = state["config"], to_dict(self.cfg)
+        for section in ("model", "dino"):
+            if saved.get(section) != current[section]:
+                raise CheckpointError(
+                    f"the checkpoint's {section} config differs from this run's: "
+                    f"{saved.get(section)} vs {current[section]}"
+                )
+        self.raw.load_state_dict(state["student"])
+        self.teacher.load_state_dict(state["teacher"])
+        self.center.copy_(state["center"])
+        self.ibot_center.copy_(state["ibot_center"])
+        self._optimizer_state = state["optimizer"]  # applied in start(), after any sharding
+        ckpt.set_rng_state(state["rng"])
+
+    def _shard(self) -> None:
+        """FSDP2: every transformer block and the whole model, student and teacher alike (the
+        EMA then runs shard by shard); the optimizer is rebuilt on the sharded parameters."""
+        from torch.distributed.fsdp import fully_shard
+
+        for model in (self.raw, self.teacher):
+            for block in model.backbone.blocks:
+                fully_shard(block)
+            fully_shard(model, reshard_after_forward=True)  # the root too: the EMA needs shards
+        self.optimizer = pretrain_optimizer(self.raw, self.cfg.optim)
+        self._trainable()
+
+    def _trainable(self) -> None:
+        self.params = [p for p in self.raw.parameters() if p.requires_grad]
+        self.last_layers = [
+            p for n, p in self.raw.named_parameters() if "last_layer" in n and p.requires_grad
+        ]
+
+    def _will_save(self, unit: int) -> bool:
+        """Whether the skeleton saves after ``unit`` (its rule in ``loop._unit_end``)."""
+        s, last = self.cfg, unit == self.total_steps
+        every = s.validation.every
+        validate = bool(every and unit % every == 0) or (last and bool(every))
+        return unit % s.checkpoint.every == 0 or last or validate
+
+    # --- training ------------------------------------------------------------------------------
+
+    def start(self, start_step: int) -> Any:
+        if self.fsdp:
+            self._shard()
+            self.student = self.raw
+        else:
+            self.student = self.backend.wrap_model(self.raw)
+        if self._optimizer_state is not None:
+            set_optimizer_state_dict(
+                self.raw, self.optimizer, self._optimizer_state, options=FULL_IN
+            )
+            self._optimizer_state = None
+        b = self.backend
+        return fields_loader(
+            self.train_set,
+            self.cfg.data,
+            self.local_batch,
+            b.process_index,
+            b.process_count,
+            self.cfg.train.seed,
+            start_step=start_step,
+        )
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def hyperparameters(self, step: int) -> dict[str, float]:
+        cfg, total = self.cfg, self.schedule_steps
+        return {
+            "train/lr": warmup_cosine(
+                step,
+                peak=cfg.optim.lr,
+                warmup_steps=cfg.schedule.warmup_steps,
+                total_steps=total,
+                start=cfg.schedule.start_lr,
+                final=cfg.schedule.final_lr,
+            ),
+            "train/weight_decay": weight_decay(
+                step,
+                total_steps=total,
+                start=cfg.optim.weight_decay,
+                end=cfg.optim.weight_decay_end,
+            ),
+            "train/ema_momentum": ema_momentum(
+                step, total_steps=total, start=cfg.schedule.ema_start, end=cfg.schedule.ema_end
+            ),
+            "train/teacher_temp": teacher_temperature(step, cfg),
+        }
+
+    def train_step(self, batch: dict[str, Any], step: int) -> StepResult:
+        d = self.cfg.dino
+        hyper = self.hyperparameters(step)
+        set_hyperparameters(self.optimizer, hyper["train/lr"], hyper["train/weight_decay"])
+        global_views, local_views, masks = to_views(batch)
+        self.student.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.backend.autocast():
+            out = self.student(global_views, local_views, masks)
+            t_logits, t_masked, _ = teacher_outputs(self.teacher, global_views, masks)
+        temp = hyper["train/teacher_temp"]
+        probs = teacher_probs(t_logits, self.center, temp)
+        n_local = local_views.shape[0] // max(1, global_views.shape[0] // 2)
+        students = list(out.global_logits.chunk(2))
+        if n_local:
+            students += list(out.local_logits.chunk(n_local))
+        parts = {
+            "dino": dino_loss(students, list(probs.chunk(2)), d.student_temp),
+            "ibot": ibot_loss(
+                out.masked_logits,
+                teacher_probs(t_masked, self.ibot_center, temp),
+                masks,
+                d.student_temp,
+            ),
+            "koleo": sum(
+                (koleo_loss(c) for c in out.global_cls.chunk(2)),
+                start=torch.zeros((), device=global_views.device),
+            ),
+        }
+        loss = (
+            d.dino_weight * parts["dino"]
+            + d.ibot_weight * parts["ibot"]
+            + d.koleo_weight * parts["koleo"]
+        )
+        loss.backward()  # type: ignore[no-untyped-call]
+        if step < d.freeze_last_layer_steps:
+            for p in self.last_layers:
+                p.grad = None
+        grads = [p.grad for p in self.params if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping, before zeroing
+        if isinstance(grad_norm, DTensor):  # FSDP: the norm over every shard
+            grad_norm = grad_norm.full_tensor()
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
+        self.optimizer.step()
+        ema_update(self.teacher, self.raw, hyper["train/ema_momentum"])
+        self._update_centers(t_logits, t_masked)
+        host = dict(hyper)
+        done = step + 1
+        if done % self.cfg.logging.log_every == 0 or done == self.total_steps or step == 0:
+            # The users' breakdown (dino / ibot / koleo); read only on logged steps.
+            host |= {f"train/{k}_loss": float(v.detach()) for k, v in parts.items()}
+            host |= collapse_entropies(probs.detach())
+        rows = monitor_rows(out.global_cls.detach()[:, None, :])
+        return StepResult(loss.detach(), grad_norm.detach(), rows, host)
+
+    def _update_centers(self, t_logits: torch.Tensor, t_masked: torch.Tensor) -> None:
+        """Centres <- EMA of the teacher's mean logits over every replica's batch."""
+        m, world = self.cfg.dino.center_momentum, self.backend.process_count
+        dino_mean = self.backend.reduce_step_sum(t_logits.float().mean(dim=0)) / world
+        self.center = update_center(self.center, dino_mean, m)
+        count = torch.tensor([float(t_masked.shape[0])], device=t_masked.device)
+        total = torch.cat([t_masked.float().sum(dim=0), count])
+        total = self.backend.reduce_step_sum(total)
+        ibot_mean = total[:-1] / total[-1].clamp(min=1.0)
+        self.ibot_center = torch.where(
+            total[-1] > 0, update_center(self.ibot_center, ibot_mean, m), self.ibot_center
+        )
+
+    def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
+        if self.fsdp and self._will_save(unit):
+            # Gathering is a collective: every process joins here, process 0 keeps the result.
+            self._gathered = (
+                get_model_state_dict(self.raw, options=FULL),
+                get_model_state_dict(self.teacher, options=FULL),
+                get_optimizer_state_dict(self.raw, self.optimizer, options=FULL),
+            )
+        return {}, None
+
+    def images(self, batch: dict[str, Any], result: StepResult) -> dict[str, np.ndarray]:
+        """The first field's first global crop: its channels, the student's last-block CLS
+        attention per head (through the wrapper, as the step runs it) and its patch PCA."""
+        global_views, _, _ = to_views(batch)
+        x = global_views[:1]
+        with torch.no_grad(), AttentionCapture(self.student) as cap:
+            out = cap(x, None, None)
+        assert cap.weights is not None
+        patch = self.raw.backbone.patch
+        grid = self.raw.backbone.grid(x.shape[-2], x.shape[-1])
+        crop = x[0].float().cpu().numpy()
+        weights = cap.weights[0].reshape(-1, *grid).numpy()
+        tokens = out.patches[0].float().cpu().numpy()
+        return {
+            "train/input_channels": channel_strip(crop),
+            "train/attention": attention_heads(crop[0], weights, patch),
+            "train/features_pca": features_pca(tokens, grid, patch),
+        }
+
+    def validate(self, unit: int) -> Evaluation:
+        return Evaluation({}, score=None)
+
+
+def run_dino(cfg: DinoConfig) -> RunResult:
+    """DINOv2 pretraining as configured; raises OcttrainError subclasses."""
+    manifest = read_manifest(cfg.data.manifest)
+    backend = make_backend(cfg.train.device, cfg.train.precision)
+    if backend.kind == "cpu":
+        torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
+    try:
+        assert cfg.data.manifest is not None
+        root = Path(cfg.data.cache) if cfg.data.cache else Path(cfg.data.manifest).parent
+        job = DinoJob(cfg, manifest_fields(manifest, cfg.data.train_split), root, backend)
+        return Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
+    finally:
+        backend.close()

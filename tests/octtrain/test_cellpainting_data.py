@@ -1,0 +1,150 @@
+"""The Cell Painting dataset: multi-crop on uint8 from the cache alone, only the chunks a crop
+needs, channels never mixed, and the device-side views."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from zarr.storage import LocalStore
+
+from octtrain.config.dino import CropConfig
+from octtrain.data.cellpainting import (
+    CellPaintingDataset,
+    channel_jitter,
+    read_region,
+    sample_mask,
+    sample_region,
+    to_views,
+)
+from octtrain.errors import DataError
+from tests.octtrain.cell_cache import CellField, write_cell_cache
+
+CROPS = CropConfig(global_size=32, local_size=16, n_local=3)
+
+
+@pytest.fixture(scope="module")
+def cell_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[CellField]]:
+    root = tmp_path_factory.mktemp("cells")
+    return root, write_cell_cache(root)
+
+
+def test_regions_stay_inside_the_field_with_the_asked_area() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        y, x, h, w = sample_region(rng, 64, 80, (0.1, 0.5), (0.75, 1.333))
+        assert y >= 0 and y + h <= 64 and x >= 0 and x + w <= 80
+        assert 0.08 * 64 * 80 <= h * w <= 0.52 * 64 * 80
+
+
+class CountingStore(LocalStore):
+    """A real local store that records the keys read."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, read_only=True)
+        self.keys: list[str] = []
+
+    async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self.keys.append(key)
+        return await super().get(key, *args, **kwargs)
+
+
+def test_a_crop_reads_only_the_chunks_it_touches(cell_cache: tuple[Path, list[CellField]]) -> None:
+    root, fields = cell_cache
+    store = CountingStore(root / fields[0].zarr_path / "0")
+    array = zarr.open_array(store=store, mode="r")  # chunks of 32 x 32: a 2 x 2 grid
+    store.keys.clear()
+    read_region(array, (4, 4, 20, 20))  # inside chunk (0, 0)
+    assert [k for k in store.keys if k.startswith("c/")] == ["c/0/0/0"]
+    store.keys.clear()
+    read_region(array, (20, 40, 20, 20))  # rows in chunks 0 and 1, columns in chunk 1
+    assert sorted(k for k in store.keys if k.startswith("c/")) == ["c/0/0/1", "c/0/1/1"]
+
+
+def test_items_are_uint8_multicrops_keyed_by_their_seed(
+    cell_cache: tuple[Path, list[CellField]],
+) -> None:
+    root, fields = cell_cache
+    ds = CellPaintingDataset(fields, root, CROPS, patch=4)
+    item = ds[(0, 7)]
+    assert item["global"].dtype == torch.uint8 and item["global"].shape == (2, 5, 32, 32)
+    assert item["local"].dtype == torch.uint8 and item["local"].shape == (3, 5, 16, 16)
+    for key in ("gain", "shift", "keep"):
+        assert item[key].shape == (5, 5)  # 2 + 3 crops, 5 channels
+    assert item["masks"].shape == (2, 64) and item["masks"].dtype == torch.bool
+    again = ds[(0, 7)]
+    assert all(torch.equal(item[k], again[k]) for k in ("global", "local", "gain", "masks"))
+    other = ds[(0, 8)]
+    assert not torch.equal(item["global"], other["global"])
+    centre = ds[0]
+    assert centre["image"].shape == (5, 32, 32) and centre["label"] == 0
+
+
+def test_augmentations_never_mix_channels(tmp_path: Path) -> None:
+    # Each channel constant (10, 20, ...): any crop, resize, flip or rotation keeps it so.
+    data = np.stack([np.full((48, 48), 10 * (c + 1), np.uint8) for c in range(5)])
+    array = zarr.create_array(
+        store=str(tmp_path / "f" / "0"), shape=data.shape, chunks=(5, 16, 16), dtype="uint8"
+    )
+    array[...] = data
+    ds = CellPaintingDataset([CellField("f", (5, 48, 48), "train", None)], tmp_path, CROPS, 4)
+    for seed in range(10):
+        item = ds[(0, seed)]
+        for views in (item["global"], item["local"]):
+            for c in range(5):
+                assert torch.all(views[:, c] == 10 * (c + 1))
+
+
+def test_channel_drop_keeps_at_least_one_channel() -> None:
+    rng = np.random.default_rng(0)
+    cfg = CropConfig(channel_drop=0.95)
+    kept = [channel_jitter(rng, 5, cfg)[2] for _ in range(200)]
+    assert all(k.sum() >= 1 for k in kept)
+    assert np.mean([k.sum() for k in kept]) < 1.5  # most were dropped
+
+
+def test_masks_follow_probability_and_ratio() -> None:
+    rng = np.random.default_rng(0)
+    masks = [sample_mask(rng, 100, 0.5, (0.1, 0.5)) for _ in range(400)]
+    counts = np.array([m.sum() for m in masks])
+    assert 0.4 < np.mean(counts > 0) < 0.6
+    assert counts[counts > 0].min() >= 10 and counts.max() <= 50
+
+
+def test_views_apply_each_crops_channel_jitter_on_the_device_crop_major() -> None:
+    b, c = 2, 3
+    batch = {
+        "global": torch.full((b, 2, c, 4, 4), 255, dtype=torch.uint8),
+        "local": torch.zeros((b, 1, c, 2, 2), dtype=torch.uint8),
+        "gain": torch.ones(b, 3, c),
+        "shift": torch.zeros(b, 3, c),
+        "keep": torch.ones(b, 3, c),
+        "masks": torch.zeros(b, 2, 4, dtype=torch.bool),
+    }
+    batch["gain"][1, 1, 2] = 0.5  # field 1, global crop 1, channel 2
+    batch["keep"][0, 0, 1] = 0.0  # field 0, global crop 0, channel 1 dropped
+    batch["shift"][1, 2, 0] = 0.25  # field 1, the local crop, channel 0
+    batch["masks"][1, 0, 3] = True
+    g, loc, masks = to_views(batch)
+    assert g.shape == (4, c, 4, 4) and loc.shape == (2, c, 2, 2) and masks.shape == (4, 4)
+    # crop-major rows: (crop 0, field 0), (crop 0, field 1), (crop 1, field 0), (crop 1, field 1)
+    assert torch.all(g[0, 1] == 0) and torch.all(g[0, 0] == 1.0)
+    assert torch.allclose(g[3, 2], torch.full((4, 4), 0.5)) and torch.all(g[2, 2] == 1.0)
+    assert torch.allclose(loc[1, 0], torch.full((2, 2), -0.75))
+    assert bool(masks[1, 3]) and int(masks.sum()) == 1
+
+
+def test_a_field_smaller_than_the_global_crop_is_refused(tmp_path: Path) -> None:
+    small = [CellField("f", (5, 16, 16), "train", 0)]
+    with pytest.raises(DataError, match=r"smaller than crops\.global_size"):
+        CellPaintingDataset(small, tmp_path, CROPS, 4)
+
+
+def test_a_missing_array_names_the_path_and_the_fix(tmp_path: Path) -> None:
+    ds = CellPaintingDataset([CellField("gone", (5, 64, 64), "train", 0)], tmp_path, CROPS, 4)
+    with pytest.raises(DataError, match="octstage verify"):
+        ds[(0, 1)]

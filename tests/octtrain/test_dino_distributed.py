@@ -1,0 +1,59 @@
+"""DINOv2 in two real processes (torchrun, gloo): the student wrapped in DDP or sharded by FSDP,
+the attention pictures read through the wrapper at the first step, replicas identical."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.octtrain.cell_cache import write_cell_cache
+
+ROOT = Path(__file__).resolve().parents[2]
+DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("parallel", "wrapper"), [("ddp", "DistributedDataParallel"), ("fsdp", "FSDPDinoStudent")]
+)
+def test_two_processes_write_attention_pictures_through_the_wrapper_at_step_1(
+    parallel: str, wrapper: str, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    write_cell_cache(cache)
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "tests" / "octtrain" / "dino_ddp_worker.py"),
+        str(DINO_TINY),
+        str(cache),
+        str(tmp_path),
+        f"train.run_dir={run}",
+        f"parallel={parallel}",
+        "train.max_steps=3",
+        "data.batch_size=4",
+        "checkpoint.every=3",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["world_size"] == 2 and r0["wrapper"] == r1["wrapper"] == wrapper
+    assert r0["weights"] == r1["weights"]  # the replicas stayed identical
+    assert r0["steps"] == 3 and r1["run_dir"] is None
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    images = [r for r in records if "images" in r]
+    assert images[0]["step"] == 1
+    for key in ("train/attention", "train/features_pca"):
+        assert (run / images[0]["images"][key]).stat().st_size > 0
+    assert (run / "checkpoints" / "step_00000003.pt").exists()

@@ -1,0 +1,158 @@
+"""DINOv2 as a job of the one training skeleton, on a tiny Cell Painting cache: losses logged
+per part, data wait logged, pictures at the first step, checkpoints and resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from octtrain.config.dino import DinoConfig, job_of
+from octtrain.config.loader import load_config
+from octtrain.errors import CheckpointError, ConfigError
+from octtrain.runtime.backend import make_backend
+from octtrain.train.dino import DinoJob, collapse_entropies, teacher_temperature
+from octtrain.train.job import RunResult, Settings
+from octtrain.train.loop import Trainer
+from tests.octtrain.cell_cache import CellField, write_cell_cache
+
+ROOT = Path(__file__).resolve().parents[2]
+DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def cell_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[CellField]]:
+    root = tmp_path_factory.mktemp("cells")
+    return root, write_cell_cache(root)
+
+
+def _run(root: Path, fields: list[CellField], overrides: list[str]) -> tuple[DinoJob, RunResult]:
+    cfg = load_config(DinoConfig, DINO_TINY, overrides)
+    backend = make_backend("cpu")
+    train = [f for f in fields if f.split == "train"]
+    job = DinoJob(cfg, train, root, backend)
+    return job, Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
+
+
+def test_dino_runs_in_the_skeleton_with_pictures_at_the_first_step(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    root, fields = cell_cache
+    run = tmp_path / "run"
+    _, result = _run(root, fields, [f"train.run_dir={run}", "logging.log_every=1"])
+    assert result.steps == 6 and result.last_loss is not None
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    for r in train:
+        assert {"train/dino_loss", "train/ibot_loss", "train/koleo_loss"} <= r.keys()
+        assert "train/data_wait_s" in r and "train/feat_erank" in r
+        assert 0 <= r["train/teacher_entropy"] <= math.log(64) + 1e-6  # 64 prototypes
+        assert 0 <= r["train/teacher_batch_entropy"] <= math.log(64) + 1e-6
+        parts = r["train/dino_loss"] + r["train/ibot_loss"] + 0.1 * r["train/koleo_loss"]
+        assert r["train/loss"] == pytest.approx(parts, rel=1e-4)
+    images = [r for r in records if "images" in r]
+    assert images and images[0]["step"] == 1  # the first step, not iteration 1,000
+    for key in ("train/attention", "train/features_pca", "train/input_channels"):
+        assert (run / images[0]["images"][key]).stat().st_size > 0
+    index = json.loads((run / "checkpoints" / "index.json").read_text())
+    assert [e["step"] for e in index["checkpoints"]] == [3, 6]
+
+
+def test_resume_continues_from_the_checkpoint_with_teacher_and_centres(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    root, fields = cell_cache
+    run = tmp_path / "run"
+    base = [f"train.run_dir={run}", f"checkpoint.dir={tmp_path / 'ckpt'}"]
+    first, _ = _run(root, fields, [*base, "train.max_steps=3"])
+    saved_center = first.center.clone()
+    assert saved_center.abs().sum() > 0  # the centre moved from zero
+    resumed, result = _run(root, fields, [*base, "checkpoint.resume=auto"])
+    assert result.steps == 6
+    state = torch.load(tmp_path / "ckpt" / "step_00000006.pt", weights_only=False)
+    assert state["kind"] == "dino" and state["step"] == 6
+    assert not torch.equal(state["center"], saved_center)
+    with pytest.raises(CheckpointError, match="model config differs"):
+        _run(root, fields, [*base, "checkpoint.resume=auto", "model.depth=3"])
+    del resumed
+
+
+def test_collapse_entropies_tell_the_two_collapses_apart() -> None:
+    one_hot = torch.zeros(8, 4)
+    one_hot[:, 2] = 1.0  # every crop on one prototype
+    uniform = torch.full((8, 4), 0.25)
+    collapsed, flat = collapse_entropies(one_hot), collapse_entropies(uniform)
+    assert collapsed["train/teacher_batch_entropy"] == pytest.approx(0.0, abs=1e-6)
+    assert flat["train/teacher_entropy"] == pytest.approx(math.log(4))
+    assert flat["train/teacher_batch_entropy"] == pytest.approx(math.log(4))
+
+
+def test_teacher_temperature_warms_up_linearly() -> None:
+    cfg = load_config(DinoConfig, DINO_TINY, ["dino.warmup_teacher_temp_steps=10"])
+    assert teacher_temperature(0, cfg) == pytest.approx(0.04)
+    assert teacher_temperature(5, cfg) == pytest.approx(0.055)
+    assert teacher_temperature(10, cfg) == pytest.approx(0.07)
+
+
+def test_pretrain_configs_name_their_job(tmp_path: Path) -> None:
+    assert job_of(DINO_TINY, []) == "dino"
+    assert job_of(ROOT / "configs" / "pretrain" / "tiny.yaml", []) == "jepa"
+    with pytest.raises(ConfigError, match="job 'mae' unknown"):
+        job_of(DINO_TINY, ["job=mae"])
+    with pytest.raises(ConfigError, match="not divisible by model patch"):
+        load_config(DinoConfig, DINO_TINY, ["crops.local_size=18"])
+
+
+def test_cli_dino_on_an_oct_manifest_is_refused_with_exit_2(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from octtrain.cli import main
+
+    code = main(
+        [
+            "pretrain",
+            "--config",
+            str(DINO_TINY),
+            "--manifest",
+            str(tiny_cache[0]),
+            f"train.run_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert code == 2
+    assert "lists no Cell Painting fields" in caplog.text
+    assert "octstage build-cache" in caplog.text
+
+
+def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -> None:
+    from octtrain.cli import main
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    write_cell_cache(root, n=24)
+    manifest = root / "manifest.json"
+    run = tmp_path / "run"
+    code = main(
+        [
+            "pretrain",
+            "--config",
+            str(DINO_TINY),
+            "--manifest",
+            str(manifest),
+            f"train.run_dir={run}",
+            "train.max_steps=2",
+            "checkpoint.every=2",
+        ]
+    )
+    assert code == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "images" in r] == [1]
+    ckpt = run / "checkpoints" / "step_00000002.pt"
+    code = main(["profile", "--checkpoint", str(ckpt), "--manifest", str(manifest)])
+    assert code == 0
+    report = json.loads((ckpt.parent / "profile.json").read_text())
+    assert report["fields"] == 24
+    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted"}
