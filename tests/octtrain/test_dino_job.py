@@ -107,7 +107,7 @@ def test_pretrain_configs_name_their_job(tmp_path: Path) -> None:
         load_config(DinoConfig, DINO_TINY, ["crops.local_size=18"])
 
 
-def test_cli_dino_on_an_oct_manifest_is_refused_with_exit_2(
+def test_cli_dino_on_an_oct_manifest_is_a_data_error_exit_4(
     tiny_cache: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from octtrain.cli import main
@@ -122,7 +122,7 @@ def test_cli_dino_on_an_oct_manifest_is_refused_with_exit_2(
             f"train.run_dir={tmp_path / 'run'}",
         ]
     )
-    assert code == 2
+    assert code == 4  # a manifest that cannot feed the run: a data error
     assert "lists no Cell Painting fields" in caplog.text
     assert "octstage build-cache" in caplog.text
 
