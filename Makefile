@@ -48,7 +48,7 @@ demo-hba1c: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo-hba1c.sh $(DEMO_DIR)
 
 demo-cellpainting: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo_cellpainting.sh demo-cellpainting
+	PATH="$(abspath $(BIN)):$$PATH" bash scripts/demo-cellpainting.sh demo-cellpainting
 
 lint: $(STAMP)
 	$(BIN)/ruff check octstage octtrain tests bench scripts
@@ -72,4 +72,4 @@ bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/bench.sh
 
 clean:
-	rm -rf $(VENV) $(XLA_VENV) $(PY312_VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(XLA_VENV) $(PY312_VENV) $(DEMO_DIR) demo-cellpainting .mypy_cache .ruff_cache .pytest_cache

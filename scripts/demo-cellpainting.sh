@@ -2,7 +2,7 @@
 # The Cell Painting half of the pipeline, staged as OCT is, through the S3 double:
 #   synth --kind cellpainting (JUMP layout) -> upload to the S3 double -> build-cache from s3://
 #   -> verify -> mirror the cache to a bucket -> stage to "local SSD" -> verify.
-# Usage: scripts/demo_cellpainting.sh [OUT_DIR]   (make demo-cellpainting)
+# Usage: scripts/demo-cellpainting.sh [OUT_DIR]   (make demo-cellpainting)
 set -euo pipefail
 OUT=${1:-demo-cellpainting}
 rm -rf "$OUT"
