@@ -51,7 +51,7 @@ from octtrain.runtime.backend import Backend, cpu_threads, make_backend
 from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, monitor_rows
 from octtrain.train.loop import Trainer
 from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
-from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
+from octtrain.train.schedules import ema_pretraining
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on the CPU
 FULL_IN = StateDictOptions(full_state_dict=True)
@@ -228,23 +228,7 @@ class DinoJob:
     def hyperparameters(self, step: int) -> dict[str, float]:
         cfg, total = self.cfg, self.schedule_steps
         return {
-            "train/lr": warmup_cosine(
-                step,
-                peak=cfg.optim.lr,
-                warmup_steps=cfg.schedule.warmup_steps,
-                total_steps=total,
-                start=cfg.schedule.start_lr,
-                final=cfg.schedule.final_lr,
-            ),
-            "train/weight_decay": weight_decay(
-                step,
-                total_steps=total,
-                start=cfg.optim.weight_decay,
-                end=cfg.optim.weight_decay_end,
-            ),
-            "train/ema_momentum": ema_momentum(
-                step, total_steps=total, start=cfg.schedule.ema_start, end=cfg.schedule.ema_end
-            ),
+            **ema_pretraining(step, cfg.optim, cfg.schedule, total),
             "train/teacher_temp": teacher_temperature(step, cfg),
         }
 

@@ -48,7 +48,7 @@ from octtrain.runtime.backend import Backend, cpu_threads, make_backend
 from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, monitor_rows
 from octtrain.train.loop import Trainer
 from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
-from octtrain.train.schedules import ema_momentum, warmup_cosine, weight_decay
+from octtrain.train.schedules import ema_pretraining
 
 log = logging.getLogger("octtrain")
 
@@ -186,25 +186,7 @@ class PretrainJob:
 
     def hyperparameters(self, step: int) -> dict[str, float]:
         cfg, total = self.cfg, self.schedule_steps
-        return {
-            "train/lr": warmup_cosine(
-                step,
-                peak=cfg.optim.lr,
-                warmup_steps=cfg.schedule.warmup_steps,
-                total_steps=total,
-                start=cfg.schedule.start_lr,
-                final=cfg.schedule.final_lr,
-            ),
-            "train/weight_decay": weight_decay(
-                step,
-                total_steps=total,
-                start=cfg.optim.weight_decay,
-                end=cfg.optim.weight_decay_end,
-            ),
-            "train/ema_momentum": ema_momentum(
-                step, total_steps=total, start=cfg.schedule.ema_start, end=cfg.schedule.ema_end
-            ),
-        }
+        return ema_pretraining(step, cfg.optim, cfg.schedule, total)
 
     def train_step(self, batch: dict[str, Any], step: int) -> StepResult:
         hyper = self.hyperparameters(step)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from octtrain.config.pretrain import OptimConfig, ScheduleConfig
+
 
 def _progress(step: int, start: int, end: int) -> float:
     if end <= start:
@@ -35,3 +37,26 @@ def weight_decay(step: int, *, total_steps: int, start: float, end: float) -> fl
     """Cosine from ``start`` to ``end`` over the run (V-JEPA: 0.04 -> 0.4)."""
     p = _progress(step, 0, total_steps)
     return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * p))
+
+
+def ema_pretraining(
+    step: int, optim: OptimConfig, schedule: ScheduleConfig, total_steps: int
+) -> dict[str, float]:
+    """The per-step values every student/EMA-teacher job logs and applies (V-JEPA, DINOv2):
+    learning rate (warmup then cosine), weight decay and EMA momentum (both cosine)."""
+    return {
+        "train/lr": warmup_cosine(
+            step,
+            peak=optim.lr,
+            warmup_steps=schedule.warmup_steps,
+            total_steps=total_steps,
+            start=schedule.start_lr,
+            final=schedule.final_lr,
+        ),
+        "train/weight_decay": weight_decay(
+            step, total_steps=total_steps, start=optim.weight_decay, end=optim.weight_decay_end
+        ),
+        "train/ema_momentum": ema_momentum(
+            step, total_steps=total_steps, start=schedule.ema_start, end=schedule.ema_end
+        ),
+    }
