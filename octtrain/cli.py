@@ -205,7 +205,6 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _doctor(args: argparse.Namespace) -> int:
     from octtrain.config.loader import load_config
     from octtrain.config.pretrain import PretrainConfig
-    from octtrain.errors import DataError
     from octtrain.train.doctor import run_doctor
 
     cfg = load_config(PretrainConfig, args.config, overrides_of(args))
@@ -213,7 +212,8 @@ def _doctor(args: argparse.Namespace) -> int:
     for text in lines:
         print(text, flush=True)
     if problems:
-        raise DataError("doctor: the hosts disagree: " + "; ".join(problems))
+        # A refusal to launch (exit 2), not a data error: the hosts' views differ.
+        raise OcttrainError("doctor: the hosts disagree: " + "; ".join(problems))
     print("doctor: every host agrees", flush=True)
     return 0
 
