@@ -43,6 +43,22 @@ EXIT_CODES = f"""exit codes:
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C); checkpoints written before it stay"""
 
 
+def add_subcommand(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """A subcommand's parser whose --help ends with every exit code (EXIT_CODES), verbatim."""
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """--config, --manifest, --cache and the trailing dotted overrides."""
     parser.add_argument("--config", required=True, help="YAML file (values only)")
@@ -89,10 +105,9 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _add_pretrain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    p = add_subcommand(
+        sub,
         "pretrain",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="self-supervised pretraining: V-JEPA of the 3D ViT (OCT), or DINOv2 of the 2D ViT "
         "(Cell Painting) with `job: dino` in the config",
     )
@@ -122,10 +137,9 @@ def _finetune(args: argparse.Namespace) -> int:
 
 
 def _add_finetune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    p = add_subcommand(
+        sub,
         "finetune",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="train a classification head (and the encoder)",
     )
     add_config_arguments(p)
@@ -183,10 +197,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    p = add_subcommand(
+        sub,
         "evaluate",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="metrics (overall and per device/site/region, with intervals) of a finetuned model",
     )
     p.add_argument("--checkpoint", required=True, help="finetune checkpoint file, or its folder")
@@ -219,10 +232,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    p = add_subcommand(
+        sub,
         "doctor",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="before a pod run, on every host at once: same code, manifest, cache, kernel, mesh",
     )
     p.add_argument("--config", help="the training YAML the run will use (default: defaults)")
@@ -257,10 +269,9 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    p = add_subcommand(
+        sub,
         "probe",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="attentive and linear probes on frozen encoder features (same report as evaluate)",
         description="Fit V-JEPA's attentive probe (one learnable query, cross-attention, linear "
         "head) and a linear probe on a checkpoint's frozen encoder tokens (train split), choose "
@@ -306,10 +317,9 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _add_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
+    p = add_subcommand(
+        sub,
         "profile",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="well profiles of a DINO checkpoint (Cell Painting): retrieval mAP and probes "
         "beside a random-init encoder and handcrafted features",
     )
