@@ -22,7 +22,7 @@ from octstage.audit.report import render, to_json
 from octstage.dataset.ids import parse_oct_path
 from octstage.dataset.labels import read_participants
 from octstage.dataset.release import DEVICE_MODELS, TsvRow, read_manifest_tsv, split_region
-from octstage.errors import ConfigError
+from octstage.errors import ConfigError, OctstageError
 from octstage.manifest import atomic_write_text
 from octstage.progress import counter, interval
 from octstage.storage import open_storage
@@ -52,9 +52,10 @@ def run_audit(
     with counter(err, "audit-ids", len(objects), every) as advance, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         records = read_headers(storage, objects, workers, done=lambda: advance("headers read"))
+    chosen = {k: v for k, v in (select or {}).items() if v}
+    _check_selection(records, tsv or {}, chosen)
     report = audit(participants, records, problems, tsv)
     render(report, Console())
-    chosen = {k: v for k, v in (select or {}).items() if v}
     selected = None
     if chosen:
         rows = tsv or {}
@@ -84,18 +85,42 @@ def run_audit(
     return 0
 
 
-def _matches(record: FileRecord, row: TsvRow | None, chosen: dict[str, tuple[str, ...]]) -> bool:
-    """Does the file pass the selection (octtrain's data.select semantics)?"""
+def _keys(record: FileRecord, row: TsvRow | None) -> dict[str, set[str]]:
+    """The values a file offers for each selection key (octtrain's data.select semantics)."""
     path = parse_oct_path(record.name)
     device = path.device if path else ""
     region = split_region(row.anatomic_region)[0] if row else ""
     eye = row.laterality if row else (path.laterality if path else None) or ""
-    keys = {
+    return {
         "device": {device, DEVICE_MODELS.get(device, ("", ""))[1]},
         "region": {region, row.anatomic_region if row else ""},
         "eye": {eye},
     }
+
+
+def _matches(record: FileRecord, row: TsvRow | None, chosen: dict[str, tuple[str, ...]]) -> bool:
+    """Does the file pass the selection?"""
+    keys = _keys(record, row)
     return all(set(values) & keys[key] for key, values in chosen.items())
+
+
+def _check_selection(
+    records: list[FileRecord], rows: dict[str, TsvRow], chosen: dict[str, tuple[str, ...]]
+) -> None:
+    """A selected value that no file has is a mistake (a typo selects nothing): refuse it,
+    naming the values that exist, as octtrain's data.select does."""
+    offered: dict[str, set[str]] = {key: set() for key in chosen}
+    for r in records:
+        for key, has in _keys(r, rows.get(r.name)).items():
+            if key in offered:
+                offered[key] |= has - {""}
+    for key, values in chosen.items():
+        for value in values:
+            if value not in offered[key]:
+                raise OctstageError(
+                    f"--select-{key}: {value!r} matches no file (the dataset has "
+                    f"{sorted(offered[key])})"
+                )
 
 
 def _print_selection(err: Console, chosen: dict[str, tuple[str, ...]], report: AuditReport) -> None:

@@ -182,3 +182,16 @@ def test_the_audit_reports_a_training_selection(synth_info: SynthInfo, tmp_path:
     assert sel["with_oct"] == len({f.split("/")[3] for f in keep})
     assert (sel["device"], sel["region"], sel["eye"]) == (["Cirrus"], ["Macula"], ["R"])
     assert sum(t["with_oct"] for t in sel["by_split"].values()) == sel["with_oct"]
+
+
+def test_a_selected_value_no_file_has_is_refused_naming_what_exists(
+    synth_info: SynthInfo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in --select-region would select nothing and report zeros: refused (exit 2)."""
+    root = synth_info.root
+    out = tmp_path / "audit.json"
+    args = ["audit-ids", "--labels", str(root / "participants.tsv"), "--oct", str(root)]
+    assert main([*args, "--select-region", "Maculla", "--json", str(out)]) == 2
+    err = "".join(capsys.readouterr().err.split())  # rich wraps lines to the terminal's width
+    assert "--select-region:'Maculla'matchesnofile" in err and "'Macula'" in err
+    assert "Traceback" not in err and not out.exists()
