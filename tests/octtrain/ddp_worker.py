@@ -4,7 +4,8 @@ pretraining run.
 ``{rank}`` in an override becomes this process's rank, so each simulated host can have its own
 local folder (``checkpoint.dir=/tmp/x/host{rank}``), as on a pod where each host has its own
 disk. Writes ``<out>/rank<r>.json`` with the sample indices of its first batches (from the exact
-loader the run uses; skipped with POD_PEEK=0), a checksum of its final weights and its result.
+loader the run uses; skipped with POD_PEEK=0), a checksum of its final weights, its own loss at
+every step and its result.
 
 ``POD_DISK`` (a folder, ``{rank}`` replaced) is this host's working folder: a relative path such
 as ``checkpoint.dir=ckpt`` then names the same path on different disks, as on a pod, and no host
@@ -18,6 +19,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,6 +27,7 @@ from octstage.manifest import load
 from octtrain.config.loader import load_config
 from octtrain.config.pretrain import PretrainConfig
 from octtrain.runtime.backend import make_backend
+from octtrain.train.job import StepResult
 from octtrain.train.loop import Trainer
 from octtrain.train.pretrain import PretrainJob, resolve, settings
 
@@ -49,6 +52,15 @@ def main(config_path: str, out: str, overrides: list[str]) -> None:
             batches = iter(job.start(0))  # the loader the run itself builds
             seen = [next(batches)["index"].tolist() for _ in range(4)]
             del batches
+        losses: dict[int, float] = {}  # this host's own loss per step, before any reduction
+        step_fn = job.train_step
+
+        def recording_step(batch: dict[str, Any], step: int) -> StepResult:
+            out = step_fn(batch, step)
+            losses[step] = float(out.loss)
+            return out
+
+        job.train_step = recording_step  # type: ignore[method-assign]
         result = Trainer(job, settings(cfg), backend).run()
         digest = hashlib.sha256()
         for tensor in job.raw.state_dict().values():
@@ -62,6 +74,7 @@ def main(config_path: str, out: str, overrides: list[str]) -> None:
             "checkpoint": result.last_checkpoint,
             "steps": result.steps,
             "last_loss": result.last_loss,
+            "losses": losses,
         }
         Path(out, f"rank{backend.rank}.json").write_text(json.dumps(record))
     finally:

@@ -53,3 +53,10 @@ def test_two_process_gloo_run_shards_without_overlap(
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if "val/loss" in r]
     assert [r["val/samples"] for r in val] == [8.0, 8.0]  # both shards counted once
+    # The logged loss is the mean of both hosts' own losses, not host 0's alone.
+    logged = {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
+    assert sorted(logged) == [1, 2, 3, 4]
+    for step, value in logged.items():
+        own = r0["losses"][str(step - 1)], r1["losses"][str(step - 1)]  # step i logs as i + 1
+        assert own[0] != pytest.approx(own[1], rel=1e-4)  # the shards differ, so this can fail
+        assert value == pytest.approx(sum(own) / 2, rel=1e-5)
