@@ -31,7 +31,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from octstage.manifest import atomic_write_bytes
 from octtrain.config.sections import CheckpointConfig
-from octtrain.errors import CheckpointError
+from octtrain.errors import CheckpointError, ConfigError
 
 INDEX = "index.json"
 
@@ -47,6 +47,19 @@ def checkpoint_dir(cfg: CheckpointConfig, run_dir: Path | None) -> str | None:
     if cfg.dir is not None:
         return cfg.dir.rstrip("/")
     return None if run_dir is None else str(run_dir / "checkpoints")
+
+
+def refuse_foreign_checkpoints(cfg: CheckpointConfig, resume: bool) -> None:
+    """ConfigError when an explicit ``checkpoint.dir`` (outside the run folder, so the run-folder
+    refusal cannot see it) already holds a run's index and this run does not resume it: a new
+    run's saves and pruning would mix with that run's checkpoints and rewrite its index."""
+    if cfg.dir is None or resume or Folder(cfg.dir).read(INDEX) is None:
+        return
+    raise ConfigError(
+        f"checkpoint.dir {cfg.dir!r} already holds a run's checkpoints ({INDEX}); continue that "
+        "run with checkpoint.resume=auto, or give this run a checkpoint.dir of its own "
+        "(train.overwrite moves only train.run_dir aside)"
+    )
 
 
 class Folder:

@@ -88,6 +88,7 @@ class Trainer:
         if backend.is_main:
             name = settings.train.name or job.kind
             t, resume = settings.train, settings.checkpoint.resume is not None
+            ckpt.refuse_foreign_checkpoints(settings.checkpoint, resume)  # before making a folder
             self.run_dir = new_run_dir(t.output_dir, name, t.run_dir, resume, t.overwrite)
             write_run_info(self.run_dir, settings.config_yaml, code_version())
         # Other processes know the run folder only when it is explicit (train.run_dir).

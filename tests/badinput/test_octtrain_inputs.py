@@ -169,6 +169,31 @@ def test_run_dir_holding_a_run_is_refused_unless_resume_or_overwrite(
     assert (aside / "metrics.jsonl").read_bytes() == metrics
 
 
+def test_checkpoint_dir_holding_another_runs_checkpoints_is_refused(
+    pristine: Path, tmp_path: Path
+) -> None:
+    shared = tmp_path / "ckpt"
+    base = ["pretrain", "--config", PRETRAIN, "--manifest", pristine / "manifest.json"]
+    assert (
+        cli.main(
+            [*map(str, base), f"train.run_dir={tmp_path / 'a'}", f"checkpoint.dir={shared}", *FAST]
+        )
+        == 0
+    )
+    before = {p.name: p.read_bytes() for p in shared.iterdir()}
+
+    again = octtrain(*base, f"train.run_dir={tmp_path / 'b'}", f"checkpoint.dir={shared}", *FAST)
+    assert_clean(again, 2, re.escape(str(shared)), "index.json", "checkpoint.resume=auto")
+    assert {p.name: p.read_bytes() for p in shared.iterdir()} == before
+    assert not (tmp_path / "b").exists()  # refused before any folder was made
+    resume = [
+        f"train.run_dir={tmp_path / 'a'}",
+        f"checkpoint.dir={shared}",
+        "checkpoint.resume=auto",
+    ]
+    assert cli.main([*map(str, base), *resume, "train.max_steps=3"]) == 0
+
+
 def _text_file(tmp: Path) -> Path:
     (tmp / "notes.txt").write_text("not a checkpoint\n")
     return tmp / "notes.txt"
