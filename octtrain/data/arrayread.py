@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import mmap
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,9 +52,12 @@ from octtrain.errors import DataError
 ADVICE = "run `octstage verify` on the manifest, then rebuild or restage the cache"
 INDEX_ENTRY_BYTES = 16  # a shard index holds (offset, length) as two uint64 per inner chunk
 CRC_BYTES = 4
+MAP_BYTES = 1 << 20  # chunks wanted from one shard above which it is mapped, not read
 EMPTY = 2**64 - 1  # an index entry of an inner chunk that was never written (all fill value)
 
 Region = tuple[slice, ...]
+# A chunk to decode: its offset and length in the shard, its part, where that part goes in out.
+Wanted = tuple[int, int, tuple[slice, ...], tuple[slice, ...]]
 
 
 @dataclass(frozen=True)
@@ -265,21 +269,31 @@ class CachedArray:
         lay = self.layout
         grid = [math.ceil(o / i) for o, i in zip(lay.outer, lay.inner, strict=True)]
         index = self._shard_index(fd, size, key, math.prod(grid))
-        stride = strides(grid)
         out, region = target.out, target.region
-        wanted = []
-        for steps in itertools.product(*axis_steps(region, origin, lay.outer, lay.inner)):
-            offset, length = index[sum(n * st for (n, _, _), st in zip(steps, stride, strict=True))]
-            dst = tuple(d for _, _, d in steps)
+        # Per axis, each chunk's share of its place in the index (number x stride), so that a
+        # chunk's entry is the sum of its axes' shares: the loop below is per chunk, keep it lean.
+        axes = [
+            [(n * st, src, dst) for n, src, dst in steps]
+            for steps, st in zip(
+                axis_steps(region, origin, lay.outer, lay.inner), strides(grid), strict=True
+            )
+        ]
+        wanted: list[Wanted] = []
+        for steps in itertools.product(*axes):
+            places, src, dst = zip(*steps, strict=True)
+            offset, length = index[sum(places)]
             if offset == EMPTY and length == EMPTY:
                 out[dst] = lay.fill  # a chunk the writer left out: all fill value
             elif offset + length > size:
                 raise self._error(f"data does not decode (shard {key}: an entry past its end)")
             else:
-                wanted.append((offset, length, tuple(s for _, s, _ in steps), dst))
+                wanted.append((offset, length, src, dst))
         # One pread per run of chunks stored next to each other (zarr writes them in Morton
         # order, so a crop's chunks come in a few runs): the bytes of those chunks, no others.
         wanted.sort(key=lambda w: w[0])
+        if sum(w[1] for w in wanted) >= MAP_BYTES:
+            self._decode_mapped(fd, wanted, target, key)
+            return
         i, scratch = 0, target.scratch
         while i < len(wanted):
             start = wanted[i][0]
@@ -293,6 +307,26 @@ class CachedArray:
                 self._decode(run[offset - start : offset - start + length], scratch, key)
                 out[dst] = scratch[src]
             i = j
+
+    def _decode_mapped(self, fd: int, wanted: list[Wanted], target: _Target, key: str) -> None:
+        """Decode ``wanted`` chunks from the shard mapped into memory: for a read of megabytes
+        (a whole volume) the copy ``pread`` makes into a fresh buffer was ~0.1x of the decode.
+        A mapped file cut shorter while mapped would fault (SIGBUS) instead of raising; octstage
+        never rewrites a shard in place (build and stage write a new file and rename it)."""
+        out, scratch = target.out, target.scratch
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                for offset, length, src, dst in wanted:
+                    chunk = view[offset : offset + length]
+                    try:
+                        self._decode(chunk, scratch, key)
+                    finally:
+                        chunk.release()  # an error's traceback holds it; the map must close
+                    out[dst] = scratch[src]
+                    self.bytes_read += length
+            finally:
+                view.release()
 
     def _overlap(
         self, at: Sequence[int], region: Region

@@ -12,10 +12,20 @@ import zarr
 
 from octstage.cache.volumestore import write_volume
 from octstage.cellpainting.fieldstore import write_field
+from octtrain.data import arrayread
 from octtrain.data.arrayread import open_array
 from octtrain.errors import DataError
 
 SHARD = Path("c/0/0/0")
+
+
+@pytest.fixture(params=["pread", "mapped"], autouse=True)
+def shard_access(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: chunks read with pread (crops), and from the mapped shard (what a read
+    of a megabyte or more does: a whole volume)."""
+    if request.param == "mapped":
+        monkeypatch.setattr(arrayread, "MAP_BYTES", 0)
+    return str(request.param)
 
 
 def volume(tmp_path: Path, shape: tuple[int, int, int] = (9, 40, 44)) -> tuple[Path, np.ndarray]:
