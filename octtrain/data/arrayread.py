@@ -3,22 +3,27 @@ never a fill value in place of a missing data object.
 
 The trainer's one reader of octstage's Zarr v3 arrays: ``open_array(path, name)`` parses the
 array's ``zarr.json`` and ``CachedArray.read(region)`` returns ``array[region]``, reading from
-disk only the chunks the region covers (one ``pread`` per run of adjacent chunks in the shard,
-located through the shard index) and decoding them with numcodecs' blosc (or zstd) straight
-into a reused chunk buffer. The layout read is what octstage writes (``sharding_indexed``
-shards whose inner codecs are ``bytes`` + ``blosc`` and whose index is ``bytes`` + ``crc32c``),
-plus plain unsharded chunks (``bytes`` and an optional ``blosc`` / ``zstd``); anything else is
-refused with a DataError rather than misread.
+disk only the chunks the region covers, located through the shard index (one ``pread`` per run
+of chunks stored next to each other; a read of a megabyte or more, a whole volume, decodes from
+the mapped shard instead, sparing the copy), and decoding each with numcodecs' blosc (or zstd)
+into one reused chunk buffer, then into place. The layout read is what octstage writes
+(``sharding_indexed`` shards whose inner codecs are ``bytes`` + ``blosc`` and whose index is
+``bytes`` + ``crc32c``), plus plain unsharded chunks (``bytes`` and an optional ``blosc`` /
+``zstd``); anything else is refused with a DataError rather than misread. It starts no thread
+(fork-safe in DataLoader workers) and blosc releases the GIL while it decodes.
 
-Why not zarr, zarrs or tensorstore (measured on the 2-core dev machine, median CPU time against
-the same codec decoding the same chunk bytes already in memory; ``bench/bench_cellpainting_
-loader.py`` prints these ratios for this reader): zarr 3.1 costs 3.8-5.6x that floor on a Cell
-Painting field or crop and 2.1x on an OCT volume (its asyncio machinery per read); the ``zarrs``
-codec pipeline 1.5-2.0x (1.6-1.8x on OCT); tensorstore comes closest (1.15-1.3x, 1.4x on OCT)
-but aborts any forked child once the parent has used it ("fork() use detected"), and the
-trainer's DataLoader forks its workers after the main process has read (validation, profiles),
-so it cannot be the trainer's reader. What is left over the decode here is the Python loop per
-chunk, the file read and the copy of each chunk into place.
+Why a reader of its own, not zarr, zarrs or tensorstore. Measured on the 2-core shared dev
+machine (zarr 3.1.6, zarrs 0.2.3, tensorstore 0.1.86, numcodecs 0.16.6), median CPU time of
+one read against numcodecs' Blosc decoding the same chunk bytes from memory (the floor; one
+blosc thread everywhere): zarr costs 3.8-5.6x that floor on a 5x256x256 or 5x1080x1080 Cell
+Painting field and its 224 crop, and 2.1x on a 64x384x384 OCT volume (its asyncio machinery,
+per read); the ``zarrs`` codec pipeline 1.5-2.0x (1.6-1.8x on OCT); tensorstore comes closest
+(1.15-1.3x on fields, 1.4x on OCT) but aborts any forked child once the parent process has
+used it ("fork() use detected"), and the trainer's DataLoader forks its workers after the main
+process has read (validation, profiles): it cannot be the trainer's reader. This one reads a
+field or crop at ~1.15x the floor and an OCT volume at ~1.2-1.3x (``bench/bench_cellpainting_
+loader.py`` prints both on every run); what is left over the decode is the Python loop (~5 us
+a chunk), placing each chunk into the output and the new output array's memory itself.
 
 A missing data object (a shard, or a plain chunk) is a DataError, never zeros: zarr reads an
 absent object as the fill value, this reader refuses it. An inner chunk that the shard index
