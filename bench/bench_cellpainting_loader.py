@@ -32,9 +32,9 @@ volume 64x384x384 (read_volume) 15.30 vs 12.35 ms = 1.24x, zarr 2.17x. With --si
 --skip-s3 (JUMP's field size): (b) waits 0.0%, 885 fields/s per loader core; a crop reads 150.3
 KiB of the 2171 KiB stored; a whole field 1.22x (zarr 3.76x), a crop 1.28x (zarr 6.13x), the
 OCT volume 1.25x (zarr 2.34x). The data-wait target is met with room; the 1.2x read target is
-missed by a few percent under this load (1.15-1.2x measured at quieter moments): what is left
-is the Python loop per chunk (~5 us), placing each chunk into the output and, for OCT, the new
-array's memory (~0.9 ms of the ~3 ms).
+missed by a few percent under this load: what is left is the Python loop per chunk, placing
+each chunk into the output and, for OCT, the new array's memory (the printed "new array of its
+size": ~0.9 ms of the ~3 ms).
 """
 
 from __future__ import annotations
