@@ -3,8 +3,9 @@
 ``CellPaintingDataset`` takes the manifest's field records (``octstage.manifest``: ``zarr_path``
 with the uint8 ``[C, Y, X]`` array at ``zarr_path/0``, ``shape``, ``split``, ``label``) and a
 cache root; it never lists a folder. A training item (``dataset[(index, seed)]``) is DINOv2's
-multi-crop of one field: 2 global and ``n_local`` local crops, each a random region read with a
-zarr slice (only the chunks the region touches are fetched and decoded), resized, flipped and
+multi-crop of one field: 2 global and ``n_local`` local crops, each a random region read through
+``data/arrayread.py`` (only the chunks the region touches are read and decoded; a missing data
+object is a DataError, never zeros), resized, flipped and
 rotated by multiples of 90 degrees, all on **uint8** in the loader worker. The channel-aware
 intensity jitter (a gain and a shift per channel) and channel drop travel as small float
 tensors; ``to_views`` applies them with the scaling to [-1, 1] on the device, inside the step,
@@ -25,11 +26,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
-import zarr
 from torch.utils.data import DataLoader, Dataset
 
 from octtrain.config.dino import CropConfig
 from octtrain.config.sections import DataConfig
+from octtrain.data.arrayread import CachedArray, open_array
 from octtrain.data.loaders import loader_kwargs
 from octtrain.data.samplers import EpochSampler
 from octtrain.errors import DataError
@@ -71,10 +72,10 @@ def sample_region(
     return (height - side) // 2, (width - side) // 2, side, side
 
 
-def read_region(array: Any, region: Region) -> np.ndarray:
-    """``array[:, y:y+h, x:x+w]`` as uint8: zarr fetches only the chunks the slice touches."""
+def read_region(array: CachedArray, region: Region) -> np.ndarray:
+    """``array[:, y:y+h, x:x+w]`` as uint8, reading only the chunks the region touches."""
     y, x, h, w = region
-    return np.asarray(array[:, y : y + h, x : x + w], dtype=np.uint8)
+    return array.read((slice(None), slice(y, y + h), slice(x, x + w)))
 
 
 def resize(crop: np.ndarray, size: int) -> np.ndarray:
@@ -152,18 +153,14 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.fields)
 
-    def open(self, index: int) -> Any:
-        """The field's zarr array (metadata only; chunks are read when sliced)."""
-        path = self.cache_root / self.fields[index].zarr_path / "0"
-        try:
-            return zarr.open_array(store=str(path), mode="r")
-        except (FileNotFoundError, OSError, ValueError) as exc:
-            raise DataError(
-                f"{path}: cannot open cached field: {exc}; run `octstage verify` on the manifest"
-            ) from exc
+    def open(self, index: int) -> CachedArray:
+        """The field's array (metadata only; chunks are read by ``read``)."""
+        f = self.fields[index]
+        path = self.cache_root / f.zarr_path / "0"
+        return open_array(path, f"field {f.zarr_path} at {path}")
 
     def _crop(
-        self, array: Any, rng: np.random.Generator, size: int, scale: tuple[float, float]
+        self, array: CachedArray, rng: np.random.Generator, size: int, scale: tuple[float, float]
     ) -> np.ndarray:
         _, h, w = array.shape
         region = sample_region(rng, h, w, scale, self.crops.ratio)

@@ -73,7 +73,7 @@ def field_embeddings(
     rows = []
     with torch.no_grad():
         for i in range(len(dataset)):
-            field = np.asarray(dataset.open(i)[...], dtype=np.uint8)
+            field = dataset.open(i).read()
             _, h, w = field.shape
             tiles = [
                 field[:, y : y + tile, x : x + tile]
@@ -102,7 +102,7 @@ def profile_fields(
         "dino": field_embeddings(trained, dataset, tile, dev),
         "random_init": field_embeddings(random, dataset, tile, dev),
         "handcrafted": np.stack(
-            [handcrafted_features(np.asarray(dataset.open(i)[...])) for i in range(len(dataset))]
+            [handcrafted_features(dataset.open(i).read()) for i in range(len(dataset))]
         ),
     }
     keys = [WellKey(f.plate, f.well, f.perturbation, f.is_control) for f in fields]

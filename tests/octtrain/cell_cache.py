@@ -1,6 +1,7 @@
-"""A tiny Cell Painting cache for the trainer's tests: uint8 ``[C, Y, X]`` OME-Zarr-style fields
-(the array at ``<zarr_path>/0``, chunked for crops) and their records, as octstage's manifest
-lists them (common part: zarr_path, shape, split, label).
+"""A tiny Cell Painting cache for the trainer's tests: uint8 ``[C, Y, X]`` OME-Zarr fields as
+``build-cache`` writes them (``octstage.cellpainting.fieldstore``: the array at
+``<zarr_path>/0``, chunked for crops, one shard) and their records, as octstage's manifest lists
+them (common part: zarr_path, shape, split, label).
 
 Each field holds a few round "cells": nuclei in channel 0 (DNA), a ring around each nucleus in
 channel 1, cytoplasm in channel 2, dots in 3, and a faint background in 4. The label (the
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import zarr
 
 from octstage import manifest
+from octstage.cellpainting.fieldstore import write_field
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,8 @@ def write_cell_cache(
         label = well_index % 2
         data = synth_field(rng, label, channels, size, radii, noise)
         path = f"fields/f{i:03d}"
-        array = zarr.create_array(
-            store=str(root / path / "0"),
-            shape=data.shape,
-            chunks=(channels, chunk, chunk),
-            dtype="uint8",
-            zarr_format=3,
-        )
-        array[...] = data
+        # Written as build-cache writes a field (sharded, blosc): the trainer reads that layout.
+        write_field(root, path, data, manifest.CELLPAINTING_CHANNELS[:channels], {}, chunk=chunk)
         checksums.append("sha256:" + hashlib.sha256(data.tobytes()).hexdigest())
         records.append(
             CellField(

@@ -4,13 +4,11 @@ needs, channels never mixed, and the device-side views."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import zarr
-from zarr.storage import LocalStore
 
 from octtrain.config.dino import CropConfig
 from octtrain.data.cellpainting import (
@@ -41,28 +39,20 @@ def test_regions_stay_inside_the_field_with_the_asked_area() -> None:
         assert 0.08 * 64 * 80 <= h * w <= 0.52 * 64 * 80
 
 
-class CountingStore(LocalStore):
-    """A real local store that records the keys read."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root, read_only=True)
-        self.keys: list[str] = []
-
-    async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
-        self.keys.append(key)
-        return await super().get(key, *args, **kwargs)
-
-
 def test_a_crop_reads_only_the_chunks_it_touches(cell_cache: tuple[Path, list[CellField]]) -> None:
     root, fields = cell_cache
-    store = CountingStore(root / fields[0].zarr_path / "0")
-    array = zarr.open_array(store=store, mode="r")  # chunks of 32 x 32: a 2 x 2 grid
-    store.keys.clear()
-    read_region(array, (4, 4, 20, 20))  # inside chunk (0, 0)
-    assert [k for k in store.keys if k.startswith("c/")] == ["c/0/0/0"]
-    store.keys.clear()
-    read_region(array, (20, 40, 20, 20))  # rows in chunks 0 and 1, columns in chunk 1
-    assert sorted(k for k in store.keys if k.startswith("c/")) == ["c/0/0/1", "c/0/1/1"]
+    ds = CellPaintingDataset(fields, root, CROPS, 4)
+    array = ds.open(0)  # chunks of 32 x 32 in one shard: a 2 x 2 grid
+    shard = (root / fields[0].zarr_path / "0" / "c" / "0" / "0" / "0").read_bytes()
+    index = np.frombuffer(shard[-(4 * 16 + 4) : -4], dtype="<u8").reshape(4, 2)
+    expected = zarr.open_array(root / fields[0].zarr_path / "0", mode="r")[...]
+    for region, chunks in [((4, 4, 20, 20), [0]), ((20, 40, 20, 20), [1, 3])]:
+        array.bytes_read = array.objects_read = 0
+        y, x, h, w = region
+        np.testing.assert_array_equal(read_region(array, region), expected[:, y : y + h, x : x + w])
+        # The shard's index and the chunks the region covers (grid (0, 0), (0, 1), (1, 0), ...)
+        assert array.objects_read == 1
+        assert array.bytes_read == 4 * 16 + 4 + sum(int(index[c, 1]) for c in chunks)
 
 
 def test_items_are_uint8_multicrops_keyed_by_their_seed(
@@ -148,3 +138,13 @@ def test_a_missing_array_names_the_path_and_the_fix(tmp_path: Path) -> None:
     ds = CellPaintingDataset([CellField("gone", (5, 64, 64), "train", 0)], tmp_path, CROPS, 4)
     with pytest.raises(DataError, match="octstage verify"):
         ds[(0, 1)]
+
+
+def test_a_field_whose_shard_is_gone_is_a_data_error_not_zeros(tmp_path: Path) -> None:
+    fields = write_cell_cache(tmp_path, n=1)
+    (tmp_path / fields[0].zarr_path / "0" / "c" / "0" / "0" / "0").unlink()
+    ds = CellPaintingDataset(fields, tmp_path, CROPS, 4)
+    with pytest.raises(DataError, match=r"data object c/0/0/0 is missing.*octstage verify"):
+        ds[(0, 1)]
+    with pytest.raises(DataError, match="is missing"):
+        ds[0]

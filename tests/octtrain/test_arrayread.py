@@ -1,0 +1,198 @@
+"""The trainer's reader of cached arrays: zarr's values for any region of what octstage writes
+(volumes and fields, sharded) and of plain chunked arrays; a region reads only its chunks; a
+missing or damaged data object is a DataError, never zeros."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from octstage.cache.volumestore import write_volume
+from octstage.cellpainting.fieldstore import write_field
+from octtrain.data import arrayread
+from octtrain.data.arrayread import open_array
+from octtrain.errors import DataError
+
+SHARD = Path("c/0/0/0")
+
+
+@pytest.fixture(params=["pread", "mapped"], autouse=True)
+def shard_access(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: chunks read with pread (crops), and from the mapped shard (what a read
+    of a megabyte or more does: a whole volume)."""
+    if request.param == "mapped":
+        monkeypatch.setattr(arrayread, "MAP_BYTES", 0)
+    return str(request.param)
+
+
+def volume(tmp_path: Path, shape: tuple[int, int, int] = (9, 40, 44)) -> tuple[Path, np.ndarray]:
+    """A volume as build-cache writes it, chunks (4, 16, 16): a 3 x 3 x 3 grid in one shard.
+    Smooth plus noise, so that blosc compresses it (a stored, uncompressed block has no
+    structure that a damaged byte could break)."""
+    ramp = np.indices(shape).sum(axis=0) * 3
+    noise = np.random.default_rng(0).integers(0, 8, shape)
+    data = ((ramp + noise) % 256).astype(np.uint8)
+    write_volume(tmp_path, "v.ome.zarr", data, (1.0, 1.0, 1.0), {}, chunks=(4, 16, 16))
+    return tmp_path / "v.ome.zarr" / "0", data
+
+
+def field(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """A field as build-cache writes it, chunks (5, 32, 32): a 3 x 3 grid in one shard."""
+    data = np.random.default_rng(1).integers(0, 255, (5, 70, 90), dtype=np.uint8)
+    write_field(tmp_path, "f.ome.zarr", data, ["a", "b", "c", "d", "e"], {}, chunk=32)
+    return tmp_path / "f.ome.zarr" / "0", data
+
+
+def plain(tmp_path: Path, compressors: object = "auto") -> tuple[Path, np.ndarray]:
+    """An unsharded array (zarr's default codecs: zstd), chunks (5, 32, 32)."""
+    data = np.random.default_rng(2).integers(0, 255, (5, 70, 90), dtype=np.uint8)
+    path = tmp_path / "plain"
+    array = zarr.create_array(
+        store=str(path),
+        shape=data.shape,
+        chunks=(5, 32, 32),
+        dtype="uint8",
+        compressors=compressors,  # type: ignore[arg-type]
+    )
+    array[...] = data
+    return path, data
+
+
+def regions(shape: tuple[int, ...], n: int, seed: int) -> list[tuple[slice, ...]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        starts = [int(rng.integers(0, s)) for s in shape]
+        stops = [int(rng.integers(a + 1, s + 1)) for a, s in zip(starts, shape, strict=True)]
+        out.append(tuple(slice(a, b) for a, b in zip(starts, stops, strict=True)))
+    return out
+
+
+@pytest.mark.parametrize("make", [volume, field, plain], ids=["volume", "field", "plain zstd"])
+def test_every_region_reads_what_zarr_reads(make: object, tmp_path: Path) -> None:
+    path, data = make(tmp_path)  # type: ignore[operator]
+    array = open_array(path, "x")
+    np.testing.assert_array_equal(array.read(), data)
+    for region in regions(data.shape, 40, seed=3):
+        np.testing.assert_array_equal(array.read(region), data[region])
+
+
+def test_plain_uncompressed_chunks_read_too(tmp_path: Path) -> None:
+    path, data = plain(tmp_path, compressors=None)
+    np.testing.assert_array_equal(
+        open_array(path, "x").read((slice(None), slice(3, 50), slice(31, 33))), data[:, 3:50, 31:33]
+    )
+
+
+def shard_index(path: Path, n: int) -> np.ndarray:
+    raw = (path / SHARD).read_bytes()
+    return np.frombuffer(raw[-(n * 16 + 4) : -4], dtype="<u8").reshape(n, 2)
+
+
+def test_a_region_reads_the_shard_index_and_its_chunks_only(tmp_path: Path) -> None:
+    path, data = field(tmp_path)
+    array = open_array(path, "x")
+    index = shard_index(path, 9)  # inner chunks in C order of the (1, 3, 3) grid
+    cases = [
+        ((slice(None), slice(0, 10), slice(0, 10)), [0]),
+        ((slice(None), slice(30, 40), slice(40, 70)), [1, 2, 4, 5]),
+        ((slice(1, 2), slice(64, 70), slice(0, 90)), [6, 7, 8]),
+    ]
+    for region, chunks in cases:
+        array.bytes_read = array.objects_read = 0
+        np.testing.assert_array_equal(array.read(region), data[region])
+        assert array.objects_read == 1
+        assert array.bytes_read == 9 * 16 + 4 + sum(int(index[c, 1]) for c in chunks)
+
+
+def test_a_plain_region_opens_only_the_chunks_it_covers(tmp_path: Path) -> None:
+    path, _ = plain(tmp_path)
+    array = open_array(path, "x")
+    array.read((slice(None), slice(33, 40), slice(10, 40)))  # chunk rows 1, columns 0 and 1
+    assert array.objects_read == 2
+    assert array.bytes_read == sum((path / f"c/0/1/{c}").stat().st_size for c in (0, 1))
+
+
+def test_a_chunk_the_writer_left_empty_reads_as_the_fill_value(tmp_path: Path) -> None:
+    data = np.random.default_rng(4).integers(1, 255, (8, 32, 32), dtype=np.uint8)
+    data[:4, :16, :16] = 0  # one whole chunk of fill value: zarr writes no bytes for it
+    write_volume(tmp_path, "v.ome.zarr", data, (1.0, 1.0, 1.0), {}, chunks=(4, 16, 16))
+    path = tmp_path / "v.ome.zarr" / "0"
+    assert (shard_index(path, 8)[0] == 2**64 - 1).all()
+    np.testing.assert_array_equal(open_array(path, "x").read(), data)
+
+
+def test_a_missing_shard_is_a_data_error_for_a_whole_read_and_a_crop(tmp_path: Path) -> None:
+    path, _ = volume(tmp_path)
+    (path / SHARD).unlink()
+    array = open_array(path, "volume k1 at here")
+    for region in (None, (slice(0, 1), slice(0, 1), slice(0, 1))):
+        with pytest.raises(
+            DataError,
+            match=r"volume k1 at here: data object c/0/0/0 is missing; run `octstage verify`",
+        ):
+            array.read(region)
+
+
+def test_a_missing_plain_chunk_is_a_data_error(tmp_path: Path) -> None:
+    path, _ = plain(tmp_path)
+    (path / "c/0/1/2").unlink()
+    array = open_array(path, "x")
+    with pytest.raises(DataError, match="data object c/0/1/2 is missing"):
+        array.read()
+    with pytest.raises(DataError, match="data object c/0/1/2 is missing"):
+        array.read((slice(None), slice(40, 41), slice(80, 81)))
+
+
+def damage_index(path: Path) -> None:
+    raw = bytearray((path / SHARD).read_bytes())
+    raw[-20] ^= 0xFF  # a byte of the last index entry: its crc32c no longer matches
+    (path / SHARD).write_bytes(bytes(raw))
+
+
+def damage_chunk(path: Path) -> None:
+    raw = bytearray((path / SHARD).read_bytes())
+    raw[40:80] = bytes(40)  # inside the first chunk's compressed bytes; the index is intact
+    (path / SHARD).write_bytes(bytes(raw))
+
+
+def truncate_below_index(path: Path) -> None:
+    (path / SHARD).write_bytes((path / SHARD).read_bytes()[:100])
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (damage_index, "does not decode .*index checksum"),
+        (damage_chunk, "does not decode"),
+        (truncate_below_index, r"is 100 bytes, shorter than its 436-byte index"),
+    ],
+    ids=["index crc", "chunk bytes", "shorter than the index"],
+)
+def test_a_damaged_shard_is_a_data_error(damage: object, message: str, tmp_path: Path) -> None:
+    path, _ = volume(tmp_path)
+    damage(path)  # type: ignore[operator]
+    with pytest.raises(DataError, match=message):
+        open_array(path, "x").read()
+
+
+def test_no_metadata_and_layouts_not_read_here_are_data_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not in the cache"):
+        open_array(tmp_path / "nothing", "x")
+    wide = zarr.create_array(store=str(tmp_path / "u16"), shape=(4,), chunks=(2,), dtype="uint16")
+    wide[...] = 1
+    with pytest.raises(DataError, match="data type 'uint16' is not uint8"):
+        open_array(tmp_path / "u16", "x")
+    gz = zarr.create_array(
+        store=str(tmp_path / "gz"),
+        shape=(4,),
+        chunks=(2,),
+        dtype="uint8",
+        compressors=zarr.codecs.GzipCodec(),
+    )
+    gz[...] = 1
+    with pytest.raises(DataError, match="codec 'gzip' is not read here"):
+        open_array(tmp_path / "gz", "x")
