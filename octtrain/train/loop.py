@@ -85,11 +85,19 @@ class Trainer:
             clock,
         )
         self.run_dir: Path | None = None
+        refused: OcttrainError | None = None
         if backend.is_main:
             name = settings.train.name or job.kind
             t, resume = settings.train, settings.checkpoint.resume is not None
-            ckpt.refuse_foreign_checkpoints(settings.checkpoint, resume)  # before making a folder
-            self.run_dir = new_run_dir(t.output_dir, name, t.run_dir, resume, t.overwrite)
+            try:
+                ckpt.refuse_foreign_checkpoints(settings.checkpoint, resume)  # before any folder
+                self.run_dir = new_run_dir(t.output_dir, name, t.run_dir, resume, t.overwrite)
+            except OcttrainError as exc:
+                refused = exc
+        # A refusal here is process 0's alone: the others would wait for it in their first
+        # collective until the stall exit; agreeing now stops every host with its message.
+        hosts.agree(backend, refused, "setting up the run folder")
+        if self.run_dir is not None:
             write_run_info(self.run_dir, settings.config_yaml, code_version())
         # Other processes know the run folder only when it is explicit (train.run_dir).
         known = self.run_dir or (Path(settings.train.run_dir) if settings.train.run_dir else None)

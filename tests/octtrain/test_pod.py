@@ -258,6 +258,29 @@ def test_a_failure_on_one_host_stops_both_with_its_message(
     assert elapsed < STALL_TIMEOUT_S + 60  # startup and 2-6 steps, never a collective's timeout
 
 
+def test_a_refusal_on_host_0_at_setup_stops_both_hosts(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Host 0 alone claims the run folder; its refusal (the folder holds a run) must reach host
+    1 at once, not after host 1 has waited in its first collective until the stall exit."""
+    out, run = tmp_path / "out", tmp_path / "run"
+    out.mkdir()
+    run.mkdir()
+    (run / "config.yaml").write_text("# an earlier run\n")
+    args = [str(FAULT_WORKER), str(out), "--config", str(PRETRAIN_TINY)]
+    args += ["--manifest", str(tiny_cache[0]), f"train.run_dir={run}", "train.max_steps=2"]
+    started = time.monotonic()
+    torchrun([*args, "data.batch_size=8"], timeout=STALL_TIMEOUT_S + 120, POD_FAIL="none:9")
+    elapsed = time.monotonic() - started
+    found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [f["code"] for f in found] == [2, 2]
+    assert "already holds a run" in found[0]["errors"][-1]
+    assert "host 0 failed setting up the run folder: " in found[1]["errors"][-1]
+    assert "already holds a run" in found[1]["errors"][-1]
+    assert elapsed < STALL_TIMEOUT_S  # never the watchdog's exit
+    assert (run / "config.yaml").read_text() == "# an earlier run\n"
+
+
 def test_a_host_stuck_in_its_data_ends_both_through_the_stall_exit(
     tiny_cache: tuple[Path, Path], tmp_path: Path
 ) -> None:
