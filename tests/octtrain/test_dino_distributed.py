@@ -57,3 +57,54 @@ def test_two_processes_write_attention_pictures_through_the_wrapper_at_step_1(
     for key in ("train/attention", "train/features_pca"):
         assert (run / images[0]["images"][key]).stat().st_size > 0
     assert (run / "checkpoints" / "step_00000003.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_resume_to_the_weights_of_an_unbroken_run(
+    parallel: str, tmp_path: Path
+) -> None:
+    """5 steps straight vs 3 steps, stop, resume to 5: the same student on both ranks, so the
+    checkpoint (gathered under FSDP on process 0) holds everything the run needs: student,
+    teacher, centres, optimizer state and where the data order stood."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    write_cell_cache(cache)
+
+    def run(name: str, *extra: str) -> tuple[dict[str, object], dict[str, object]]:
+        out = tmp_path / f"out-{name}-{len(extra)}"
+        out.mkdir()
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "tests" / "octtrain" / "dino_ddp_worker.py"),
+            str(DINO_TINY),
+            str(cache),
+            str(out),
+            f"train.run_dir={tmp_path / name}",
+            f"parallel={parallel}",
+            "data.batch_size=4",
+            "logging.image_every=0",
+            "schedule.total_steps=5",  # the cosine's length: the same in all three runs
+            *extra,
+        ]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "WANDB_MODE": "disabled",
+            "PYTHONPATH": str(ROOT),
+        }
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+        return r0, r1
+
+    straight = run("straight", "train.max_steps=5", "checkpoint.every=5")
+    run("broken", "train.max_steps=3", "checkpoint.every=3")
+    resumed = run("broken", "train.max_steps=5", "checkpoint.every=5", "checkpoint.resume=auto")
+    assert resumed[0]["steps"] == 5
+    assert resumed[0]["weights"] == resumed[1]["weights"]
+    assert resumed[0]["weights"] == straight[0]["weights"]
