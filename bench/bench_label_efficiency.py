@@ -18,9 +18,10 @@ Protocol (``--seeds`` seeds, 3 by default):
    ``max(1, round(f * n_class))`` participants, nested: 1% within 10% within 25%), the same
    subsets for every arm;
 3. per seed and fraction: ``run_finetune`` from the pretrained encoder and from random init
-   (identical recipe: batch 32, or the whole subset if smaller; AdamW, head lr 1e-3, encoder
-   lr 5e-4, no layer decay, encoder never frozen; a fixed budget of optimizer steps; the best
-   epoch by validation balanced accuracy on the whole validation split), and the attentive
+   (identical recipe: batch 32, or the whole subset if smaller; AdamW at configs/finetune/
+   tiny.yaml's learning rates, head 1e-2 and encoder 1e-3, no layer decay, encoder never
+   frozen; a fixed budget of optimizer steps; the best epoch by validation balanced accuracy on
+   the whole validation split), and the attentive
    probe on the frozen pretrained tokens (octtrain/eval/probe_train.py: learning rate and
    epoch chosen on validation);
 4. test balanced accuracy and macro AUROC per arm and fraction: the mean over seeds, the seeds'
@@ -258,8 +259,6 @@ def finetune(
         f"train.seed={seed}",
         "train.cpu_threads=1",
         f"data.batch_size={batch}",
-        "optim.head_lr=1.0e-3",
-        "optim.encoder_lr=5.0e-4",
         "optim.layer_decay=1.0",
         "schedule.unfreeze_epoch=0",
         f"schedule.warmup_epochs={max(1, epochs // 10)}",
