@@ -155,4 +155,4 @@ def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -
     assert code == 0
     report = json.loads((ckpt.parent / "profile.json").read_text())
     assert report["fields"] == 24
-    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted"}
+    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted", "cp_measure"}
