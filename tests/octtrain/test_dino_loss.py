@@ -92,3 +92,18 @@ def test_dino_head_keeps_prototype_norms_fixed_and_learns_directions() -> None:
     assert out.shape == (5, 32)
     out.sum().backward()
     assert head.last_layer.parametrizations.weight.original1.grad is not None
+
+
+@pytest.mark.parametrize("dims", [(48, 64, 32), (384, 2048, 256)], ids=["tiny", "dinov2"])
+def test_dino_head_mlp_output_does_not_vanish_at_init(dims: tuple[int, int, int]) -> None:
+    # At std 0.02 a narrow head (48 -> 64 -> 64 -> 32) put out ~1e-3: Adam's first bias steps
+    # (~lr) swamped it, every crop got the same bottleneck direction and the centred teacher
+    # went uniform. Init by fan-in keeps the output O(1) at any width.
+    in_dim, hidden, bottleneck = dims
+    torch.manual_seed(0)
+    head = DinoHead(in_dim, 64, hidden=hidden, bottleneck=bottleneck)
+    x = F.layer_norm(torch.randn(32, in_dim), (in_dim,))  # a backbone's normed CLS tokens
+    out = head.mlp(x)
+    assert out.std() > 0.1
+    z = F.normalize(out, dim=-1)
+    assert (z @ z.T).fill_diagonal_(0).abs().max() < 0.9  # different inputs, different directions
