@@ -92,7 +92,8 @@ def test_collapse_entropies_tell_the_two_collapses_apart() -> None:
 
 
 def test_teacher_temperature_warms_up_linearly() -> None:
-    cfg = load_config(DinoConfig, DINO_TINY, ["dino.warmup_teacher_temp_steps=10"])
+    temps = ["dino.warmup_teacher_temp=0.04", "dino.teacher_temp=0.07"]
+    cfg = load_config(DinoConfig, DINO_TINY, ["dino.warmup_teacher_temp_steps=10", *temps])
     assert teacher_temperature(0, cfg) == pytest.approx(0.04)
     assert teacher_temperature(5, cfg) == pytest.approx(0.055)
     assert teacher_temperature(10, cfg) == pytest.approx(0.07)
