@@ -13,7 +13,7 @@ init and the best handcrafted baseline on activity and consistency mAP), and wri
 with its seeds to ``--json``.
 
     PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 200] [--seed 0] [--twin-seed 0]
-        [--json bench_dino_twin.json] [--simple --fields 96] [dotted.key=value ...]
+        [--json bench-output/bench_dino_twin.json] [--simple --fields 96] [dotted.key=value ...]
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0, help="train.seed (init, crops, order)")
     parser.add_argument("--twin-seed", type=int, default=0, help="octstage synth --seed")
-    parser.add_argument("--json", type=Path, default=Path("bench_dino_twin.json"))
+    parser.add_argument(
+        "--json", type=Path, default=Path("bench-output/bench_dino_twin.json")
+    )  # /bench-output/ is git-ignored
     parser.add_argument("--fields", type=int, default=96)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--radii", type=float, nargs=2, default=(4.0, 5.0))
@@ -156,6 +158,7 @@ def main() -> None:
         "wins": wins,
         "verdict": line,
     }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=2))
     print(f"report: {args.json}")
 
