@@ -46,6 +46,7 @@ VIT2D_PRESETS: dict[str, Vit2dPreset] = {
 }
 
 
+CENTERINGS = ("center", "sinkhorn_knopp")
 JOBS = ("jepa", "dino")  # what ``octtrain pretrain`` can run; a YAML without ``job`` is jepa
 PARALLEL = ("ddp", "fsdp")
 
@@ -134,6 +135,7 @@ class DinoObjectiveConfig:
     warmup_teacher_temp: float = 0.04
     warmup_teacher_temp_steps: int = 0  # linear from warmup_teacher_temp to teacher_temp
     center_momentum: float = 0.9
+    centering: str = "center"  # the teacher: "center" (EMA centring) or "sinkhorn_knopp"
     mask_probability: float = 0.5  # share of global crops that get iBOT masks
     mask_ratio: tuple[float, float] = (0.1, 0.5)  # share of a masked crop's patches
     freeze_last_layer_steps: int = 0  # the prototypes stay fixed this long (DINO's trick)
@@ -148,6 +150,7 @@ class DinoObjectiveConfig:
             check(getattr(self, name) > 0, f"{name} must be positive")
         check(self.warmup_teacher_temp_steps >= 0, "warmup_teacher_temp_steps must be >= 0")
         check(0.0 <= self.center_momentum < 1.0, "center_momentum must be in [0, 1)")
+        check(self.centering in CENTERINGS, f"centering must be one of {CENTERINGS}")
         check(0.0 <= self.mask_probability <= 1.0, "mask_probability must be a probability")
         lo, hi = self.mask_ratio
         check(0 <= lo <= hi < 1, "mask_ratio must be 0 <= low <= high < 1")

@@ -27,13 +27,13 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
     if not isinstance(data, dict):
         raise ConfigError(f"{path or '<root>'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs = {}
     for key, value in data.items():
         dotted = f"{path}{key}"
-        if key not in names:
-            raise ConfigError(f"unknown config key {dotted!r} (known here: {sorted(names)})")
-        kwargs[key] = _convert(value, hints[key], dotted)
+        if key not in fields:
+            raise ConfigError(f"unknown config key {dotted!r} (known here: {sorted(fields)})")
+        kwargs[key] = _convert(value, hints[key], dotted, _section_default(fields[key]))
     try:
         return cls(**kwargs)
     except ConfigError as exc:
@@ -42,15 +42,27 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
         raise
 
 
-def _convert(value: Any, tp: Any, path: str) -> Any:
+def _section_default(f: dataclasses.Field[Any]) -> Any:
+    """The default a parent gives a nested section (``field(default_factory=lambda:
+    OptimConfig(lr=5e-4))``), or None: a section the YAML names starts from these values, not
+    from the section class's own, so a YAML that sets one key keeps the parent's others."""
+    if f.default_factory is dataclasses.MISSING:
+        return None
+    default = f.default_factory()
+    return default if dataclasses.is_dataclass(default) else None
+
+
+def _convert(value: Any, tp: Any, path: str, section: Any = None) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _convert(value, inner[0], path)
+        return _convert(value, inner[0], path, section)
     if dataclasses.is_dataclass(tp):
+        if section is not None and isinstance(value, dict):
+            value = _merged(to_dict(section), value)  # keys left out keep the parent's default
         return from_dict(tp, value, path + ".")  # type: ignore[arg-type]
     if origin is tuple:
         if not isinstance(value, list | tuple):
@@ -81,6 +93,16 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected a string, got {value!r}")
         return str(value)
     raise ConfigError(f"{path}: unsupported config type {tp!r}")
+
+
+def _merged(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` over ``base``, nested mappings merged key by key."""
+    out = dict(base)
+    for key, value in given.items():
+        inner = out.get(key)
+        both = isinstance(inner, dict) and isinstance(value, dict)
+        out[key] = _merged(inner, value) if both else value  # type: ignore[arg-type]
+    return out
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:

@@ -1,5 +1,7 @@
 """``octtrain profile``: well-level profiles of a DINO checkpoint's fields and the field's
-metrics, beside the two baselines (the same encoder at random init; handcrafted features).
+metrics, beside the baselines: the same encoder at random init, a small handcrafted feature set
+(``eval/profiles.py``) and, where cp-measure is installed (the ``train`` extra), CellProfiler's
+measurements of segmented nuclei and cells (``eval/cp_features.py``).
 
 Each field's embedding is the mean CLS token of the EMA teacher over the field's
 non-overlapping ``crops.global_size`` tiles (the whole field, not one crop). Profiles, their
@@ -24,6 +26,7 @@ from octtrain.config.loader import from_dict
 from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, scale
 from octtrain.data.dataset import read_manifest
 from octtrain.errors import CheckpointError, DataError
+from octtrain.eval import cp_features
 from octtrain.eval.probe import knn_balanced_accuracy
 from octtrain.eval.profiles import (
     Array,
@@ -89,7 +92,8 @@ def field_embeddings(
 def profile_fields(
     checkpoint: str, fields: Sequence[ProfiledField], root: Path, device: str = "cpu"
 ) -> dict[str, Any]:
-    """The report: per encoder (dino, random_init, handcrafted) mAP and probes."""
+    """The report: per encoder (dino, random_init, handcrafted, cp_measure when installed)
+    mAP and probes."""
     # A field whose plate and well the metadata does not list has no perturbation to profile.
     fields = [f for f in fields if f.perturbation or f.is_control]
     if not fields:
@@ -105,6 +109,13 @@ def profile_fields(
             [handcrafted_features(dataset.open(i).read()) for i in range(len(dataset))]
         ),
     }
+    if cp_features.available():
+        features["cp_measure"] = np.stack(
+            [
+                cp_features.cp_measure_features(np.asarray(dataset.open(i)[...], np.uint8))
+                for i in range(len(dataset))
+            ]
+        )
     keys = [WellKey(f.plate, f.well, f.perturbation, f.is_control) for f in fields]
     classes = sorted({k.perturbation for k in keys})
     field_labels = np.array([classes.index(k.perturbation) for k in keys])

@@ -39,7 +39,11 @@ class DinoHead(nn.Module):
         self.mlp = nn.Sequential(*mlp)
         for m in self.mlp:
             if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
+                # By fan-in, not DINO's std 0.02: at 0.02 a narrow head's output vanishes
+                # (~1e-3 through 48 -> 64 -> 64 -> 32), Adam's first bias steps swamp it and every
+                # crop gets one bottleneck direction: a uniform teacher from the first steps.
+                # At DINOv2's widths (384 -> 2048 -> 2048 -> 256) this is 0.051, 0.022, 0.022.
+                nn.init.trunc_normal_(m.weight, std=m.in_features**-0.5)
                 nn.init.zeros_(m.bias)
         last = nn.Linear(bottleneck, out_dim, bias=False)
         self.last_layer = nn.utils.parametrizations.weight_norm(last)

@@ -8,12 +8,17 @@
 * ``koleo_loss``: the Kozachenko-Leonenko entropy estimate on L2-normalised CLS features,
   ``-mean(log d_nn)``, which spreads the batch over the sphere;
 * ``teacher_probs`` / ``update_center``: centring (the EMA of the teacher's mean logits) and
-  sharpening (a low teacher temperature), which together keep DINO from collapsing.
+  sharpening (a low teacher temperature), which together keep DINO from collapsing;
+* ``sinkhorn_knopp``: DINOv2's other teacher (its training configs' choice): the sharpened
+  softmax rescaled so each prototype gets an equal share of the (global) batch, which forbids
+  the whole batch sitting on a few prototypes however fast the teacher moves.
 
 Reference: facebookresearch/dinov2 ``dinov2/loss/{dino_clstoken,ibot_patch,koleo}_loss.py``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +27,26 @@ import torch.nn.functional as F
 def teacher_probs(logits: torch.Tensor, center: torch.Tensor, temp: float) -> torch.Tensor:
     """Centred, sharpened teacher distribution ``softmax((logits - center) / temp)``."""
     return F.softmax((logits.float() - center) / temp, dim=-1)
+
+
+def sinkhorn_knopp(
+    logits: torch.Tensor,
+    temp: float,
+    iterations: int = 3,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Teacher targets ``[N, K]`` with equal prototype shares over the batch (DINOv2's
+    ``sinkhorn_knopp_teacher``); ``reduce_sum`` sums a tensor over replicas (None: one)."""
+    total = reduce_sum or (lambda t: t)
+    # The heads' logits are cosines (|l| <= 1): exp(l / temp) stays finite for temp >= 0.012.
+    q = torch.exp(logits.float() / temp).t()  # [K, N]
+    n = total(torch.tensor([float(q.shape[1])], device=q.device))
+    k = q.shape[0]
+    q = q / total(q.sum().reshape(1))
+    for _ in range(iterations):
+        q = q / total(q.sum(dim=1, keepdim=True)).clamp_min(1e-30) / k  # each prototype: 1/K
+        q = q / q.sum(dim=0, keepdim=True).clamp_min(1e-30) / n  # each row: 1/N
+    return (q * n).t()
 
 
 def update_center(center: torch.Tensor, batch_mean: torch.Tensor, momentum: float) -> torch.Tensor:

@@ -41,6 +41,7 @@ from octtrain.models.dino_loss import (
     dino_loss,
     ibot_loss,
     koleo_loss,
+    sinkhorn_knopp,
     teacher_probs,
     update_center,
 )
@@ -243,7 +244,7 @@ class DinoJob:
             out = self.student(global_views, local_views, masks)
             t_logits, t_masked, _ = teacher_outputs(self.teacher, global_views, masks)
         temp = hyper["train/teacher_temp"]
-        probs = teacher_probs(t_logits, self.center, temp)
+        probs = self._targets(t_logits, self.center, temp)
         n_local = local_views.shape[0] // max(1, global_views.shape[0] // 2)
         students = list(out.global_logits.chunk(2))
         if n_local:
@@ -252,7 +253,7 @@ class DinoJob:
             "dino": dino_loss(students, list(probs.chunk(2)), d.student_temp),
             "ibot": ibot_loss(
                 out.masked_logits,
-                teacher_probs(t_masked, self.ibot_center, temp),
+                self._targets(t_masked, self.ibot_center, temp),
                 masks,
                 d.student_temp,
             ),
@@ -287,6 +288,13 @@ class DinoJob:
             host |= collapse_entropies(probs.detach())
         rows = monitor_rows(out.global_cls.detach()[:, None, :])
         return StepResult(loss.detach(), grad_norm.detach(), rows, host)
+
+    def _targets(self, logits: torch.Tensor, center: torch.Tensor, temp: float) -> torch.Tensor:
+        """The teacher's targets: centred and sharpened, or Sinkhorn-Knopp over every replica's
+        batch (``dino.centering``)."""
+        if self.cfg.dino.centering == "sinkhorn_knopp":
+            return sinkhorn_knopp(logits, temp, reduce_sum=self.backend.reduce_step_sum)
+        return teacher_probs(logits, center, temp)
 
     def _update_centers(self, t_logits: torch.Tensor, t_masked: torch.Tensor) -> None:
         """Centres <- EMA of the teacher's mean logits over every replica's batch."""

@@ -119,3 +119,19 @@ def test_wandb_mode_comes_from_config_then_environment(monkeypatch: pytest.Monke
     monkeypatch.setenv("WANDB_MODE", "sometimes")
     with pytest.raises(ConfigError, match="WANDB_MODE"):
         load_config(PretrainConfig, None, []).logging.resolved_wandb_mode()
+
+
+def test_a_section_the_yaml_names_keeps_the_parents_other_defaults(tmp_path: Path) -> None:
+    # DinoConfig's optim/schedule defaults (betas, clip, EMA) are its own, not the section
+    # class's: a YAML that sets only the lr must not reset them to V-JEPA's.
+    from octtrain.config.dino import DinoConfig
+
+    yaml_path = tmp_path / "dino.yaml"
+    yaml_path.write_text("job: dino\noptim:\n  lr: 1.0e-3\nschedule:\n  warmup_steps: 2\n")
+    cfg = load_config(DinoConfig, yaml_path, ["schedule.ema_end=0.999"])
+    default = DinoConfig()
+    assert cfg.optim.lr == 1e-3
+    assert (cfg.optim.betas, cfg.optim.grad_clip) == (default.optim.betas, default.optim.grad_clip)
+    assert cfg.schedule.ema_start == default.schedule.ema_start == 0.992
+    assert (cfg.schedule.warmup_steps, cfg.schedule.ema_end) == (2, 0.999)
+    assert cfg.train.max_steps == default.train.max_steps  # a section the YAML never names

@@ -62,6 +62,20 @@ def test_dino_runs_in_the_skeleton_with_pictures_at_the_first_step(
     assert [e["step"] for e in index["checkpoints"]] == [3, 6]
 
 
+def test_sinkhorn_knopp_teacher_spreads_every_batch_over_the_prototypes(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    root, fields = cell_cache
+    run = tmp_path / "run"
+    overrides = [f"train.run_dir={run}", "logging.log_every=1", "dino.centering=sinkhorn_knopp"]
+    _, result = _run(root, fields, overrides)
+    assert result.steps == 6 and result.last_loss is not None and math.isfinite(result.last_loss)
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in (r for r in records if "train/loss" in r):
+        # Equal prototype shares from the first step: the batch-mean target is ~uniform.
+        assert r["train/teacher_batch_entropy"] > math.log(64) - 0.05
+
+
 def test_resume_continues_from_the_checkpoint_with_teacher_and_centres(
     cell_cache: tuple[Path, list[CellField]], tmp_path: Path
 ) -> None:
@@ -92,7 +106,8 @@ def test_collapse_entropies_tell_the_two_collapses_apart() -> None:
 
 
 def test_teacher_temperature_warms_up_linearly() -> None:
-    cfg = load_config(DinoConfig, DINO_TINY, ["dino.warmup_teacher_temp_steps=10"])
+    temps = ["dino.warmup_teacher_temp=0.04", "dino.teacher_temp=0.07"]
+    cfg = load_config(DinoConfig, DINO_TINY, ["dino.warmup_teacher_temp_steps=10", *temps])
     assert teacher_temperature(0, cfg) == pytest.approx(0.04)
     assert teacher_temperature(5, cfg) == pytest.approx(0.055)
     assert teacher_temperature(10, cfg) == pytest.approx(0.07)
@@ -155,4 +170,4 @@ def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -
     assert code == 0
     report = json.loads((ckpt.parent / "profile.json").read_text())
     assert report["fields"] == 24
-    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted"}
+    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted", "cp_measure"}

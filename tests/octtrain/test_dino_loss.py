@@ -13,6 +13,7 @@ from octtrain.models.dino_loss import (
     dino_loss,
     ibot_loss,
     koleo_loss,
+    sinkhorn_knopp,
     teacher_probs,
     update_center,
 )
@@ -92,3 +93,39 @@ def test_dino_head_keeps_prototype_norms_fixed_and_learns_directions() -> None:
     assert out.shape == (5, 32)
     out.sum().backward()
     assert head.last_layer.parametrizations.weight.original1.grad is not None
+
+
+@pytest.mark.parametrize("dims", [(48, 64, 32), (384, 2048, 256)], ids=["tiny", "dinov2"])
+def test_dino_head_mlp_output_does_not_vanish_at_init(dims: tuple[int, int, int]) -> None:
+    # At std 0.02 a narrow head (48 -> 64 -> 64 -> 32) put out ~1e-3: Adam's first bias steps
+    # (~lr) swamped it, every crop got the same bottleneck direction and the centred teacher
+    # went uniform. Init by fan-in keeps the output O(1) at any width.
+    in_dim, hidden, bottleneck = dims
+    torch.manual_seed(0)
+    head = DinoHead(in_dim, 64, hidden=hidden, bottleneck=bottleneck)
+    x = F.layer_norm(torch.randn(32, in_dim), (in_dim,))  # a backbone's normed CLS tokens
+    out = head.mlp(x)
+    assert out.std() > 0.1
+    z = F.normalize(out, dim=-1)
+    assert (z @ z.T).fill_diagonal_(0).abs().max() < 0.9  # different inputs, different directions
+
+
+def test_sinkhorn_knopp_gives_each_prototype_an_equal_share_of_the_batch() -> None:
+    torch.manual_seed(0)
+    # Every row prefers prototype 0: centring by a lagging EMA would let the batch sit there.
+    logits = torch.randn(32, 8) * 0.1
+    logits[:, 0] += 0.9
+    q = sinkhorn_knopp(logits, temp=0.05)
+    assert torch.allclose(q.sum(dim=1), torch.ones(32), atol=1e-5)  # each row a distribution
+    # Equal shares, as near as three iterations get (DINOv2 runs three).
+    assert torch.allclose(q.mean(dim=0), torch.full((8,), 1 / 8), atol=0.03)
+    assert q.mean(dim=0)[0] < 0.2 < float(teacher_probs(logits, torch.zeros(8), 0.05)[:, 0].mean())
+
+
+def test_sinkhorn_knopp_keeps_each_rows_preference_and_sums_over_replicas() -> None:
+    logits = torch.eye(8) * 0.5 + torch.randn(8, 8) * 0.01  # row i prefers prototype i
+    q = sinkhorn_knopp(logits, temp=0.1)
+    assert torch.equal(q.argmax(dim=1), torch.arange(8))
+    # Two identical replicas (the reducer doubles every sum) give each the one-process answer.
+    doubled = sinkhorn_knopp(logits, temp=0.1, reduce_sum=lambda t: 2 * t)
+    assert torch.allclose(doubled, q, atol=1e-6)

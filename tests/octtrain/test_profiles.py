@@ -72,7 +72,7 @@ def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) 
     Trainer(DinoJob(cfg, train, root, backend), Settings.of(cfg), backend).run()  # type: ignore[arg-type]
     report = profile_fields(str(run / "checkpoints" / "step_00000002.pt"), fields, root)
     assert report["fields"] == 24 and report["perturbations"] == ["DMSO", "cmpd1"]
-    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted"}
+    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted", "cp_measure"}
     for metrics in report["encoders"].values():
         assert metrics["wells"] == 12.0  # 3 plates x 4 wells
         assert 0.0 <= metrics["activity_map"] <= 1.0

@@ -1,0 +1,38 @@
+"""cp-measure's CellProfiler measurements as the profiles' handcrafted baseline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from octtrain.eval import cp_features
+from tests.octtrain.cell_cache import synth_field
+
+pytest.importorskip("cp_measure")
+
+
+def test_segmentation_finds_each_nucleus_and_grows_cells_around_it() -> None:
+    field = np.zeros((5, 64, 64), np.uint8)
+    field[0, 10:18, 10:18] = 200
+    field[0, 40:50, 40:50] = 200
+    nuclei, cells = cp_features.segment(field, cell_expand=4)
+    assert nuclei.max() == 2 and cells.max() == 2
+    assert (cells > 0).sum() > (nuclei > 0).sum()
+    assert np.array_equal(cells[nuclei > 0], nuclei[nuclei > 0])  # cells contain their nucleus
+
+
+def test_features_measure_the_nucleus_size_and_have_one_length() -> None:
+    rng = np.random.default_rng(1)
+    small, large = synth_field(rng, 0, 5, 64), synth_field(rng, 1, 5, 64)
+    fs, fl = cp_features.cp_measure_features(small), cp_features.cp_measure_features(large)
+    assert fs.shape == fl.shape == (cp_features.feature_count(5),)
+    assert np.isfinite(fs).all() and np.isfinite(fl).all()
+    # The nuclei's mean area comes first among the size/shape measurements of the nuclei.
+    area = cp_features.feature_names(5).index("nuclei/Area")
+    assert fl[area] > 2 * fs[area]
+
+
+def test_a_field_without_nuclei_is_zeros_of_the_same_length() -> None:
+    blank = np.zeros((5, 64, 64), np.uint8)
+    out = cp_features.cp_measure_features(blank)
+    assert out.shape == (cp_features.feature_count(5),) and not out.any()
