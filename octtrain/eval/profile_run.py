@@ -89,13 +89,33 @@ def field_embeddings(
     return np.stack(rows).astype(np.float64)
 
 
+def profiled(fields: Sequence[ProfiledField]) -> list[ProfiledField]:
+    """The fields a profile can use: a field whose plate and well the metadata does not list has
+    no perturbation to profile."""
+    return [f for f in fields if f.perturbation or f.is_control]
+
+
+def profile_metrics(x: Array, fields: Sequence[ProfiledField]) -> dict[str, float]:
+    """One encoder's metrics from its field embeddings ``x`` (a row per field of ``fields``):
+    activity and consistency mAP of control-normalised well profiles, the k-NN probes."""
+    keys = [WellKey(f.plate, f.well, f.perturbation, f.is_control) for f in fields]
+    classes = sorted({k.perturbation for k in keys})
+    field_labels = np.array([classes.index(k.perturbation) for k in keys])
+    profiles, wells = well_profiles(x, keys)
+    well_labels = np.array([classes.index(w.perturbation) for w in wells])
+    metrics = retrieval_map(profiles, wells)
+    metrics["well_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(profiles, well_labels)
+    metrics["field_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(x, field_labels)
+    metrics["wells"] = float(len(wells))
+    return metrics
+
+
 def profile_fields(
     checkpoint: str, fields: Sequence[ProfiledField], root: Path, device: str = "cpu"
 ) -> dict[str, Any]:
     """The report: per encoder (dino, random_init, handcrafted, cp_measure when installed)
     mAP and probes."""
-    # A field whose plate and well the metadata does not list has no perturbation to profile.
-    fields = [f for f in fields if f.perturbation or f.is_control]
+    fields = profiled(fields)
     if not fields:
         raise DataError("no Cell Painting fields with perturbation metadata to profile")
     dev = torch.device(device)
@@ -111,23 +131,12 @@ def profile_fields(
     }
     if cp_features.available():
         features["cp_measure"] = np.stack(
-            [
-                cp_features.cp_measure_features(np.asarray(dataset.open(i)[...], np.uint8))
-                for i in range(len(dataset))
-            ]
+            [cp_features.cp_measure_features(dataset.open(i).read()) for i in range(len(dataset))]
         )
-    keys = [WellKey(f.plate, f.well, f.perturbation, f.is_control) for f in fields]
-    classes = sorted({k.perturbation for k in keys})
-    field_labels = np.array([classes.index(k.perturbation) for k in keys])
+    classes = sorted({f.perturbation for f in fields})
     report: dict[str, Any] = {"fields": len(fields), "perturbations": classes, "encoders": {}}
     for name, x in features.items():
-        profiles, wells = well_profiles(x, keys)
-        well_labels = np.array([classes.index(w.perturbation) for w in wells])
-        metrics = retrieval_map(profiles, wells)
-        metrics["well_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(profiles, well_labels)
-        metrics["field_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(x, field_labels)
-        metrics["wells"] = float(len(wells))
-        report["encoders"][name] = metrics
+        report["encoders"][name] = profile_metrics(x, fields)
     return report
 
 

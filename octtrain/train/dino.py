@@ -35,6 +35,7 @@ from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, fields_
 from octtrain.data.dataset import read_manifest
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.cell_pictures import attention_heads, channel_strip, features_pca
+from octtrain.eval.profile_run import ProfiledField, field_embeddings, profile_metrics, profiled
 from octtrain.models.attention_maps import AttentionCapture
 from octtrain.models.dino import build_student, make_teacher, teacher_outputs
 from octtrain.models.dino_loss import (
@@ -96,7 +97,12 @@ class DinoJob:
     validates_last = False
 
     def __init__(
-        self, cfg: DinoConfig, train: Sequence[FieldRecord], root: Path, backend: Backend
+        self,
+        cfg: DinoConfig,
+        train: Sequence[FieldRecord],
+        root: Path,
+        backend: Backend,
+        val: Sequence[ProfiledField] = (),
     ) -> None:
         self.cfg, self.backend = cfg, backend
         self.total_steps = cfg.max_steps
@@ -133,6 +139,16 @@ class DinoJob:
             d.mask_probability,
             d.mask_ratio,
             cfg.data.max_samples,
+        )
+        self.val_fields = profiled(val)
+        if cfg.validation.every and not self.val_fields:
+            raise DataError(
+                f"validation.every={cfg.validation.every} but split {cfg.data.val_split!r} has "
+                "no fields with perturbation metadata to profile (build the cache with "
+                "--metadata, or set validation.every=0)"
+            )
+        self.val_set = CellPaintingDataset(
+            self.val_fields, root, cfg.crops, self.raw.backbone.patch
         )
 
     # --- state ---------------------------------------------------------------------------------
@@ -339,7 +355,23 @@ class DinoJob:
         }
 
     def validate(self, unit: int) -> Evaluation:
-        return Evaluation({}, score=None)
+        """The EMA teacher judged as ``octtrain profile`` judges it, on the validation plates:
+        its field embeddings, control-normalised well profiles, and their activity mAP (the
+        score: higher is better), consistency mAP and k-NN probes. Every process computes the
+        same figures (the split is small; under FSDP the teacher's forward is a collective)."""
+        if not self.val_fields:
+            return Evaluation({}, score=None)
+        backbone = self.teacher.backbone
+        backbone.eval()
+        try:
+            x = field_embeddings(
+                backbone, self.val_set, self.cfg.crops.global_size, self.backend.device
+            )
+        finally:
+            backbone.train()
+        metrics = profile_metrics(x, self.val_fields)
+        score = metrics["activity_map"]
+        return Evaluation({f"val/{k}": v for k, v in metrics.items()}, score=score)
 
 
 def run_dino(cfg: DinoConfig) -> RunResult:
@@ -351,7 +383,9 @@ def run_dino(cfg: DinoConfig) -> RunResult:
     try:
         assert cfg.data.manifest is not None
         root = Path(cfg.data.cache) if cfg.data.cache else Path(cfg.data.manifest).parent
-        job = DinoJob(cfg, manifest_fields(manifest, cfg.data.train_split), root, backend)
+        train = manifest_fields(manifest, cfg.data.train_split)
+        val = manifest.split_fields(cfg.data.val_split) if cfg.validation.every else ()
+        job = DinoJob(cfg, train, root, backend, val)
         return Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
     finally:
         backend.close()

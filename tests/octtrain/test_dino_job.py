@@ -12,7 +12,7 @@ import torch
 
 from octtrain.config.dino import DinoConfig, job_of
 from octtrain.config.loader import load_config
-from octtrain.errors import CheckpointError, ConfigError
+from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.runtime.backend import make_backend
 from octtrain.train.dino import DinoJob, collapse_entropies, teacher_temperature
 from octtrain.train.job import RunResult, Settings
@@ -171,3 +171,38 @@ def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -
     report = json.loads((ckpt.parent / "profile.json").read_text())
     assert report["fields"] == 24
     assert set(report["encoders"]) == {"dino", "random_init", "handcrafted", "cp_measure"}
+
+
+def test_validation_scores_the_teacher_s_well_profiles_on_the_validation_plate(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "cells"
+    root.mkdir()
+    fields = write_cell_cache(root, splits=("train",) * 8 + ("val",) * 8)  # plate P1: val
+    train, val = ([f for f in fields if f.split == s] for s in ("train", "val"))
+    run = tmp_path / "run"
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={run}", "validation.every=3"])
+    backend = make_backend("cpu")
+    job = DinoJob(cfg, train, root, backend, val)
+    result = Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in records if "val/activity_map" in r]
+    assert [r["step"] for r in scored] == [3, 6]
+    for r in scored:
+        assert 0.0 <= r["val/activity_map"] <= 1.0
+        assert r["val/wells"] == 4.0  # P1's four wells, not a field of the training plate
+        assert 0.0 <= r["val/well_probe_knn_balanced_accuracy"] <= 1.0
+    best = max(scored, key=lambda r: r["val/activity_map"])
+    assert result.best_score == pytest.approx(best["val/activity_map"])
+    index = json.loads((run / "checkpoints" / "index.json").read_text())
+    assert index["best"]["step"] == result.best_unit
+
+
+def test_validation_without_profiled_fields_is_refused_before_training(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    root, fields = cell_cache
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path}", "validation.every=3"])
+    train = [f for f in fields if f.split == "train"]
+    with pytest.raises(DataError, match=r"validation\.every=3 but split 'val' has no fields"):
+        DinoJob(cfg, train, root, make_backend("cpu"), ())
