@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+
+# copairs logs each stage of every mAP at INFO ("Computing null_dist..."): noise in a training
+# run's log, which validates with it every validation.every steps.
+logging.getLogger("copairs").setLevel(logging.WARNING)
 
 Array = npt.NDArray[np.float64]
 
