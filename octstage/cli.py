@@ -95,7 +95,39 @@ def _audit(a: argparse.Namespace) -> int:
     )
 
 
+# build-cache options that only one kind reads: given with the other kind they would be
+# ignored, so a run would silently do something else than asked (--progress-seconds is harmless).
+_KIND_ONLY = {
+    "oct": (
+        "labels",
+        "config",
+        "shape",
+        "scheduler",
+        "inventory",
+        "no_verify_sources",
+        "from_tsv",
+        "concept",
+        "max_reject_share",
+    ),
+    "cellpainting": ("load_data", "metadata"),
+}
+
+
+def _refuse_other_kinds_options(a: argparse.Namespace) -> None:
+    for kind, names in _KIND_ONLY.items():
+        given = [n for n in names if kind != a.kind and getattr(a, n) not in (None, False)]
+        if given:
+            flags = ", ".join("--" + n.replace("_", "-") for n in given)
+            raise OctstageError(f"{flags}: only for --kind {kind}, not --kind {a.kind}")
+    if a.kind == "cellpainting" and "://" in a.out:
+        raise OctstageError(
+            f"--out {a.out}: a Cell Painting cache is built into a local folder (a bucket cache "
+            "is --kind oct's only, so far); build it locally, then copy the folder to the bucket"
+        )
+
+
 def _build(a: argparse.Namespace) -> int:
+    _refuse_other_kinds_options(a)
     if a.kind == "cellpainting":
         from octstage.cellpainting.build import run_build_cellpainting
 

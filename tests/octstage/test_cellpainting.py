@@ -276,3 +276,21 @@ def test_synth_cli_writes_the_jump_layout(tmp_path: Path) -> None:
     meta = layout.read_table((out / "metadata/perturbations.csv").read_bytes(), "m")
     perts = layout.parse_perturbations(meta, "m")
     assert sum(p.is_control for p in perts.values()) == 4 and len(perts) == 24
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "named"),
+    [
+        ("cellpainting", ["--labels", "participants.tsv"], "--labels: only for --kind oct"),
+        ("cellpainting", ["--concept", "3004410", "--from-tsv"], "--from-tsv, --concept"),
+        ("oct", ["--labels", "p.tsv", "--metadata", "m.csv"], "--metadata: only for --kind cell"),
+        ("cellpainting", ["--out", "gs://bucket/cache"], "gs://bucket/cache: a Cell Painting"),
+    ],
+)
+def test_an_option_of_the_other_kind_is_refused_not_ignored(
+    kind: str, extra: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["build-cache", "--kind", kind, "--source", str(tmp_path), "--out", str(tmp_path / "c")]
+    assert main([*args, *extra]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "c").exists() and not Path("gs:").exists()
