@@ -61,16 +61,20 @@ def _map(
     meta: pd.DataFrame, x: Array, neg_diffby: list[str], treated_only: bool
 ) -> dict[str, float]:
     from copairs.map import average_precision, mean_average_precision
+    from copairs.matching import UnpairedException
 
-    ap = average_precision(
-        meta,
-        x,
-        pos_sameby=["perturbation"],
-        pos_diffby=[],
-        neg_sameby=[],
-        neg_diffby=neg_diffby,
-        progress_bar=False,
-    )
+    try:
+        ap = average_precision(
+            meta,
+            x,
+            pos_sameby=["perturbation"],
+            pos_diffby=[],
+            neg_sameby=[],
+            neg_diffby=neg_diffby,
+            progress_bar=False,
+        )
+    except UnpairedException:  # no replicate well, or nothing to rank against: no mAP
+        return {"map": math.nan, "retrieved": math.nan}
     if treated_only:
         ap = ap[~ap["is_control"]]
     ap = ap.dropna(subset=["average_precision"])

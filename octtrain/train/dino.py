@@ -141,11 +141,20 @@ class DinoJob:
             cfg.data.max_samples,
         )
         self.val_fields = profiled(val)
-        if cfg.validation.every and not self.val_fields:
+        controls = {f.is_control for f in self.val_fields}
+        if cfg.validation.every and controls != {True, False}:
+            # The score is activity mAP: treated wells ranked against control wells.
+            missing = (
+                "treated wells"
+                if controls == {True}
+                else "control wells"
+                if controls == {False}
+                else "fields with perturbation metadata"
+            )
             raise DataError(
                 f"validation.every={cfg.validation.every} but split {cfg.data.val_split!r} has "
-                "no fields with perturbation metadata to profile (build the cache with "
-                "--metadata, or set validation.every=0)"
+                f"no {missing} to profile (build the cache with --metadata and keep control and "
+                "treated wells on the validation plates, or set validation.every=0)"
             )
         self.val_set = CellPaintingDataset(
             self.val_fields, root, cfg.crops, self.raw.backbone.patch

@@ -206,3 +206,16 @@ def test_validation_without_profiled_fields_is_refused_before_training(
     train = [f for f in fields if f.split == "train"]
     with pytest.raises(DataError, match=r"validation\.every=3 but split 'val' has no fields"):
         DinoJob(cfg, train, root, make_backend("cpu"), ())
+
+
+def test_validation_needs_control_and_treated_wells_on_the_validation_plates(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "cells"
+    root.mkdir()
+    fields = write_cell_cache(root, splits=("train",) * 8 + ("val",) * 8)
+    train = [f for f in fields if f.split == "train"]
+    only_controls = [f for f in fields if f.split == "val" and f.is_control]
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path}", "validation.every=3"])
+    with pytest.raises(DataError, match="has no treated wells"):
+        DinoJob(cfg, train, root, make_backend("cpu"), only_controls)

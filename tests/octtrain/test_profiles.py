@@ -3,6 +3,7 @@ DINO checkpoint of the tiny Cell Painting cache with its two baselines."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +80,21 @@ def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) 
     # The twin's perturbation is the nucleus size, which the handcrafted set measures.
     assert report["encoders"]["handcrafted"]["activity_map"] > 0.9
     assert report["encoders"]["handcrafted"]["well_probe_knn_balanced_accuracy"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "wells",
+    [
+        [("A01", "DMSO", True), ("A02", "DMSO", True)],  # nothing treated
+        [("A01", "c1", False), ("A02", "c1", False)],  # no control
+        [("A01", "c1", False), ("A02", "DMSO", True)],  # no replicate well
+    ],
+)
+def test_a_plate_without_pairs_to_rank_has_no_map_not_an_exception(
+    wells: list[tuple[str, str, bool]],
+) -> None:
+    keys = [WellKey("P1", w, p, c) for w, p, c in wells for _ in range(2)]
+    x = np.random.default_rng(0).normal(size=(len(keys), 5))
+    profiles, kept = well_profiles(x, keys)
+    metrics = retrieval_map(profiles, kept)
+    assert math.isnan(metrics["activity_map"]) and math.isnan(metrics["consistency_map"])
