@@ -21,20 +21,18 @@ bytes from memory and beside zarr 3.1, for a field, a crop and a cached OCT volu
 
     python bench/bench_cellpainting_loader.py [--size 256] [--crop 224] [--steps 6] [--skip-s3]
 
-Measured (commit of this file; 2 CPU cores shared with two other agents' work, load average
-5-7 during the runs: indicative figures). Defaults (48 fields 256x256x5, 224 crops, --steps 6):
-(a) S3 +50 ms/GET, 4 threads: data wait 97% of the step time, 19 fields/s per loader core;
-(b) staged cache, 2 threads: data wait 0.0%, 1010 fields/s per loader core (a step needs 267
-fields/s: ~0.26 core); a crop reads 131.9 KiB of the field's 141.9 KiB stored (raw TIFFs 641
-KiB). One read against the codec decoding its chunks: a field 0.99 vs 0.81 ms = 1.22x and a crop
-0.97 vs 0.80 ms = 1.22x (+ ~0.12 ms to open the field, once per item), zarr 4.7-5.3x; the OCT
-volume 64x384x384 (read_volume) 15.30 vs 12.35 ms = 1.24x, zarr 2.17x. With --size 1080
---skip-s3 (JUMP's field size): (b) waits 0.0%, 885 fields/s per loader core; a crop reads 150.3
-KiB of the 2171 KiB stored; a whole field 1.22x (zarr 3.76x), a crop 1.28x (zarr 6.13x), the
-OCT volume 1.25x (zarr 2.34x). The data-wait target is met with room; the 1.2x read target is
-missed by a few percent under this load: what is left is the Python loop per chunk, placing
-each chunk into the output and, for OCT, the new array's memory (the printed "new array of its
-size": ~0.9 ms of the ~3 ms).
+Measured (final code of this round, 2 CPU cores, nothing else running). Defaults (48 fields
+256x256x5, 224 crops, --steps 6): (a) S3 +50 ms/GET, 4 threads: data wait 96% of the step time,
+20 fields/s per loader core; (b) staged cache, 2 threads: data wait 0.1%, 1113 fields/s per
+loader core (a step needs 267 fields/s: ~0.24 core); a crop reads 131.9 KiB of the field's
+141.9 KiB stored (raw TIFFs 641 KiB). One read against the codec decoding its chunks: a field
+0.97 vs 0.78 ms = 1.24x and a crop 0.97 vs 0.79 ms = 1.24x (+ ~0.12 ms to open the field, once
+per item), zarr 6.2-7.5x; the OCT volume 64x384x384 (read_volume) 14.22 vs 11.79 ms = 1.21x,
+zarr 2.37x. Earlier, on the shared machine (load 5-7), with --size 1080 --skip-s3 (JUMP's field
+size): (b) waits 0.0%, 885 fields/s per loader core; a crop reads 150.3 KiB of the 2171 KiB
+stored; a whole field 1.22x (zarr 3.76x), a crop 1.28x (zarr 6.13x). The data-wait target is
+met with room; the 1.2x read target is missed by 1-4%: what is left is the Python loop per
+chunk and placing each chunk into the output.
 """
 
 from __future__ import annotations
