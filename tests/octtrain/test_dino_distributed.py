@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,18 @@ from tests.octtrain.cell_cache import write_cell_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
+
+
+def two_ranks(cache: Path, out: Path, *overrides: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One DINO run of two gloo processes on ``cache``; each rank's record from ``out``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    worker = ROOT / "tests" / "octtrain" / "dino_ddp_worker.py"
+    cmd += [str(worker), str(DINO_TINY), str(cache), str(out), "data.batch_size=4", *overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+    return r0, r1
 
 
 @pytest.mark.slow
@@ -28,26 +41,14 @@ def test_two_processes_write_attention_pictures_through_the_wrapper_at_step_1(
     cache.mkdir()
     write_cell_cache(cache)
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ROOT / "tests" / "octtrain" / "dino_ddp_worker.py"),
-        str(DINO_TINY),
-        str(cache),
-        str(tmp_path),
+    r0, r1 = two_ranks(
+        cache,
+        tmp_path,
         f"train.run_dir={run}",
         f"parallel={parallel}",
         "train.max_steps=3",
-        "data.batch_size=4",
         "checkpoint.every=3",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    )
     assert r0["world_size"] == 2 and r0["wrapper"] == r1["wrapper"] == wrapper
     assert r0["weights"] == r1["weights"]  # the replicas stayed identical
     assert r0["steps"] == 3 and r1["run_dir"] is None
@@ -71,36 +72,12 @@ def test_two_processes_resume_to_the_weights_of_an_unbroken_run(
     cache.mkdir()
     write_cell_cache(cache)
 
-    def run(name: str, *extra: str) -> tuple[dict[str, object], dict[str, object]]:
+    def run(name: str, *extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
         out = tmp_path / f"out-{name}-{len(extra)}"
         out.mkdir()
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(ROOT / "tests" / "octtrain" / "dino_ddp_worker.py"),
-            str(DINO_TINY),
-            str(cache),
-            str(out),
-            f"train.run_dir={tmp_path / name}",
-            f"parallel={parallel}",
-            "data.batch_size=4",
-            "logging.image_every=0",
-            "schedule.total_steps=5",  # the cosine's length: the same in all three runs
-            *extra,
-        ]
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "WANDB_MODE": "disabled",
-            "PYTHONPATH": str(ROOT),
-        }
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
-        return r0, r1
+        # The cosine's length is the same in all three runs (not each run's max_steps).
+        common = [f"parallel={parallel}", "logging.image_every=0", "schedule.total_steps=5"]
+        return two_ranks(cache, out, f"train.run_dir={tmp_path / name}", *common, *extra)
 
     straight = run("straight", "train.max_steps=5", "checkpoint.every=5")
     run("broken", "train.max_steps=3", "checkpoint.every=3")
