@@ -371,13 +371,14 @@ class DinoJob:
         if not self.val_fields:
             return Evaluation({}, score=None)
         backbone = self.teacher.backbone
+        mode = backbone.training  # the step's mode comes back after validation, whatever it was
         backbone.eval()
         try:
             x = field_embeddings(
                 backbone, self.val_set, self.cfg.crops.global_size, self.backend.device
             )
         finally:
-            backbone.train()
+            backbone.train(mode)
         metrics = profile_metrics(x, self.val_fields)
         score = metrics["activity_map"]
         return Evaluation({f"val/{k}": v for k, v in metrics.items()}, score=score)
