@@ -86,7 +86,8 @@ def _probe(channels: int) -> npt.NDArray[np.uint8]:
 
 def feature_names(channels: int) -> list[str]:
     """``<object>/<cp-measure column>`` for each feature, then ``nuclei_count``."""
-    _, names = _measure(_probe(channels))
+    probe = _probe(channels)
+    _, names = _measure(probe, *segment(probe))
     return names
 
 
@@ -95,10 +96,11 @@ def feature_count(channels: int) -> int:
     return len(feature_names(channels))
 
 
-def _measure(field: npt.NDArray[np.uint8]) -> tuple[Array, list[str]]:
+def _measure(
+    field: npt.NDArray[np.uint8], nuclei: npt.NDArray[np.int32], cells: npt.NDArray[np.int32]
+) -> tuple[Array, list[str]]:
     from cp_measure.featurizer import featurize
 
-    nuclei, cells = segment(field)
     image = (field.astype(np.float32) / 255.0)[None]
     with warnings.catch_warnings():
         # Ratios over empty radial bins and constant pixels warn and give NaN: averaged out.
@@ -114,7 +116,7 @@ def _measure(field: npt.NDArray[np.uint8]) -> tuple[Array, list[str]]:
 def cp_measure_features(field: npt.NDArray[np.uint8]) -> Array:
     """cp-measure's per-object measurements of ``field [C, Y, X]``, averaged per object type,
     then the nucleus count (see the module docstring)."""
-    nuclei, _ = segment(field)
+    nuclei, cells = segment(field)  # once: the emptiness check and the measurements share it
     if not nuclei.any():
         return np.zeros(feature_count(field.shape[0]), np.float64)
-    return _measure(field)[0]
+    return _measure(field, nuclei, cells)[0]
