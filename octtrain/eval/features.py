@@ -33,6 +33,7 @@ from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
 from octtrain.errors import CheckpointError, DataError
 from octtrain.models.classifier import classifier_from_state, encoder_from_state
 from octtrain.runtime.backend import Backend
+from octtrain.runtime.checkpoint import state_from_bytes
 
 log = logging.getLogger("octtrain")
 ENCODERS = ("target", "context")
@@ -85,10 +86,10 @@ def feature_key(
 
 def _read(path: Path, key: str, volumes: Sequence[Volume]) -> Frozen | None:
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = state_from_bytes(path.read_bytes(), str(path))
     except FileNotFoundError:
         return None
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+    except (OSError, CheckpointError) as exc:
         log.warning("%s: unreadable feature cache (%s); computing the features again", path, exc)
         return None
     if saved.get("zarr_paths") != [v.zarr_path for v in volumes]:

@@ -21,6 +21,7 @@ import math
 import os
 import pickle
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -255,12 +256,30 @@ def load_checkpoint(url: str) -> dict[str, Any]:
     data = Folder(folder).read(name)
     if data is None:
         raise CheckpointError(f"{folder}/{name}: cannot read checkpoint: no such file")
+    return state_from_bytes(data, f"{folder}/{name}")
+
+
+def state_from_bytes(data: bytes, where: str) -> dict[str, Any]:
+    """The state saved in ``data`` (tensors on CPU); ``where`` names the file in the error.
+
+    Damaged bytes fail in torch's weights-only unpickler with whatever the garbage trips over
+    (IndexError, KeyError, UnicodeDecodeError, UnpicklingError, ...), so every failure but
+    running out of memory is "not a readable checkpoint"."""
     try:
-        state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        with warnings.catch_warnings():
+            # garbage often "detects" an unknown pickle protocol before it fails
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
+    except Exception as exc:
         # torch's reasons run over several lines (weights-only advice); the first one says it.
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise CheckpointError(f"{folder}/{name}: not a readable checkpoint: {reason}") from exc
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        known = isinstance(exc, RuntimeError | EOFError | ValueError | pickle.UnpicklingError)
+        reason = first if known and first else f"damaged data ({type(exc).__name__}: {first})"
+        raise CheckpointError(f"{where}: not a readable checkpoint: {reason}") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where}: not a checkpoint (holds a {type(state).__name__})")
     return state
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,27 @@ def test_folder_url_means_latest_and_missing_is_a_clear_error(tmp_path: Path) ->
 def test_corrupt_checkpoint_is_reported(tmp_path: Path) -> None:
     (tmp_path / "step_00000001.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(str(tmp_path / "step_00000001.pt"))
+
+
+def garbage(seed: int, size: int = 2048) -> bytes:
+    """Seeded random bytes: the same damage on every run."""
+    rng = random.Random(seed)
+    return bytes(rng.getrandbits(8) for _ in range(size))
+
+
+# Random bytes trip torch's weights-only unpickler in different ways; these seeds were found
+# to raise UnpicklingError, IndexError, KeyError and UnicodeDecodeError (torch 2.13).
+@pytest.mark.parametrize("seed", [0, 7, 44, 199], ids=["unpickling", "index", "key", "unicode"])
+def test_any_damage_is_a_checkpoint_error(tmp_path: Path, seed: int) -> None:
+    (tmp_path / "step_00000001.pt").write_bytes(garbage(seed))
+    with pytest.raises(CheckpointError, match="step_00000001.pt: not a readable checkpoint"):
+        load_checkpoint(str(tmp_path / "step_00000001.pt"))
+
+
+def test_a_pickle_of_something_else_is_not_a_checkpoint(tmp_path: Path) -> None:
+    torch.save([1, 2, 3], tmp_path / "step_00000001.pt")
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
         load_checkpoint(str(tmp_path / "step_00000001.pt"))
 
 

@@ -18,6 +18,8 @@ from octtrain.eval.probe_run import run_probe
 from octtrain.eval.probe_train import ProbeSettings
 from octtrain.train.job import RunResult
 
+from .test_checkpoint import garbage
+
 FAST = ["--lrs", "1e-3", "3e-3", "--epochs", "3", "--bootstrap", "100", "--device", "cpu"]
 
 
@@ -57,6 +59,21 @@ def test_probe_writes_both_reports_and_reuses_its_features(
         a = json.loads((tmp_path / "a" / kind / "metrics-test.json").read_text())
         b = json.loads((tmp_path / "b" / kind / "metrics-test.json").read_text())
         assert a["groups"] == b["groups"] and a["predictions"] == b["predictions"]
+
+    # A damaged cache file is computed again (with a warning), never a crash.
+    (val_file,) = (tmp_path / "a" / "features").glob("val-*.pt")
+    val_file.write_bytes(garbage(7))  # an IndexError inside torch's unpickler
+    third = run_probe(
+        tiny_pretrained,
+        str(tiny_cache[0]),
+        out=str(tmp_path / "c"),
+        feature_cache=str(tmp_path / "a" / "features"),
+        device="cpu",
+        settings=ProbeSettings(lrs=(1e-3, 3e-3), epochs=3),
+        bootstrap=BootstrapSpec(resamples=100),
+    )
+    assert third.features_cached == {"train": True, "val": False, "test": True}
+    assert json.loads(third.summary_json.read_text())["probes"] == summary["probes"]
 
 
 def test_probe_runs_on_a_finetuned_checkpoint_and_refuses_bad_input(
