@@ -246,7 +246,10 @@ def _set_pixels(ds: Dataset, volume: npt.NDArray[np.uint8], transfer_syntax: str
         frames = []
         for frame in volume:
             buf = io.BytesIO()
-            Image.fromarray(frame, mode="L").save(buf, format="JPEG", quality=92)
+            # a 2-d uint8 array is mode "L" already (the mode argument goes in Pillow 13)
+            Image.fromarray(np.ascontiguousarray(frame, dtype=np.uint8)).save(
+                buf, format="JPEG", quality=92
+            )
             frames.append(buf.getvalue())
         ds.PixelData = encapsulate(frames)
         ds["PixelData"].VR = "OB"

@@ -72,7 +72,7 @@ def garbage(seed: int, size: int = 2048) -> bytes:
 @pytest.mark.parametrize("seed", [0, 7, 44, 199], ids=["unpickling", "index", "key", "unicode"])
 def test_any_damage_is_a_checkpoint_error(tmp_path: Path, seed: int) -> None:
     (tmp_path / "step_00000001.pt").write_bytes(garbage(seed))
-    with pytest.raises(CheckpointError, match="step_00000001.pt: not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match=r"step_00000001\.pt: not a readable checkpoint"):
         load_checkpoint(str(tmp_path / "step_00000001.pt"))
 
 
