@@ -54,3 +54,11 @@ def octstage_cli(
         return Ran(code, captured.out, captured.err)
 
     return run
+
+
+def assert_clean(ran: Ran, code: int, *names: str | Path) -> None:
+    """The exit code, no traceback, and every name in the message."""
+    assert ran.code == code, ran.text
+    assert "Traceback" not in ran.out + ran.err
+    for name in names:
+        assert str(name) in ran.text, (name, ran.text)

@@ -1,0 +1,163 @@
+"""octstage stage and verify with bad input: a folder holding another cache, missing data told
+from changed data, a manifest that contradicts itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.badinput.conftest import Ran, assert_clean
+
+CLI = Callable[..., Ran]
+
+
+# ---- stage: a folder holding another cache is refused, or replaced only when asked ------------
+
+
+@pytest.fixture(scope="module")
+def two_caches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two different tiny caches: A (8 volumes) and B (4 volumes, other bytes, same names)."""
+    from tests.octtrain.tiny_cache import write_tiny_cache
+
+    base = tmp_path_factory.mktemp("caches")
+    _, a = write_tiny_cache(base / "a", shape=(8, 32, 32), counts={"train": 1, "val": 1})
+    _, b = write_tiny_cache(base / "b", shape=(8, 32, 32), counts={"train": 1}, seed=1)
+    return a, b
+
+
+def _files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_stage_refuses_a_folder_holding_another_cache_unless_replace(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    a, b = two_caches
+    dst = tmp_path / "ssd"
+    assert octstage_cli("stage", a, dst).code == 0
+    before = {n: (dst / n).read_bytes() for n in _files(dst)}
+    (dst / "notes.txt").write_text("left by hand")
+
+    ran = octstage_cli("stage", b, dst)
+    assert_clean(ran, 2, dst, "holds another cache", "--replace")
+    before["notes.txt"] = b"left by hand"
+    assert {n: (dst / n).read_bytes() for n in _files(dst)} == before  # untouched
+
+    ran = octstage_cli("stage", b, dst, "--replace", "--json", tmp_path / "r.json")
+    assert_clean(ran, 0)
+    assert _files(dst) == _files(b)  # A's other volumes and the stray file are gone
+    assert (dst / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
+    assert json.loads((tmp_path / "r.json").read_text())["removed"] > 0
+    assert octstage_cli("verify", dst / "manifest.json").code == 0
+
+    again = octstage_cli("stage", b, dst, "--json", tmp_path / "r2.json")  # idempotent
+    assert_clean(again, 0)
+    report = json.loads((tmp_path / "r2.json").read_text())
+    assert report["present"] == report["volumes"] == 4 and report["downloaded"] == 0
+
+
+def test_stage_never_writes_into_a_folder_that_holds_no_cache(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    dst = tmp_path / "home"
+    dst.mkdir()
+    (dst / "thesis.tex").write_text("mine")
+    for extra in ([], ["--replace"]):
+        ran = octstage_cli("stage", two_caches[0], dst, *extra)
+        assert_clean(ran, 2, dst, "holds no cache manifest", "thesis.tex")
+        assert _files(dst) == {"thesis.tex"}
+
+
+# ---- verify: missing told from changed; a manifest that contradicts itself -------------------
+
+
+def _drop_data(cache: Path, vol: dict[str, object]) -> None:
+    for shard in (cache / str(vol["zarr_path"]) / "0" / "c").rglob("*"):
+        if shard.is_file():
+            shard.unlink()
+
+
+def _flip_data(cache: Path, vol: dict[str, object]) -> None:
+    shard = next(p for p in (cache / str(vol["zarr_path"]) / "0" / "c").rglob("*") if p.is_file())
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def _drop_volume(cache: Path, vol: dict[str, object]) -> None:
+    import shutil
+
+    shutil.rmtree(cache / str(vol["zarr_path"]))
+
+
+DAMAGE = [
+    # (case, damage, the line verify prints)
+    ("data objects deleted", _drop_data, "missing {zarr_path}: data object(s) 0/c/0/0/0 gone"),
+    ("shard bytes changed", _flip_data, "changed {zarr_path}: "),
+    ("volume folder deleted", _drop_volume, "missing {zarr_path}: not in the cache"),
+]
+
+
+@pytest.fixture
+def small_cache(tmp_path: Path) -> Path:
+    from tests.octtrain.tiny_cache import write_tiny_cache
+
+    return write_tiny_cache(tmp_path, shape=(8, 32, 32), counts={"train": 1, "val": 1})[1]
+
+
+@pytest.mark.parametrize(("case", "damage", "line"), DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_verify_tells_missing_data_from_changed_data(
+    octstage_cli: CLI, small_cache: Path, case: str, damage: Callable[..., None], line: str
+) -> None:
+    vol = json.loads((small_cache / "manifest.json").read_text())["volumes"][3]
+    damage(small_cache, vol)
+    ran = octstage_cli("verify", small_cache / "manifest.json")
+    assert_clean(ran, 1, line.format(**vol))
+    kind = line.split()[0]
+    report = json.loads(octstage_cli("verify", small_cache / "manifest.json", "--json").out)
+    assert report[kind] and not report["changed" if kind == "missing" else "missing"]
+
+
+def _duplicate(doc: dict[str, list[dict[str, object]]]) -> None:
+    doc["volumes"].append(dict(doc["volumes"][0]))
+
+
+def _two_splits(doc: dict[str, list[dict[str, object]]]) -> None:
+    twin = dict(doc["volumes"][0])
+    twin.update(split="val", zarr_path=str(twin["zarr_path"]).replace(".ome", "b.ome"))
+    twin.update(source_path="other.dcm", cache_key="other")
+    doc["volumes"].append(twin)
+
+
+def _label_out_of_range(doc: dict[str, list[dict[str, object]]]) -> None:
+    doc["volumes"][1]["label"] = 7
+
+
+def _label_of_another_class(doc: dict[str, list[dict[str, object]]]) -> None:
+    doc["volumes"][1]["label"] = (int(str(doc["volumes"][1]["label"])) + 1) % 4
+
+
+CONTRADICTIONS = [
+    ("a volume listed twice", _duplicate, "already listed at volumes[0]"),
+    ("a participant in two splits", _two_splits, "in 2 splits: train, val"),
+    ("a label outside the classes", _label_out_of_range, "label 7 outside the 4 classes"),
+    ("a label naming another class", _label_of_another_class, "study_group says"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "says"), CONTRADICTIONS, ids=[c[0] for c in CONTRADICTIONS]
+)
+def test_verify_refuses_a_manifest_that_contradicts_itself(
+    octstage_cli: CLI, small_cache: Path, case: str, edit: Callable[..., None], says: str
+) -> None:
+    path = small_cache / "manifest.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    ran = octstage_cli("verify", path)
+    assert_clean(ran, 1, f"manifest {path}: ", says)
