@@ -62,3 +62,23 @@ def assert_clean(ran: Ran, code: int, *names: str | Path) -> None:
     assert "Traceback" not in ran.out + ran.err
     for name in names:
         assert str(name) in ran.text, (name, ran.text)
+
+
+def tiny_build(source: str | Path, labels: str | Path, out: str | Path) -> tuple[str | Path, ...]:
+    """``build-cache`` of the tiny dataset at the tests' size (8x32x32, one worker): the
+    arguments before a case's own."""
+    return (
+        "build-cache",
+        "--source",
+        source,
+        "--labels",
+        labels,
+        "--out",
+        out,
+        "--shape",
+        "8",
+        "32",
+        "32",
+        "--workers",
+        "1",
+    )

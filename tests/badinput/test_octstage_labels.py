@@ -12,7 +12,7 @@ import pytest
 
 from octstage import manifest as mf
 from octstage.dataset import labels as labels_mod
-from tests.badinput.conftest import Ran, assert_clean
+from tests.badinput.conftest import Ran, assert_clean, tiny_build
 
 CLI = Callable[..., Ran]
 
@@ -96,19 +96,7 @@ def test_a_build_that_keeps_nothing_lists_every_bad_row_and_exits_2(
     labels.write_text("\n".join(bad) + "\n")
     out = tmp_path / "cache"
     ran = octstage_cli(
-        "build-cache",
-        "--source",
-        source,
-        "--labels",
-        labels,
-        "--out",
-        out,
-        "--shape",
-        "8",
-        "32",
-        "32",
-        "--workers",
-        "1",
+        *tiny_build(source, labels, out),
         "--json",
         tmp_path / "summary.json",
     )
@@ -150,19 +138,7 @@ def test_a_participant_listed_twice_with_different_labels_is_left_out_naming_bot
 
     out = tmp_path / "cache"
     ran = octstage_cli(
-        "build-cache",
-        "--source",
-        source,
-        "--labels",
-        labels,
-        "--out",
-        out,
-        "--shape",
-        "8",
-        "32",
-        "32",
-        "--workers",
-        "1",
+        *tiny_build(source, labels, out),
     )
     assert_clean(ran, 1, row_a, row_b)
     m = mf.load(out / "manifest.json")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from octstage import manifest as mf
-from tests.badinput.conftest import Ran, assert_clean
+from tests.badinput.conftest import Ran, assert_clean, tiny_build
 
 CLI = Callable[..., Ran]
 
@@ -52,19 +52,7 @@ def test_a_dangling_symlink_and_a_loop_are_per_file_exclusions(
 
     out = tmp_path / "cache"
     ran = octstage_cli(
-        "build-cache",
-        "--source",
-        source,
-        "--labels",
-        labels,
-        "--out",
-        out,
-        "--shape",
-        "8",
-        "32",
-        "32",
-        "--workers",
-        "1",
+        *tiny_build(source, labels, out),
     )
     assert_clean(ran, 3)  # the dangling link may resolve on a retry: environmental
     m = mf.load(out / "manifest.json")
@@ -85,19 +73,7 @@ def test_a_full_disk_in_build_cache_names_the_path_and_exits_3(
     out = tmp_path / "cache"
     # /dev/full answers every write with ENOSPC: a real full-disk error from the kernel.
     ran = octstage_cli(
-        "build-cache",
-        "--source",
-        root,
-        "--labels",
-        root / "participants.tsv",
-        "--out",
-        out,
-        "--shape",
-        "8",
-        "32",
-        "32",
-        "--workers",
-        "1",
+        *tiny_build(root, root / "participants.tsv", out),
         "--json",
         "/dev/full",
     )
@@ -121,19 +97,7 @@ def test_ctrl_c_in_build_cache_is_one_line_keeps_finished_volumes_and_frees_the_
         sys.executable,
         "-m",
         "octstage.cli",
-        "build-cache",
-        "--source",
-        str(root),
-        "--labels",
-        str(root / "participants.tsv"),
-        "--out",
-        str(out),
-        "--shape",
-        "8",
-        "32",
-        "32",
-        "--workers",
-        "1",
+        *tiny_build(str(root), str(root / "participants.tsv"), str(out)),
     ]
     # A terminal's Ctrl-C reaches the whole process group: the driver and its dask workers.
     proc = subprocess.Popen(

@@ -14,7 +14,7 @@ from octtrain.cli import main
 from octtrain.errors import ConfigError
 from octtrain.eval.breakdown import BootstrapSpec
 from octtrain.eval.features import feature_key
-from octtrain.eval.probe_run import run_probe
+from octtrain.eval.probe_run import ProbeResult, run_probe
 from octtrain.eval.probe_train import ProbeSettings
 from octtrain.train.job import RunResult
 
@@ -43,15 +43,18 @@ def test_probe_writes_both_reports_and_reuses_its_features(
     assert features == ["test", "train", "val"]
 
     # Same checkpoint, same volumes: the features come from the cache, the numbers are equal.
-    again = run_probe(
-        tiny_pretrained,
-        str(tiny_cache[0]),
-        out=str(tmp_path / "b"),
-        feature_cache=str(tmp_path / "a" / "features"),
-        device="cpu",
-        settings=ProbeSettings(lrs=(1e-3, 3e-3), epochs=3),
-        bootstrap=BootstrapSpec(resamples=100),
-    )
+    def probe_again(out: str) -> ProbeResult:
+        return run_probe(
+            tiny_pretrained,
+            str(tiny_cache[0]),
+            out=str(tmp_path / out),
+            feature_cache=str(tmp_path / "a" / "features"),
+            device="cpu",
+            settings=ProbeSettings(lrs=(1e-3, 3e-3), epochs=3),
+            bootstrap=BootstrapSpec(resamples=100),
+        )
+
+    again = probe_again("b")
     assert again.features_cached == {"train": True, "val": True, "test": True}
     second = json.loads(again.summary_json.read_text())
     assert second["probes"] == summary["probes"]
@@ -63,15 +66,7 @@ def test_probe_writes_both_reports_and_reuses_its_features(
     # A damaged cache file is computed again (with a warning), never a crash.
     (val_file,) = (tmp_path / "a" / "features").glob("val-*.pt")
     val_file.write_bytes(garbage(7))  # an IndexError inside torch's unpickler
-    third = run_probe(
-        tiny_pretrained,
-        str(tiny_cache[0]),
-        out=str(tmp_path / "c"),
-        feature_cache=str(tmp_path / "a" / "features"),
-        device="cpu",
-        settings=ProbeSettings(lrs=(1e-3, 3e-3), epochs=3),
-        bootstrap=BootstrapSpec(resamples=100),
-    )
+    third = probe_again("c")
     assert third.features_cached == {"train": True, "val": False, "test": True}
     assert json.loads(third.summary_json.read_text())["probes"] == summary["probes"]
 
