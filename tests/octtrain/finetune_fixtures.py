@@ -7,10 +7,14 @@ tests that use it, not the collection of every trainer test.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from octstage import manifest as mf
 
 if TYPE_CHECKING:
     from octtrain.config.finetune import FinetuneConfig
@@ -62,3 +66,14 @@ def tiny_finetuned(
     manifest, _ = tiny_cache
     run_dir = tmp_path_factory.mktemp("finetune-tiny")
     return run_finetune(finetune_config(manifest, run_dir), tiny_pretrained)
+
+
+def manifest_variant(
+    manifest: Path, out: Path, edit: Callable[[list[mf.Volume]], list[mf.Volume]]
+) -> Path:
+    """A copy of ``manifest`` in ``out`` whose volumes ``edit`` changed (same cache)."""
+    original = mf.load(manifest)
+    volumes = tuple(edit(list(original.volumes)))
+    path = out / "manifest.json"
+    mf.write(dataclasses.replace(original, volumes=volumes), path)
+    return path
