@@ -73,6 +73,7 @@ from octstage.cachebuild.plan import (
     volume_entry,
 )
 from octstage.cachebuild.qc import qc_sheet
+from octstage.cachebuild.sourceindex import SourceIndex, fingerprint
 from octstage.cachebuild.task import Task, environment, load_record, load_reject
 from octstage.config import BuildConfig
 from octstage.dataset.clinical import read_concepts
@@ -81,71 +82,17 @@ from octstage.dataset.release import TSV_NAME, TsvRow, read_manifest_tsv
 from octstage.errors import MachineError, ObjectNotFoundError, OctstageError, StorageError
 from octstage.progress import interval
 from octstage.provenance import code_version
-from octstage.storage import LocalStorage, ObjectInfo, Storage, open_storage
+from octstage.storage import ObjectInfo, Storage, open_storage
 from octstage.storage.locations import credential_env, parse_location
 
 console = Console(stderr=True)
 
-INDEX_NAME = "source-index.json"
 MANIFEST_NAME = "manifest.json"
 INDEX_SAVE_SECONDS = 20.0
 # The manifest header (config) and the summary say how source bytes were checked.
 SOURCE_VERIFICATION = "source_verification"
 SHA1_INVENTORY = "sha1-inventory"
 _SKIP = " (pass --no-verify-sources to build without checking sources)"
-
-
-@dataclass
-class SourceIndex:
-    """name -> (fingerprint, sha1) of sources already hashed; saved atomically, often."""
-
-    cache: CacheStore
-    entries: dict[str, dict[str, str]] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, cache: CacheStore) -> SourceIndex:
-        try:
-            data: Any = cache.read_json(INDEX_NAME)
-            entries = {str(k): dict(v) for k, v in data["entries"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            entries = {}  # no index (or a damaged one): sources are simply hashed again
-        return cls(cache, entries)
-
-    def sha1(self, obj: ObjectInfo, fingerprint: str | None) -> str | None:
-        """The SHA1 of the object's current bytes when known without reading them: remembered
-        under the same fingerprint, or listed by the store as verified (then remembered)."""
-        entry = self.entries.get(obj.name)
-        if (
-            fingerprint is not None
-            and entry is not None
-            and entry.get("fingerprint") == fingerprint
-        ):
-            return entry.get("sha1")
-        if obj.sha1 is not None:
-            self.remember(obj.name, fingerprint, obj.sha1)
-            return obj.sha1
-        return None
-
-    def remember(self, name: str, fingerprint: str | None, sha1: str) -> None:
-        if fingerprint is not None:
-            self.entries[name] = {"fingerprint": fingerprint, "sha1": sha1}
-
-    def save(self) -> None:
-        doc = {"format": "octstage-source-index/1", "entries": dict(sorted(self.entries.items()))}
-        self.cache.write_json(INDEX_NAME, doc)
-
-
-def fingerprint(storage: Storage, obj: ObjectInfo) -> str | None:
-    """What must be unchanged for a remembered SHA1 to still hold; None when nothing is known."""
-    if isinstance(storage, LocalStorage):
-        try:
-            st = (storage.root / obj.name).stat()
-        except OSError:
-            return None  # gone since the listing: its task will say so
-        return f"local:{st.st_size}:{st.st_mtime_ns}"
-    if obj.sha1 or obj.md5:
-        return f"listed:{obj.size}:{obj.sha1 or ''}:{obj.md5 or ''}"
-    return None
 
 
 def run_build(

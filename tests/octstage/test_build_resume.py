@@ -30,7 +30,7 @@ from octstage import manifest as mf
 from octstage.cache import volumestore
 from octstage.cache.store import CacheStore
 from octstage.cache.verify import verify
-from octstage.cachebuild.run import INDEX_NAME
+from octstage.cachebuild.sourceindex import INDEX_NAME
 from octstage.cachebuild.task import REJECT_FORMAT, load_reject, reject_name
 from octstage.config import BuildConfig
 from octstage.dataset.synth import write_oct_dicom

@@ -18,7 +18,8 @@ import pytest
 
 from octstage import manifest as mf
 from octstage.cachebuild import cluster as builddask
-from octstage.cachebuild.run import INDEX_NAME, run_build
+from octstage.cachebuild.run import run_build
+from octstage.cachebuild.sourceindex import INDEX_NAME
 from octstage.cli import main
 from octstage.dataset.synth import SynthInfo
 from octstage.errors import StorageError
