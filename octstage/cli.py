@@ -351,8 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--out",
         required=True,
-        help="the cache, either kind: a folder (with --scheduler: one every worker mounts at the "
-        "same path) or a bucket URL (gs://..., s3://...) that workers write to directly",
+        help="the cache (--kind oct or cellpainting): a folder (with --scheduler: one every "
+        "worker mounts at the same path) or a bucket URL (gs://..., s3://...) written to "
+        "directly, by every worker",
     )
     s.add_argument(
         "--manifest",
