@@ -119,11 +119,6 @@ def _refuse_other_kinds_options(a: argparse.Namespace) -> None:
         if given:
             flags = ", ".join("--" + n.replace("_", "-") for n in given)
             raise OctstageError(f"{flags}: only for --kind {kind}, not --kind {a.kind}")
-    if a.kind == "cellpainting" and "://" in a.out:
-        raise OctstageError(
-            f"--out {a.out}: a Cell Painting cache is built into a local folder (a bucket cache "
-            "is --kind oct's only, so far); build it locally, then copy the folder to the bucket"
-        )
 
 
 def _build(a: argparse.Namespace) -> int:
@@ -133,7 +128,7 @@ def _build(a: argparse.Namespace) -> int:
 
         return run_build_cellpainting(
             source=a.source,
-            out=Path(a.out),
+            out=a.out,  # a folder or a bucket URL: not a Path, which would mangle gs://
             load_data=tuple(a.load_data or ()),
             metadata=a.metadata,
             workers=a.workers,
@@ -338,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("oct", "cellpainting"),
         default="oct",
         help="oct: AI-READI DICOM volumes; cellpainting: JUMP fields from load-data tables "
-        "(--source is the root their PathNames are under; --out a local folder)",
+        "(--source is the root their PathNames are under)",
     )
     s.add_argument(
         "--load-data",
@@ -356,8 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--out",
         required=True,
-        help="the cache: a folder (with --scheduler: one every worker mounts at the same path) "
-        "or a bucket URL (gs://..., s3://...) that workers write to directly",
+        help="the cache (--kind oct or cellpainting): a folder (with --scheduler: one every "
+        "worker mounts at the same path) or a bucket URL (gs://..., s3://...) written to "
+        "directly, by every worker",
     )
     s.add_argument(
         "--manifest",

@@ -1,21 +1,23 @@
 """A cache root as the build sees it: a local folder or a bucket prefix, named by one URL.
 
-Everything ``build-cache`` keeps goes through here: volumes, the per-key records, the stored
-rejections, the source index, the QC sheet and the manifest. A worker opens the same URL the
-driver was given (``--out gs://...``, ``s3://...`` or a folder that every machine mounts), so
-workers that share no disk with the driver write where the driver reads.
+Everything ``build-cache`` keeps goes through here: volumes (Cell Painting: fields), the per-key
+records, the stored rejections, the source index, the QC sheet and the manifest. A worker opens
+the same URL the driver was given (``--out gs://...``, ``s3://...`` or a folder that every
+machine mounts), so workers that share no disk with the driver write where the driver reads.
 
 Write order is what makes a cache consistent without renames: a volume's data objects, then its
 metadata, then its record, and the manifest last of all. A record therefore always means a
 complete volume, and a run killed in between leaves objects without a record that the next run
 rewrites with identical bytes (the key is a hash of the source and the parameters). A local
-folder keeps its atomic rename of the whole volume (``volumestore.write_volume``).
+folder keeps its atomic rename of the whole volume (``volumestore.write_volume``). A Cell
+Painting field has no record: its group ``zarr.json``, uploaded after everything under it, is
+what says it is complete (``has_field``), so a re-run keeps it instead of uploading it again.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import numpy.typing as npt
 import zarr
 
 from octstage.cache import volumestore
+from octstage.cellpainting import fieldstore
 from octstage.errors import ObjectNotFoundError, StorageError
 from octstage.storage import LocalStorage, Storage, open_storage
 
@@ -69,11 +72,44 @@ class CacheStore:
             return volumestore.write_volume(
                 self.local, relpath, array, spacing_mm, attributes, chunks=chunks, clevel=clevel
             )
-        for key, data in volumestore.encode_volume(
-            relpath, array, spacing_mm, attributes, chunks=chunks, clevel=clevel
-        ):
-            self.storage.write_bytes(f"{relpath}/{key}", data)
+        self._upload(
+            relpath,
+            volumestore.encode_volume(
+                relpath, array, spacing_mm, attributes, chunks=chunks, clevel=clevel
+            ),
+        )
         return volumestore.array_checksum(array)
+
+    def write_field(
+        self,
+        relpath: str,
+        array: npt.NDArray[np.uint8],
+        channels: Sequence[str],
+        attributes: Mapping[str, Any],
+        chunk: int,
+        clevel: int,
+    ) -> str:
+        """Store one Cell Painting field (``[C, Y, X]``) as ``write_volume`` stores a volume;
+        a complete field already there (same cache key, same content) is kept, not rewritten.
+        Returns its checksum."""
+        if self.local is not None:
+            return fieldstore.write_field(
+                self.local, relpath, array, channels, attributes, chunk=chunk, clevel=clevel
+            )
+        if not self.has_field(relpath):
+            self._upload(
+                relpath,
+                fieldstore.encode_field(
+                    relpath, array, channels, attributes, chunk=chunk, clevel=clevel
+                ),
+            )
+        return volumestore.array_checksum(array)
+
+    def _upload(self, relpath: str, objects: list[tuple[str, bytes]]) -> None:
+        """A group's objects under ``relpath``, one after the other in the order given (data,
+        then metadata: see the module doc)."""
+        for key, data in objects:
+            self.storage.write_bytes(f"{relpath}/{key}", data)
 
     def has_volume(self, relpath: str) -> bool:
         """Whether the volume's metadata (written after its data) is there."""
@@ -84,6 +120,10 @@ class CacheStore:
         except ObjectNotFoundError:
             return False
         return True
+
+    def has_field(self, relpath: str) -> bool:
+        """Whether a Cell Painting field is complete (the same test as ``has_volume``)."""
+        return self.has_volume(relpath)
 
     def open_array(self, relpath: str) -> zarr.Array[Any]:
         """Array ``0`` of a stored volume, for reading (a bucket's is fetched whole)."""

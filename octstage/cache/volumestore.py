@@ -4,7 +4,9 @@ Layout under the cache root: ``volumes/<participant_id>/<cache_key>.ome.zarr/`` 
 ``zarr.json`` (OME multiscales metadata with the DICOM spacing) and array ``0`` (blosc-zstd,
 chunks (16,128,128), one shard per volume, so one data object per volume). A volume is written
 into a hidden temporary folder and renamed into place, so a half-written volume is never found
-under its final name.
+under its final name (``write_atomic``); for a bucket its objects are encoded in memory and
+uploaded data first (``encode_objects``). Cell Painting fields (``cellpainting.fieldstore``) are
+written by the same two functions.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +120,22 @@ def write_volume(
 
     If a complete volume already sits there (same cache key, so same content) it is kept.
     """
-    final = cache_root / relpath
+    write_atomic(
+        cache_root / relpath,
+        lambda store, name: _create(store, name, array, spacing_mm, attributes, chunks, clevel),
+    )
+    return array_checksum(array)
+
+
+def write_atomic(final: Path, create: Callable[[Any, str], None]) -> None:
+    """Have ``create(store, name)`` write an OME-Zarr group into a hidden temporary folder beside
+    ``final`` (``store`` its path), fsync it and rename it to ``final``: a half-written group is
+    never found under its final name. A complete group already at ``final`` is kept (the name is
+    a content hash: same name, same bytes)."""
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _create(str(tmp), final.name, array, spacing_mm, attributes, chunks, clevel)
+        create(str(tmp), final.name)
         _fsync_tree(tmp)
         try:
             os.rename(tmp, final)
@@ -134,7 +147,6 @@ def write_volume(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return array_checksum(array)
 
 
 def encode_volume(
@@ -145,11 +157,21 @@ def encode_volume(
     chunks: tuple[int, int, int] = CHUNKS,
     clevel: int = 3,
 ) -> list[tuple[str, bytes]]:
-    """The volume's objects (name relative to its folder, bytes), in the order to upload them:
-    data first, array metadata, then the group's ``zarr.json``: an object store has no rename,
-    so a reader that finds the group metadata finds everything under it."""
+    """The volume's objects (name relative to its folder, bytes), in the order to upload them
+    (``encode_objects``)."""
+    return encode_objects(
+        relpath,
+        lambda store, name: _create(store, name, array, spacing_mm, attributes, chunks, clevel),
+    )
+
+
+def encode_objects(relpath: str, create: Callable[[Any, str], None]) -> list[tuple[str, bytes]]:
+    """The objects ``create(store, name)`` writes for the group at ``relpath`` (names relative
+    to its folder, bytes), in the order to upload them: data first, array metadata, then the
+    group's ``zarr.json``: an object store has no rename, so a reader that finds the group
+    metadata finds everything under it."""
     buffers: dict[str, Buffer] = {}
-    _create(MemoryStore(buffers), Path(relpath).name, array, spacing_mm, attributes, chunks, clevel)
+    create(MemoryStore(buffers), Path(relpath).name)
     objects = {key: buf.to_bytes() for key, buf in buffers.items()}
     order = sorted(objects, key=lambda k: (k == "zarr.json", k.endswith("zarr.json"), k))
     return [(key, objects[key]) for key in order]

@@ -5,9 +5,11 @@ illumination functions) are read once through the storage layer (``octstage.stor
 ``gs://``, ``s3://``...) and SHA1-hashed as read (S3 lists no SHA1: this is the "hashed once at
 the source" of mirror's ``--hash-missing``; the manifest records each file's SHA1 and size);
 decoded and checked (``normalize.decode_tiff``); divided by the illumination function; sampled
-for the plate's robust percentiles per channel; kept in a scratch folder beside the cache. Then
-each field is normalized with its plate's percentiles and written as one OME-Zarr field
-(``fieldstore``). Fields are read by a local thread pool (``--workers`` threads: the work is
+for the plate's robust percentiles per channel; kept in a scratch folder (beside a folder cache,
+in the local temp folder for a bucket cache). Then each field is normalized with its plate's
+percentiles and written as one OME-Zarr field (``fieldstore``) into the cache, a folder or a
+bucket prefix (``--out gs://...``, ``s3://...``: ``cache.store.CacheStore``, data objects first,
+group metadata last). Fields are read by a local thread pool (``--workers`` threads: the work is
 network reads and C decoders that release the GIL; the dask runner of the OCT build is not
 needed at this size), plate after plate.
 
@@ -24,13 +26,16 @@ Failures keep their meaning:
 Splits are by plate (``plate_splits``): the plates in a fixed pseudo-random order (SHA1 of the
 plate name), the first ``round(val_share * n)`` (at least 1 when n >= 2) to val, the next
 ``round(test_share * n)`` (at least 1 when n >= 3) to test, the rest to train: no plate is in two
-splits. The manifest is written last, atomically.
+splits. The manifest is written last: to ``manifest_path`` when given (atomically), and to
+``OUT/manifest.json`` when none is given or the cache is a bucket (where ``octstage stage``
+looks), as the OCT build does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -40,6 +45,7 @@ from typing import Any
 from rich.console import Console
 
 from octstage import manifest as mf
+from octstage.cachebuild.lock import open_cache
 from octstage.cellpainting import layout
 from octstage.cellpainting.plate import BuildReport, CellPaintingConfig, build_plate
 from octstage.errors import CellPaintingError
@@ -86,7 +92,7 @@ def find_tables(storage: Storage) -> list[str]:
 
 def build(
     source: str | Storage,
-    out: Path,
+    out: str | os.PathLike[str],
     load_data: Sequence[str] = (),
     metadata: str | None = None,
     config: CellPaintingConfig | None = None,
@@ -94,7 +100,8 @@ def build(
     retries: int = 2,
     manifest_path: Path | None = None,
 ) -> tuple[BuildReport, mf.Manifest]:
-    """Build the cache under ``out`` from the source root ``source`` (a URL or a Storage)."""
+    """Build the cache at ``out`` (a folder or a bucket URL) from the source root ``source``
+    (a URL or a Storage)."""
     started = time.monotonic()
     config = config or CellPaintingConfig()
     storage = open_storage(source) if isinstance(source, str) else source
@@ -129,13 +136,13 @@ def build(
         by_plate.setdefault(r.plate, []).append(r)
     splits = plate_splits(list(by_plate), config.val_share, config.test_share)
     report = BuildReport(fields=len(rows), plates=len(by_plate))
-    out.mkdir(parents=True, exist_ok=True)
+    cache = open_cache(out)
     built: list[tuple[mf.Field, str]] = []
     for plate in sorted(by_plate):
         built += build_plate(
             storage,
             by_plate[plate],
-            out,
+            cache,
             splits[plate],
             perturbations,
             config,
@@ -162,7 +169,10 @@ def build(
         counts={**mf.field_counts(fields, len(rejected)), "environment": len(report.environment)},
     )
     manifest = mf.Manifest(header, classes, (), rejected, kind="cellpainting", fields=fields)
-    mf.write(manifest, manifest_path or out / "manifest.json")
+    if manifest_path is not None:
+        mf.write(manifest, manifest_path)
+    if cache.local is None or manifest_path is None:  # last: a cache with a manifest is complete
+        cache.write_json("manifest.json", mf.to_dict(manifest), indent=1)
     report.seconds = time.monotonic() - started
     return report, manifest
 
@@ -174,7 +184,7 @@ def exit_code(report: BuildReport) -> int:
 
 def run_build_cellpainting(
     source: str,
-    out: Path,
+    out: str | os.PathLike[str],
     load_data: Sequence[str],
     metadata: str | None,
     workers: int,

@@ -2,17 +2,17 @@
 
 Pass 1 reads each field's channel files through the storage layer (a thread pool), hashes them
 (SHA1), decodes and illumination-corrects them, keeps a pixel sample for the plate's
-percentiles and the corrected field in a scratch folder; pass 2 normalizes every field with the
-plate's per-channel percentiles and writes it (``fieldstore``). The failure rules are
-``build.py``'s: a data fault rejects a field, an environment fault (retried ``retries`` times)
-leaves the whole plate out of this run.
+percentiles and the corrected field in a local scratch folder; pass 2 normalizes every field with
+the plate's per-channel percentiles and writes it into the cache, a folder or a bucket
+(``CacheStore.write_field``). The failure rules are ``build.py``'s: a data fault rejects a
+field, an environment fault (retried ``retries`` times) leaves the whole plate out of this run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from octstage import manifest as mf
+from octstage.cache.store import CacheStore
 from octstage.cellpainting import layout
-from octstage.cellpainting.fieldstore import field_relpath, write_field
+from octstage.cellpainting.fieldstore import field_relpath
 from octstage.cellpainting.normalize import (
     correct,
     decode_illum,
@@ -180,7 +181,7 @@ def _plate_illum(
 def build_plate(
     storage: Storage,
     rows: list[layout.FieldRow],
-    out: Path,
+    cache: CacheStore,
     split: str,
     perturbations: dict[tuple[str, str], layout.Perturbation],
     config: CellPaintingConfig,
@@ -190,9 +191,10 @@ def build_plate(
 ) -> list[tuple[mf.Field, str]]:
     """Pass 1 and 2 for one plate: its fields (label filled in later) or [] when left out."""
     plate = rows[0].plate
-    scratch = out / f".scratch-{uuid.uuid4().hex[:8]}"
-    scratch.mkdir(parents=True)
-    try:
+    # The corrected float fields between the passes: beside a folder cache (its disk was chosen
+    # for size), in the machine's temp folder for a bucket cache; removed when the plate is done.
+    with tempfile.TemporaryDirectory(prefix=".scratch-", dir=cache.local) as scratch_dir:
+        scratch = Path(scratch_dir)
         try:
             illum, illum_sources = (
                 _plate_illum(storage, rows, retries) if config.illum else (None, ())
@@ -228,10 +230,10 @@ def build_plate(
             array = to_uint8(np.load(r.scratch), norms)
             key = _cache_key(r, illum_sources, norms, config)
             rel = field_relpath(plate, key)
-            existed = (out / rel / "0" / "zarr.json").is_file()
+            existed = cache.has_field(rel)
             channels = tuple(c for c, _ in r.row.images)
-            checksum = write_field(
-                out, rel, array, channels, {"item_id": r.row.item_id}, config.chunk, config.clevel
+            checksum = cache.write_field(
+                rel, array, channels, {"item_id": r.row.item_id}, config.chunk, config.clevel
             )
             report.kept += existed
             report.written += not existed
@@ -265,5 +267,3 @@ def build_plate(
                 )
             )
         return fields
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,8 +1,10 @@
-"""Fixtures for octstage tests: the synthetic dataset, one shared build and a dask cluster."""
+"""Fixtures for octstage tests: the synthetic dataset, one shared build, a dask cluster and the
+Cell Painting twin (in a folder and in the S3 double)."""
 
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +14,8 @@ import pytest
 from octstage.dataset.synth import SynthInfo, generate
 
 if TYPE_CHECKING:
+    from octstage.cellpainting.synth import TwinInfo
+    from tests.doubles.s3 import S3Double
     from tests.octstage.build_helpers import Built
 
 
@@ -76,3 +80,43 @@ def built(synth_info: SynthInfo, tmp_path_factory: pytest.TempPathFactory) -> Bu
     code, summary = build(src, cache)
     manifest = mf.load(cache / "manifest.json")
     return Built(src, cache, cache / "manifest.json", manifest, summary, code, planted)
+
+
+# ---- the Cell Painting twin: shared by test_cellpainting*.py --------------------------------
+
+CP_PLATES, CP_SITES, CP_SIZE = 2, 1, 64
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TwinInfo]:
+    """A small JUMP-layout twin (its planted truncated TIFF included) in a local folder."""
+    from octstage.cellpainting.synth import generate as generate_cp
+
+    root = tmp_path_factory.mktemp("cp") / "source_0"
+    return root, generate_cp(
+        root, plates=CP_PLATES, sites=CP_SITES, size=CP_SIZE, seed=3, replicates=1
+    )
+
+
+@pytest.fixture(scope="module")
+def s3_twin(s3_server: S3Double, twin: tuple[Path, TwinInfo]) -> Iterator[str]:
+    """The twin uploaded to a bucket of its own; yields its ``s3://`` root (AWS_* point at the
+    double while the module's tests run)."""
+    from tests.doubles.fixtures import clear_client_caches
+
+    root, _ = twin
+    bucket = f"cpg-twin-{uuid.uuid4().hex[:8]}"
+    s3_server.create_bucket(bucket)
+    client = s3_server.client()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        client.put_object(
+            Bucket=bucket,
+            Key=f"cpg0016-jump/source_0/{path.relative_to(root)}",
+            Body=path.read_bytes(),
+        )
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3_server.env().items():
+            mp.setenv(key, value)
+        clear_client_caches()
+        yield f"s3://{bucket}/cpg0016-jump/source_0"
+        clear_client_caches()
