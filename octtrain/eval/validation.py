@@ -17,7 +17,10 @@ What this module does instead (with ``data/loaders.py``'s padded shards):
   or a lost sample is an error, not a silently wrong number;
 * **failures are agreed on**: a process whose local loop raises logs the traceback, zeroes its
   contribution and still joins the reductions, then ``hosts.agree`` with its failure, so no
-  process hangs and all of them raise the same ``ValidationError`` with its message.
+  process hangs and all of them raise the same ``ValidationError`` with its message. Under
+  SPMD (``Backend.step_is_global``) every batch's forward is one program across the hosts, so
+  a host whose loader fails cannot skip to the reductions: the hosts agree before each batch
+  (one host sum per validation batch) and all stop together at the batch that failed.
 
 No ``.item()`` runs inside the loop; batches arrive through ``Backend.wrap_loader`` like training
 batches, so under SPMD they are global arrays sharded over the devices.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +51,10 @@ LABEL_KEY = "label"  # octtrain.data.dataset.ManifestDataset's item layout
 
 class ValidationError(OcttrainError):
     """Validation failed on at least one process, or broke the exact-once invariant."""
+
+
+class _Agreed(ValidationError):
+    """A failure every process has already agreed on: raised on all of them at once."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,8 @@ def collect(
     modes = [m.training for m in models]
     for m in models:
         m.eval()
+    if backend.step_is_global:
+        batches = _agreed_batches(batches, backend)
     try:
         with torch.no_grad():
             for batch in batches:
@@ -96,6 +105,8 @@ def collect(
                 counted = torch.cat([rows.float(), torch.ones_like(valid)], dim=1) * valid
                 table.index_add_(0, batch["index"].long(), counted)
                 backend.sync()
+    except _Agreed:
+        raise  # every process raises here, at the same batch: no reduction left to join
     except Exception as exc:  # noqa: BLE001 - any local failure must still reach the reductions
         log.error(
             "validation failed on process %d; joining the reduction with a failure flag:\n%s",
@@ -118,6 +129,32 @@ def collect(
             f"{lost} never counted (of {n})"
         )
     return np.asarray(reduced[:, :-1], dtype=np.float64)
+
+
+def _agreed_batches(
+    batches: Iterable[dict[str, Any]], backend: Backend
+) -> Iterator[dict[str, Any]]:
+    """``batches``, each yielded only once every process has loaded its own share of it; a
+    process that failed to load makes every process raise its message (``_Agreed``)."""
+    iterator = iter(batches)
+    number = 0
+    while True:
+        number += 1
+        failure: _Agreed | None = None
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return  # padded shards: every process runs out after the same batch
+        except Exception as exc:  # noqa: BLE001 - any loader failure must reach the others
+            log.error(
+                "validation batch %d failed to load on process %d:\n%s",
+                number,
+                backend.process_index,
+                traceback.format_exc(),
+            )
+            failure = _Agreed(f"validation failed on process {backend.process_index}: {exc}")
+        hosts.agree(backend, failure, f"loading validation batch {number}", kind=_Agreed)
+        yield batch
 
 
 def predict(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -108,13 +109,29 @@ WORKER = textwrap.dedent(
     from tests.octtrain.test_validation import Items, C, _image
 
     n, broken_rank = int(sys.argv[1]), int(sys.argv[2])
+    broken_item, spmd = int(sys.argv[4]), sys.argv[5] == "spmd"
     backend = TorchBackend("cpu")
-    broken = 1 if backend.rank == broken_rank else None  # only this process fails to read
+    model = nn.Identity()
+    if spmd:
+        # As under XLA SPMD: each batch's forward is one program over every host (here: a
+        # collective in the forward) and step values are already global (no all-reduce).
+        backend.step_is_global = True
+        host_sum = backend.reduce_step_sum  # an all-reduce: what a sum over hosts still is
+        backend.reduce_host_sum = lambda tensor: host_sum(tensor)
+        backend.reduce_step_sum = lambda tensor: tensor.clone()
+
+        class GlobalStep(nn.Module):
+            def forward(self, x):
+                torch.distributed.all_reduce(torch.ones(7))
+                return x
+
+        model = GlobalStep()
+    broken = broken_item if backend.rank == broken_rank else None  # only this one fails to read
     data = Items(n, broken=broken)
     loader = padded_loader(data, n, backend.rank, backend.world_size, batch_size=2)
     result = {"rank": backend.rank, "batches": len(loader)}
     try:
-        out = predict(nn.Identity(), loader, backend, n=n, num_classes=C, to_input=_image)
+        out = predict(model, loader, backend, n=n, num_classes=C, to_input=_image)
         result["labels"] = out.labels.tolist()
         result["argmax"] = out.probs.argmax(axis=1).tolist()
     except ValidationError as exc:
@@ -127,15 +144,32 @@ WORKER = textwrap.dedent(
 )
 
 
-def _torchrun(tmp_path: Path, procs: int, n: int, broken_rank: int) -> list[dict[str, Any]]:
+def _torchrun(
+    tmp_path: Path, procs: int, n: int, broken_rank: int, broken_item: int = 1, mode: str = "ddp"
+) -> list[dict[str, Any]]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TEST_DIR": str(repo), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc-per-node={procs}", str(script), str(n), str(broken_rank), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    cmd += [str(broken_item), mode]
+    # Its own session, so that a hang (the failure this guards against) is killed whole.
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the processes hung in validation")
+    assert proc.returncode == 0, err[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(procs)]
 
 
@@ -153,3 +187,15 @@ def test_torchrun_failure_on_one_process_is_seen_by_all(tmp_path: Path) -> None:
     own = results[1]["error"]
     assert own.startswith("validation failed on process 1: ")
     assert results[0]["error"] == f"host 1 failed in validation: {own}"  # its message, agreed
+
+
+@pytest.mark.slow
+def test_spmd_a_host_failing_mid_validation_stops_every_host_at_that_batch(
+    tmp_path: Path,
+) -> None:
+    # 9 samples over 2 hosts, batches of 2: host 1 loads 1, 3 | 5, 7 | ... and fails in its
+    # second batch, while host 0 would enter that batch's forward (a collective) and wait.
+    results = _torchrun(tmp_path, procs=2, n=9, broken_rank=1, broken_item=7, mode="spmd")
+    own = results[1]["error"]
+    assert own == "validation failed on process 1: cannot read sample 7"
+    assert results[0]["error"] == f"host 1 failed loading validation batch 2: {own}"
