@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The Cell Painting half of the pipeline, staged as OCT is, through the S3 double:
+# The Cell Painting half of the pipeline, staged as OCT is, through the S3 double, then trained:
 #   synth --kind cellpainting (JUMP layout) -> upload to the S3 double -> build-cache from s3://
-#   -> verify -> mirror the cache to a bucket -> stage to "local SSD" -> verify.
+#   straight into a bucket -> stage to "local SSD" -> verify -> DINOv2 pretraining (tiny, CPU,
+#   W&B offline) -> profile (copairs mAP beside random init, handcrafted and cp-measure features).
 # Usage: scripts/demo-cellpainting.sh [OUT_DIR]   (make demo-cellpainting)
 set -euo pipefail
 OUT=${1:-demo-cellpainting}
@@ -14,10 +15,10 @@ export COLUMNS=${COLUMNS:-120}
 
 step() { printf '\n\033[1;36m== %s\033[0m\n' "$*"; }
 
-step "1/6 synthetic Cell Painting twin in the JUMP layout"
+step "1/7 synthetic Cell Painting twin in the JUMP layout"
 octstage synth --kind cellpainting "$OUT/source_0" --plates 2 --sites 3 --size 128
 
-step "2/6 start the S3 double (moto) on loopback and upload the twin"
+step "2/7 start the S3 double (moto) on loopback and upload the twin"
 python -m tests.doubles serve --env-file "$OUT/doubles.env" --s3-bucket cellpainting-gallery &
 DOUBLES=$!
 trap 'kill $DOUBLES 2>/dev/null || true; wait $DOUBLES 2>/dev/null || true' EXIT
@@ -27,20 +28,31 @@ for _ in $(seq 1 120); do [ -f "$OUT/doubles.env" ] && break; sleep 0.5; done
 python -m tests.doubles upload-s3 "$OUT/source_0" s3://cellpainting-gallery/cpg0016-jump/source_0
 SRC=s3://cellpainting-gallery/cpg0016-jump/source_0
 
-step "3/6 build-cache --kind cellpainting from S3 (the planted truncated TIFF is rejected: exit 1)"
+step "3/7 build-cache --kind cellpainting from S3 into the cache bucket (the planted truncated TIFF is rejected: exit 1)"
 set +e
 octstage build-cache --kind cellpainting --source "$SRC" --metadata metadata/perturbations.csv \
-  --out "$OUT/cache" --json "$OUT/build.json"
+  --out s3://cellpainting-gallery/cache --json "$OUT/build.json"
 rc=$?
 set -e
 [ "$rc" -le 1 ] || { echo "build-cache exit $rc"; exit "$rc"; }
 
-step "4/6 verify the cache"
-octstage verify "$OUT/cache/manifest.json"
-
-step "5/6 upload the cache to a bucket and stage it to local SSD"
-python -m tests.doubles upload-s3 "$OUT/cache" s3://cellpainting-gallery/cache
+step "4/7 stage the cache from the bucket to local SSD (verified against the manifest)"
 octstage stage s3://cellpainting-gallery/cache "$OUT/staged"
 
-step "6/6 verify the staged copy"
+step "5/7 verify the staged copy"
 octstage verify "$OUT/staged/manifest.json"
+
+step "6/7 pretrain DINOv2 (DINO + iBOT + KoLeo, tiny ViT) on the staged fields (CPU; W&B offline)"
+octtrain pretrain --config configs/pretrain/dino-tiny.yaml --manifest "$OUT/staged/manifest.json" \
+  train.run_dir="$OUT/runs/dino" train.max_steps=200 checkpoint.every=100 data.batch_size=16 \
+  schedule.warmup_steps=20 dino.warmup_teacher_temp_steps=66 logging.log_every=50 \
+  logging.wandb_mode=offline
+
+step "7/7 profile the EMA teacher: well profiles, copairs mAP, beside the baselines"
+octtrain profile --checkpoint "$OUT/runs/dino/checkpoints" --manifest "$OUT/staged/manifest.json" \
+  --out "$OUT/profile"
+
+step "done: outputs in $OUT"
+printf '  %s\n' "build summary: build.json" "staged cache: staged/" \
+  "training: runs/dino/metrics.jsonl, runs/dino/images/ (attention maps, feature PCA)" \
+  "profiles: profile/profile.json"

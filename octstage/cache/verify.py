@@ -38,7 +38,7 @@ class VerifyReport:
 
     manifest: str
     cache: str
-    volumes: int = 0
+    volumes: int = 0  # the manifest's items: volumes, or fields for kind "cellpainting"
     verified: int = 0
     missing: list[str] = field(default_factory=list)
     missing_why: dict[str, str] = field(default_factory=dict)  # zarr_path -> what is gone
@@ -48,6 +48,7 @@ class VerifyReport:
     inconsistent: list[str] = field(default_factory=list)  # the manifest contradicts itself
     schema: str = "skipped"  # "valid", "invalid" or "skipped: <why>"
     temporaries: list[str] = field(default_factory=list)  # leftovers of a killed build (harmless)
+    kind: str = "oct"
 
     @property
     def ok(self) -> bool:
@@ -146,7 +147,7 @@ def verify(
     loaded = mf.load(manifest_path)
     root = cache if cache is not None else manifest_path.parent
     items = loaded.items  # OCT volumes or Cell Painting fields: the common part is enough
-    report = VerifyReport(str(manifest_path), str(root), volumes=len(items))
+    report = VerifyReport(str(manifest_path), str(root), volumes=len(items), kind=loaded.kind)
     report.schema, report.schema_errors = validate_schema(json.loads(manifest_path.read_text()))
     report.inconsistent = mf.consistency_problems(loaded)
     # zarr's blosc and hashlib release the GIL on large buffers: threads give real parallelism.
@@ -196,7 +197,8 @@ def run_verify(
 def _print(report: VerifyReport) -> None:
     table = Table(title=f"verify {report.manifest}", show_header=False)
     table.add_row("cache", report.cache)
-    table.add_row("volumes", str(report.volumes))
+    items = "fields" if report.kind == "cellpainting" else "volumes"
+    table.add_row(items, str(report.volumes))
     table.add_row("verified", str(report.verified))
     table.add_row("missing", str(len(report.missing)))
     table.add_row("changed", str(len(report.changed)))
@@ -210,7 +212,7 @@ def _print(report: VerifyReport) -> None:
     lines = [
         *(f"missing {p}: {report.missing_why.get(p, 'not in the cache')}" for p in report.missing),
         *(f"changed {item['zarr_path']}: {item['why']}" for item in report.changed),
-        *(f"extra {p}: a volume folder the manifest does not list" for p in report.extra),
+        *(f"extra {p}: a {items[:-1]} folder the manifest does not list" for p in report.extra),
         *(f"schema {err}" for err in report.schema_errors),
         *(f"manifest {report.manifest}: {why}" for why in report.inconsistent),
     ]

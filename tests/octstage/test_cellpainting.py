@@ -150,6 +150,7 @@ def test_twin_builds_from_s3_into_a_verified_cache_that_stages(
     assert all(np.asarray(arr[c]).max() > 100 for c in range(5))
     report = verify(cache / "manifest.json")
     assert report.ok and report.verified == len(m.fields) and report.schema == "valid"
+    assert report.kind == "cellpainting"  # its summary counts fields, not volumes
     # Stage from a bucket copy of the cache, verified.
     client = s3_server.client()
     for path in sorted(p for p in cache.rglob("*") if p.is_file()):
