@@ -1,25 +1,13 @@
-"""The ``octstage`` command: one subcommand per pipeline step, each a single ``run_*`` call.
-
-Exit codes: 0 success, 1 the step finished but something was rejected or below a threshold,
-2 the step was refused or failed (the message says which file and why), 3 (build-cache only)
-volumes are missing for reasons of the machine and a re-run retries them. Each subcommand's
-``--help`` lists its own codes (``EXIT_CODES``), so a script can rely on them.
+"""The ``octstage`` argument parser: every subcommand, its flags and their types, and the exit
+codes its ``--help`` documents (``EXIT_CODES``).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 
-from rich.console import Console
-from rich.logging import RichHandler
-
-from octstage.errors import OctstageError
-
-console = Console(stderr=True)
+import octstage.cli.commands as commands
 
 _REFUSED = "  2  refused or failed: bad arguments, unreadable input, an unexpected error"
 # Every command: Ctrl-C prints one line, keeps what was finished, and exits 130.
@@ -57,151 +45,6 @@ exit codes:
     "     volume listed twice, a participant in two splits, a label outside the classes)\n"
     + _REFUSED,
 }
-
-
-def _synth(a: argparse.Namespace) -> int:
-    if a.kind == "cellpainting":
-        from octstage.cellpainting.synth import run_synth_cellpainting
-
-        return run_synth_cellpainting(
-            Path(a.out), a.plates, a.sites, a.size, a.seed, traps=not a.no_traps
-        )
-    from octstage.dataset.synth import run_synth
-
-    return run_synth(
-        Path(a.out),
-        participants=a.participants,
-        seed=a.seed,
-        full_size=a.full_size,
-        traps=not a.no_traps,
-    )
-
-
-def _audit(a: argparse.Namespace) -> int:
-    from octstage.audit.run import run_audit
-
-    return run_audit(
-        labels=a.labels,  # a path or a URL: not a Path, which would mangle gs://
-        oct_root=a.oct,
-        json_out=Path(a.json) if a.json else None,
-        min_overlap=a.min_overlap,
-        plot=Path(a.plot) if a.plot else None,
-        progress_seconds=a.progress_seconds,
-        select={
-            "device": tuple(a.select_device or ()),
-            "region": tuple(a.select_region or ()),
-            "eye": tuple(a.select_eye or ()),
-        },
-    )
-
-
-# build-cache options that only one kind reads: given with the other kind they would be
-# ignored, so a run would silently do something else than asked (--progress-seconds is harmless).
-_KIND_ONLY = {
-    "oct": (
-        "labels",
-        "config",
-        "shape",
-        "scheduler",
-        "inventory",
-        "no_verify_sources",
-        "from_tsv",
-        "concept",
-        "max_reject_share",
-    ),
-    "cellpainting": ("load_data", "metadata"),
-}
-
-
-def _refuse_other_kinds_options(a: argparse.Namespace) -> None:
-    for kind, names in _KIND_ONLY.items():
-        given = [n for n in names if kind != a.kind and getattr(a, n) not in (None, False)]
-        if given:
-            flags = ", ".join("--" + n.replace("_", "-") for n in given)
-            raise OctstageError(f"{flags}: only for --kind {kind}, not --kind {a.kind}")
-
-
-def _build(a: argparse.Namespace) -> int:
-    _refuse_other_kinds_options(a)
-    if a.kind == "cellpainting":
-        from octstage.cellpainting.build import run_build_cellpainting
-
-        return run_build_cellpainting(
-            source=a.source,
-            out=a.out,  # a folder or a bucket URL: not a Path, which would mangle gs://
-            load_data=tuple(a.load_data or ()),
-            metadata=a.metadata,
-            workers=a.workers,
-            json_out=Path(a.json) if a.json else None,
-            manifest_path=Path(a.manifest) if a.manifest else None,
-        )
-    if not a.labels:
-        raise OctstageError("--labels (participants.tsv) is required for --kind oct")
-    from octstage.config import load_build_config
-
-    # Settings are checked before the step (dask, zarr, pydicom) is imported: a refusal is quick.
-    config = load_build_config(a.config, shape=tuple(a.shape) if a.shape else None)
-    if a.inventory is not None and a.no_verify_sources:
-        raise OctstageError("--inventory and --no-verify-sources contradict each other")
-    from octstage.cachebuild.run import run_build
-
-    return run_build(
-        source=a.source,
-        labels=a.labels,  # a path or a URL: not a Path, which would mangle gs://
-        out=a.out,  # a folder or a bucket URL: not a Path, which would mangle gs://
-        manifest=Path(a.manifest) if a.manifest else None,
-        config=config,
-        workers=a.workers,
-        scheduler=a.scheduler,
-        inventory=a.inventory,
-        json_out=Path(a.json) if a.json else None,
-        max_reject_share=a.max_reject_share,
-        verify_sources=not a.no_verify_sources,
-        progress_seconds=a.progress_seconds,
-        from_tsv=a.from_tsv,
-        concepts=tuple(a.concept or ()),
-    )
-
-
-def _verify(a: argparse.Namespace) -> int:
-    from octstage.cache.verify import run_verify
-
-    return run_verify(
-        Path(a.manifest),
-        cache=Path(a.cache) if a.cache else None,
-        json_out=a.json,
-        progress_seconds=a.progress_seconds,
-    )
-
-
-def _mirror(a: argparse.Namespace) -> int:
-    from octstage.mirror.run import run_mirror
-
-    return run_mirror(
-        a.src,
-        a.dst,
-        dry_run=a.dry_run,
-        prune=a.prune,
-        max_delete=a.max_delete,
-        transfers=a.transfers,
-        checkers=a.checkers,
-        json_out=Path(a.json) if a.json else None,
-        progress_seconds=a.progress_seconds,
-        hash_missing=a.hash_missing,
-    )
-
-
-def _stage(a: argparse.Namespace) -> int:
-    from octstage.stage import run_stage
-
-    return run_stage(
-        a.src,
-        Path(a.dst),
-        transfers=a.transfers,
-        json_out=Path(a.json) if a.json else None,
-        progress_seconds=a.progress_seconds,
-        replace=a.replace,
-    )
 
 
 def _at_least(low: int) -> Callable[[str], int]:
@@ -265,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add(
         "synth",
-        _synth,
+        commands.synth,
         "Write a deterministic demo dataset: the AI-READI twin (DICOM, manifest.tsv, participants, "
         "OMOP tables), or with --kind cellpainting a JUMP-like Cell Painting twin (TIFFs, illum, "
         "load-data tables).",
@@ -294,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add(
         "audit-ids",
-        _audit,
+        commands.audit,
         "Report label/OCT overlap and every reason a participant or file is excluded.",
     )
     s.add_argument("--labels", required=True, help="participants.tsv (path or gs://, s3:// URL)")
@@ -321,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add(
         "build-cache",
-        _build,
+        commands.build,
         "Decode every verified volume once, normalize, resize and write the Zarr cache + manifest.",
     )
     s.add_argument(
@@ -408,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 2 when more than this share (0..1) of the listed sources is left out",
     )
 
-    s = add("verify", _verify, "Recompute every cached volume's checksum against the manifest.")
+    s = add(
+        "verify", commands.verify, "Recompute every cached volume's checksum against the manifest."
+    )
     s.add_argument("manifest", help="manifest JSON")
     s.add_argument("--cache", help="cache root (default: the manifest's folder)")
     s.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -416,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add(
         "mirror",
-        _mirror,
+        commands.mirror,
         "Copy SRC to DST with rclone, then verify every new object against the source SHA1.",
     )
     s.add_argument(
@@ -445,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add(
         "stage",
-        _stage,
+        commands.stage,
         "Pull a built cache and its manifest to local SSD, verifying every volume.",
     )
     s.add_argument("src", help="where the cache is (gs://, s3://, b2://, a remote: or a folder)")
@@ -470,48 +315,3 @@ def _progress_option(parser: argparse.ArgumentParser) -> None:
         help="when stderr is not a terminal, print a progress line every S seconds "
         "(default: $OCTSTAGE_PROGRESS_SECONDS, else 30; 0 = every update)",
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a refused argument (2), already printed
-        return exc.code if isinstance(exc.code, int) else 2
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False)],
-    )
-    # pylibjpeg-openjpeg logs every encoded tile at INFO: thousands of lines per synth run.
-    logging.getLogger("openjpeg").setLevel(logging.WARNING)
-    try:
-        if "progress_seconds" in args:
-            from octstage.progress import interval
-
-            interval(args.progress_seconds)  # $OCTSTAGE_PROGRESS_SECONDS too, before the step
-        return int(args.func(args))
-    except KeyboardInterrupt:
-        console.print(
-            f"octstage {args.command}: interrupted; what was finished is kept: run the same "
-            "command again to go on",
-            markup=False,
-            highlight=False,
-        )
-        return 130
-    except OctstageError as exc:
-        console.print(f"octstage {args.command}: {exc}", style="bold red", markup=False)
-        return exc.exit_code
-    except OSError as exc:  # the disk, a permission, a path: the user's to mend, no crash
-        where = f"{exc.filename}: " if exc.filename else ""
-        reason = exc.strerror or str(exc)
-        console.print(f"octstage {args.command}: {where}{reason}", style="bold red", markup=False)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - a crash must not read as exit 1 ("rejections")
-        if args.verbose:
-            console.print_exception()
-        console.print(f"[bold red]octstage {args.command}: unexpected {type(exc).__name__}: {exc}")
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
