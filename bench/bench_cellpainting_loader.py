@@ -45,6 +45,7 @@ import os
 import queue
 import random
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -69,6 +70,8 @@ from octtrain.config.dino import CropConfig
 from octtrain.data.arrayread import CachedArray, open_array
 from octtrain.data.cellpainting import CellPaintingDataset, read_region
 from octtrain.data.volumeread import read_volume
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.doubles, from a checkout
 from tests.doubles.s3 import S3Double
 
 Loader = Callable[[random.Random], np.ndarray]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ from octtrain.runtime.backend import make_backend
 from octtrain.train.dino import DinoJob
 from octtrain.train.job import Settings
 from octtrain.train.loop import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.octtrain, from a checkout
 from tests.octtrain.cell_cache import write_cell_cache
 
 ROOT = Path(__file__).resolve().parents[1]

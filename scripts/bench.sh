@@ -18,3 +18,7 @@ if [ -f demo-output/ssd/manifest.json ]; then
 else
   echo "bench_finetune: skipped, no demo-output/ssd/manifest.json (run make demo first)"
 fi
+python bench/bench_refusal.py
+python bench/bench_cellpainting_loader.py
+python bench/bench_dino_twin.py
+python bench/bench_label_efficiency.py   # ~6 min on 2 cores

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -35,3 +38,22 @@ def test_no_package_folder_has_a_name_the_python_gitignore_template_ignores() ->
     assert folders, "no package folders found"
     clashes = [p.relative_to(ROOT) for p in folders if p.name in IGNORED_BY_THE_PYTHON_TEMPLATE]
     assert not clashes, f"renamed build stage? these folders would be ignored: {clashes}"
+
+
+def test_every_benchmark_starts_from_a_checkout_as_the_readme_runs_it(tmp_path: Path) -> None:
+    """``python bench/X.py`` with no PYTHONPATH (the README's command): a benchmark that imports
+    the test doubles must put the checkout on its path itself. ``--help`` parses after the
+    imports, so each start proves them."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        if "from tests." not in script.read_text():
+            continue  # imports only the installed packages
+        proc = subprocess.run(
+            [sys.executable, str(script), "--help"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, f"{script.name}: {proc.stderr[-2000:]}"
