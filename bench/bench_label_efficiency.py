@@ -42,10 +42,10 @@ temporary folder):
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -59,7 +59,6 @@ import numpy.typing as npt
 import torch
 
 from octstage import manifest as mf
-from octstage.cache.volumestore import volume_relpath, write_volume
 from octstage.dataset.ids import DEVICES
 from octstage.dataset.labels import STUDY_GROUPS
 from octstage.dataset.synth_lesions import NUM_CLASSES, render_lesions
@@ -76,6 +75,9 @@ from octtrain.runtime.backend import make_backend
 from octtrain.runtime.checkpoint import checkpoint_sha256, load_checkpoint
 from octtrain.train.finetune import run_finetune
 from octtrain.train.pretrain import run_pretrain
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.octtrain, from a checkout
+from tests.octtrain.tiny_cache import cached_volume, write_synthetic_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "configs" / "pretrain" / "tiny.yaml"
@@ -168,45 +170,24 @@ def write_cache(root: Path, b: Budget, seed: int) -> Path:
                 device = DEVICES[(i + label) % len(DEVICES)]
                 pid = f"{SITE_DIGITS[serial % 3]}{serial // 3:03d}"
                 serial += 1
-                key = f"k{serial:05d}"
-                rel = volume_relpath(pid, key)
-                spacing = (0.1, 0.01, 0.01)
                 array = render(b.shape, label, DEVICE_LOOK[device], rng)
-                checksum = write_volume(cache, rel, array, spacing, {"label": label})
                 volumes.append(
-                    mf.Volume(
-                        participant_id=pid,
+                    cached_volume(
+                        cache,
+                        pid,
+                        f"k{serial:05d}",
+                        array,
+                        split=split,
+                        label=label,
+                        group=group,
                         device=device,
                         laterality="LR"[serial % 2],
                         protocol="synthetic-lesions",
-                        split=split,
-                        study_group=group,
-                        label=label,
-                        source_path=f"synthetic/{pid}.dcm",
-                        source_sha1="0" * 40,
-                        source_size=0,
-                        transfer_syntax="1.2.840.10008.1.2.1",
-                        source_shape=b.shape,
-                        spacing_mm=spacing,
-                        zarr_path=rel,
-                        shape=b.shape,
-                        dtype="uint8",
-                        normalization=mf.Normalization(1.0, 99.0, 0.0, 255.0),
-                        checksum=checksum,
-                        cache_key=key,
                     )
                 )
-    header = mf.Header(
-        dataset="bench-label-efficiency",
-        created=datetime.datetime.now(datetime.UTC).isoformat(),
-        code_version="bench",
-        cache_version=mf.CACHE_VERSION,
-        config_hash="bench",
-        config={"shape": list(b.shape), "seed": seed, "device_look": _looks()},
-        counts=mf.count_summary(volumes, 0),
-    )
-    path = cache / "manifest.json"
-    mf.write(mf.Manifest(header, STUDY_GROUPS[:NUM_CLASSES], tuple(volumes)), path)
+    config = {"shape": list(b.shape), "seed": seed, "device_look": _looks()}
+    classes = STUDY_GROUPS[:NUM_CLASSES]
+    path = write_synthetic_manifest(cache, volumes, classes, "bench-label-efficiency", config)
     return path
 
 

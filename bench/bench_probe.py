@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -41,8 +41,6 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from torch.utils.data import DataLoader
 
-from octstage import manifest as mf
-from octstage.cache.volumestore import volume_relpath, write_volume
 from octstage.dataset.ids import DEVICES
 from octstage.dataset.labels import STUDY_GROUPS
 from octstage.dataset.synth_lesions import NUM_CLASSES, render_lesions
@@ -57,6 +55,9 @@ from octtrain.models.vit3d import encoder_from_config
 from octtrain.runtime.checkpoint import load_checkpoint
 from octtrain.train.finetune import run_finetune
 from octtrain.train.pretrain import run_pretrain
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.octtrain, from a checkout
+from tests.octtrain.tiny_cache import cached_volume, write_synthetic_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "configs" / "pretrain" / "tiny.yaml"
@@ -98,45 +99,23 @@ def write_lesion_cache(root: Path, b: Budget, seed: int) -> Path:
             for label, group in enumerate(STUDY_GROUPS[:NUM_CLASSES]):
                 pid += 1
                 array = render_lesions(b.shape, label, rng)
-                key = f"k{pid:05d}"
-                rel = volume_relpath(str(pid), key)
-                spacing = (0.1, 0.01, 0.01)
-                checksum = write_volume(cache, rel, array, spacing, {"label": label})
                 volumes.append(
-                    mf.Volume(
-                        participant_id=str(pid),
+                    cached_volume(
+                        cache,
+                        str(pid),
+                        f"k{pid:05d}",
+                        array,
+                        split=split,
+                        label=label,
+                        group=group,
                         device=DEVICES[i % len(DEVICES)],
                         laterality="LR"[pid % 2],
                         protocol="synthetic-lesions",
-                        split=split,
-                        study_group=group,
-                        label=label,
-                        source_path=f"synthetic/{pid}.dcm",
-                        source_sha1="0" * 40,
-                        source_size=0,
-                        transfer_syntax="1.2.840.10008.1.2.1",
-                        source_shape=b.shape,
-                        spacing_mm=spacing,
-                        zarr_path=rel,
-                        shape=b.shape,
-                        dtype="uint8",
-                        normalization=mf.Normalization(1.0, 99.0, 0.0, 255.0),
-                        checksum=checksum,
-                        cache_key=key,
                     )
                 )
-    header = mf.Header(
-        dataset="bench-probe-lesions",
-        created=datetime.datetime.now(datetime.UTC).isoformat(),
-        code_version="bench",
-        cache_version=mf.CACHE_VERSION,
-        config_hash="bench",
-        config={"shape": list(b.shape), "seed": seed},
-        counts=mf.count_summary(volumes, 0),
-    )
-    path = cache / "manifest.json"
     classes = STUDY_GROUPS[:NUM_CLASSES]
-    mf.write(mf.Manifest(header, classes, tuple(volumes)), path)
+    config = {"shape": list(b.shape), "seed": seed}
+    path = write_synthetic_manifest(cache, volumes, classes, "bench-probe-lesions", config)
     return path
 
 

@@ -54,41 +54,87 @@ def write_tiny_cache(
             for label, group in enumerate(STUDY_GROUPS):
                 pid += 1
                 array = synth_volume(shape, label, rng)
-                key = f"k{pid:05d}"
-                rel = volume_relpath(str(pid), key)
-                checksum = write_volume(cache, rel, array, (0.1, 0.01, 0.01), {"label": label})
                 volumes.append(
-                    mf.Volume(
-                        participant_id=str(pid),
+                    cached_volume(
+                        cache,
+                        str(pid),
+                        f"k{pid:05d}",
+                        array,
+                        split=split,
+                        label=label,
+                        group=group,
                         device=DEVICES[i % len(DEVICES)],
                         laterality="LR"[pid % 2],
                         protocol="synthetic",
-                        split=split,
-                        study_group=group,
-                        label=label,
-                        source_path=f"synthetic/{pid}.dcm",
-                        source_sha1="0" * 40,
-                        source_size=0,
-                        transfer_syntax="1.2.840.10008.1.2.1",
-                        source_shape=shape,
-                        spacing_mm=(0.1, 0.01, 0.01),
-                        zarr_path=rel,
-                        shape=shape,
-                        dtype="uint8",
-                        normalization=mf.Normalization(1.0, 99.0, 0.0, 255.0),
-                        checksum=checksum,
-                        cache_key=key,
                     )
                 )
+    path = write_synthetic_manifest(
+        cache, volumes, STUDY_GROUPS, "tiny-test", {"shape": list(shape)}
+    )
+    return path, cache
+
+
+SPACING_MM = (0.1, 0.01, 0.01)
+
+
+def cached_volume(
+    cache: Path,
+    participant_id: str,
+    key: str,
+    array: np.ndarray,
+    *,
+    split: str,
+    label: int,
+    group: str,
+    device: str,
+    laterality: str,
+    protocol: str,
+) -> mf.Volume:
+    """``array`` written into ``cache`` as build-cache writes a volume, and its manifest record
+    (a synthetic source: no DICOM file behind it)."""
+    rel = volume_relpath(participant_id, key)
+    checksum = write_volume(cache, rel, array, SPACING_MM, {"label": label})
+    shape = (array.shape[0], array.shape[1], array.shape[2])
+    return mf.Volume(
+        participant_id=participant_id,
+        device=device,
+        laterality=laterality,
+        protocol=protocol,
+        split=split,
+        study_group=group,
+        label=label,
+        source_path=f"synthetic/{participant_id}.dcm",
+        source_sha1="0" * 40,
+        source_size=0,
+        transfer_syntax="1.2.840.10008.1.2.1",
+        source_shape=shape,
+        spacing_mm=SPACING_MM,
+        zarr_path=rel,
+        shape=shape,
+        dtype="uint8",
+        normalization=mf.Normalization(1.0, 99.0, 0.0, 255.0),
+        checksum=checksum,
+        cache_key=key,
+    )
+
+
+def write_synthetic_manifest(
+    cache: Path,
+    volumes: list[mf.Volume],
+    classes: tuple[str, ...],
+    dataset: str,
+    config: dict[str, object],
+) -> Path:
+    """``cache/manifest.json`` listing ``volumes`` (written last, as build-cache does)."""
     header = mf.Header(
-        dataset="tiny-test",
+        dataset=dataset,
         created=datetime.datetime.now(datetime.UTC).isoformat(),
-        code_version="test",
+        code_version=dataset,
         cache_version=mf.CACHE_VERSION,
-        config_hash="test",
-        config={"shape": list(shape)},
+        config_hash=dataset,
+        config=config,
         counts=mf.count_summary(volumes, 0),
     )
     path = cache / "manifest.json"
-    mf.write(mf.Manifest(header, STUDY_GROUPS, tuple(volumes)), path)
-    return path, cache
+    mf.write(mf.Manifest(header, classes, tuple(volumes)), path)
+    return path
