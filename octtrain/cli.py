@@ -323,7 +323,11 @@ def _add_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="well profiles of a DINO checkpoint (Cell Painting): retrieval mAP and probes "
         "beside a random-init encoder and handcrafted features",
     )
-    p.add_argument("--checkpoint", required=True, help="DINO checkpoint file (step_*.pt)")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="DINO checkpoint file (step_*.pt), or its folder (the latest)",
+    )
     p.add_argument("--manifest", required=True, help="manifest.json of a Cell Painting cache")
     p.add_argument("--cache", help="cache root; default: the manifest's folder")
     p.add_argument("--out", help="folder for profile.json; default: the checkpoint's folder")
