@@ -84,6 +84,11 @@ class Backend(Protocol):
         """Number of graph compilations so far (XLA); None where it does not apply."""
         ...
 
+    def peak_memory_gib(self) -> float | None:
+        """The most device memory this process's tensors have held so far, in GiB (CUDA's
+        allocator); None where the device keeps no such count (CPU, XLA)."""
+        ...
+
     def close(self) -> None:
         """Release the process group / runtime."""
         ...

@@ -97,6 +97,11 @@ class TorchBackend:
     def compile_count(self) -> int | None:
         return None
 
+    def peak_memory_gib(self) -> float | None:
+        if self.kind != "cuda":
+            return None
+        return torch.cuda.max_memory_allocated(self.device) / 2**30
+
     def close(self) -> None:
         if self.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()

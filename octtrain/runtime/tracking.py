@@ -34,6 +34,7 @@ CONSOLE_KEYS = (
     "step_time_s",
     "samples_per_s",
     "compile_count",
+    "peak_memory_gib",
     "balanced_accuracy",
     "knn_balanced_accuracy",
     "feat_erank",

@@ -211,6 +211,9 @@ class XlaBackend:
         data = met.metric_data("CompileTime")
         return 0 if data is None else int(data[0])
 
+    def peak_memory_gib(self) -> float | None:
+        return None  # XLA's per-program figures come from its buffer assignment (bench_model)
+
     def close(self) -> None:
         for loader in self._loaders:
             loader.close()

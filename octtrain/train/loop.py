@@ -359,6 +359,9 @@ class Trainer:
         compiles = self.backend.compile_count()
         if compiles is not None:
             host["train/compile_count"] = float(compiles)
+        peak = self.backend.peak_memory_gib()
+        if peak is not None:
+            host["train/peak_memory_gib"] = peak
         self._window = {"wait": 0.0, "time": 0.0, "n": 0.0}
         return host
 

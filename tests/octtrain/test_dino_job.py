@@ -14,6 +14,7 @@ from octtrain.config.dino import DinoConfig, job_of
 from octtrain.config.loader import load_config
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.runtime.backend import make_backend
+from octtrain.runtime.torch_backend import TorchBackend
 from octtrain.train.dino import DinoJob, collapse_entropies, teacher_temperature
 from octtrain.train.job import RunResult, Settings
 from octtrain.train.loop import Trainer
@@ -219,3 +220,22 @@ def test_validation_needs_control_and_treated_wells_on_the_validation_plates(
     cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path}", "validation.every=3"])
     with pytest.raises(DataError, match="has no treated wells"):
         DinoJob(cfg, train, root, make_backend("cpu"), only_controls)
+
+
+def test_peak_device_memory_is_logged_where_the_backend_counts_it(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPU keeps no allocator peak (no key, not a made-up 0); a CUDA backend's peak is logged
+    with every timing window (stood in for by the backend's own method here: no GPU in CI)."""
+    root, fields = cell_cache
+    _run(root, fields, [f"train.run_dir={tmp_path / 'cpu'}", "logging.log_every=2"])
+    lines = (tmp_path / "cpu" / "metrics.jsonl").read_text().splitlines()
+    assert not any("train/peak_memory_gib" in json.loads(x) for x in lines)
+    assert make_backend("cpu").peak_memory_gib() is None
+    monkeypatch.setattr(TorchBackend, "peak_memory_gib", lambda self: 1.5)
+    _run(root, fields, [f"train.run_dir={tmp_path / 'gpu'}", "logging.log_every=2"])
+    records = [
+        json.loads(x) for x in (tmp_path / "gpu" / "metrics.jsonl").read_text().split("\n") if x
+    ]
+    timed = [r for r in records if "train/step_time_s" in r]
+    assert timed and all(r["train/peak_memory_gib"] == 1.5 for r in timed)
