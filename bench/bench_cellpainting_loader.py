@@ -21,18 +21,22 @@ bytes from memory and beside zarr 3.1, for a field, a crop and a cached OCT volu
 
     python bench/bench_cellpainting_loader.py [--size 256] [--crop 224] [--steps 6] [--skip-s3]
 
-Measured (final code of this round, 2 CPU cores, nothing else running). Defaults (48 fields
-256x256x5, 224 crops, --steps 6): (a) S3 +50 ms/GET, 4 threads: data wait 96% of the step time,
-20 fields/s per loader core; (b) staged cache, 2 threads: data wait 0.1%, 1113 fields/s per
-loader core (a step needs 267 fields/s: ~0.24 core); a crop reads 131.9 KiB of the field's
-141.9 KiB stored (raw TIFFs 641 KiB). One read against the codec decoding its chunks: a field
-0.97 vs 0.78 ms = 1.24x and a crop 0.97 vs 0.79 ms = 1.24x (+ ~0.12 ms to open the field, once
-per item), zarr 6.2-7.5x; the OCT volume 64x384x384 (read_volume) 14.22 vs 11.79 ms = 1.21x,
-zarr 2.37x. Earlier, on the shared machine (load 5-7), with --size 1080 --skip-s3 (JUMP's field
-size): (b) waits 0.0%, 885 fields/s per loader core; a crop reads 150.3 KiB of the 2171 KiB
-stored; a whole field 1.22x (zarr 3.76x), a crop 1.28x (zarr 6.13x). The data-wait target is
-met with room; the 1.2x read target is missed by 1-4%: what is left is the Python loop per
-chunk and placing each chunk into the output.
+Measured (final code of this round; 2 CPU cores shared with three other jobs, load ~3: noisy,
+the ratios move by a few hundredths from run to run). Defaults (48 fields 256x256x5, 224 crops,
+--steps 6): (a) S3 +50 ms/GET, 4 threads: data wait 96% of the step time, 18 fields/s per
+loader core; (b) staged cache, 2 threads: data wait 0.0%, 1240 fields/s per loader core (a step
+needs 267 fields/s: ~0.22 core); a crop reads 131.9 KiB of the field's 141.9 KiB stored (raw
+TIFFs 641 KiB). One read against the codec decoding its chunks: a field 0.74 vs 0.64 ms =
+1.15x and a crop 0.75 vs 0.63 ms = 1.18x (+ ~0.14 ms to open the field, once per item), zarr
+5.1-5.2x; the OCT volume 64x384x384 (read_volume) 12.18 vs 10.51 ms = 1.16x, zarr 1.95x. Other
+--skip-s3 runs of the same code that hour: field 1.13-1.18x, crop 1.15-1.23x, OCT 1.04-1.20x
+(the 1.23x under load ~3.5). With --size 1080 --skip-s3 (JUMP's field size), the same hour:
+(b) waits 0.0%, 1057 fields/s per loader core; a crop reads 150.3 KiB of the 2171 KiB stored; a
+whole field 1.07x (zarr 4.47x), a crop 1.23x (zarr 8.89x). The data-wait target is met with
+room. The 1.2x read target is met at the default sizes by a few hundredths, and a crop misses
+it now and then (1.23x above): what is left over the decode is the one strided copy into the
+output (~0.06x), reading the chunk bytes from the page cache (~0.07x for a volume) and ~25 us
+of Python and syscalls per read (~0.05x of a 16-chunk crop's decode).
 """
 
 from __future__ import annotations

@@ -2,15 +2,18 @@
 never a fill value in place of a missing data object.
 
 The trainer's one reader of octstage's Zarr v3 arrays: ``open_array(path, name)`` parses the
-array's ``zarr.json`` and ``CachedArray.read(region)`` returns ``array[region]``, reading from
-disk only the chunks the region covers, located through the shard index (one ``pread`` per run
-of chunks stored next to each other; a read of a megabyte or more, a whole volume, decodes from
-the mapped shard instead, sparing the copy), and decoding each with numcodecs' blosc (or zstd)
-into one reused chunk buffer, then into place. The layout read is what octstage writes
-(``sharding_indexed`` shards whose inner codecs are ``bytes`` + ``blosc`` and whose index is
-``bytes`` + ``crc32c``), plus plain unsharded chunks (``bytes`` and an optional ``blosc`` /
-``zstd``); anything else is refused with a DataError rather than misread. It starts no thread
-(fork-safe in DataLoader workers) and blosc releases the GIL while it decodes.
+array's ``zarr.json`` (and works out its chunk geometry once) and ``CachedArray.read(region)``
+returns ``array[region]``, reading from disk only the chunks the region covers, located through
+the shard index (one ``preadv`` per run of chunks stored next to each other, up to ``RUN_MAX``
+bytes, into a buffer the thread keeps). Each chunk decodes with numcodecs' blosc (or zstd)
+straight into its row of a second kept buffer holding the region's chunks side by side, and
+one strided copy per piece (a whole array: one; a crop: at most 3 per axis, a partial first
+chunk, the whole chunks, a partial last chunk) places them into the new output array. The
+layout read is what octstage writes (``sharding_indexed`` shards whose inner codecs are
+``bytes`` + ``blosc`` and whose index is ``bytes`` + ``crc32c``), plus plain unsharded chunks
+(``bytes`` and an optional ``blosc`` / ``zstd``); anything else is refused with a DataError
+rather than misread. It starts no thread (fork-safe in DataLoader workers) and blosc releases
+the GIL while it decodes.
 
 Why a reader of its own, not zarr, zarrs or tensorstore. Measured on the 2-core shared dev
 machine (zarr 3.1.6, zarrs 0.2.3, tensorstore 0.1.86, numcodecs 0.16.6), median CPU time of
@@ -21,17 +24,23 @@ per read); the ``zarrs`` codec pipeline 1.5-2.0x (1.6-1.8x on OCT); tensorstore 
 (1.15-1.3x on fields, 1.4x on OCT) but aborts any forked child once the parent process has
 used it ("fork() use detected"), and the trainer's DataLoader forks its workers after the main
 process has read (validation, profiles): it cannot be the trainer's reader. This one reads a
-field or crop at ~1.15x the floor and an OCT volume at ~1.2-1.3x (``bench/bench_cellpainting_
-loader.py`` prints both on every run); what is left over the decode is the Python loop (~5 us
-a chunk), placing each chunk into the output and the new output array's memory itself.
+5x256x256 field, its 224 crop and an OCT volume (``read_volume``) within 1.2x of the floor:
+the last run of ``bench/bench_cellpainting_loader.py`` (which prints all three every run)
+printed 1.15x, 1.18x and 1.16x, on the 2-core machine shared with three other jobs (load ~3),
+where other runs of the same code printed 1.13-1.18x, 1.15-1.23x and 1.04-1.20x (and, for
+a 5x1080x1080 field, 1.07x whole and 1.23x for a crop: a crop misses now and then). Its own
+decode loop runs at the floor's speed; what is left over it is the one strided copy into the
+output (rows of 64 or 128 bytes: ~0.07x), reading the chunk bytes from the page cache (~0.07x
+for a volume; ~0.01x for a field), ~25 us of Python and syscalls per read (~0.05x of a
+field's), and the new output array's memory.
 
 A missing data object (a shard, or a plain chunk) is a DataError, never zeros: zarr reads an
 absent object as the fill value, this reader refuses it. An inner chunk that the shard index
 marks empty (both words 2**64-1: zarr writes no bytes for a chunk that is all fill value) is
 the fill value, as the writer meant. A shard shorter than its index, an index whose crc32c
-does not match, an entry that points outside its shard and a chunk that does not decode to its
-size are DataErrors too ("does not decode"). Every message names the array and points at
-``octstage verify``.
+does not match, an entry that points outside its shard, a shard cut short while it is read and
+a chunk that does not decode to its size are DataErrors too ("does not decode"). Every message
+names the array and points at ``octstage verify``.
 """
 
 from __future__ import annotations
@@ -39,12 +48,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import mmap
 import os
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import google_crc32c
 import numcodecs.blosc
@@ -57,12 +66,12 @@ from octtrain.errors import DataError
 ADVICE = "run `octstage verify` on the manifest, then rebuild or restage the cache"
 INDEX_ENTRY_BYTES = 16  # a shard index holds (offset, length) as two uint64 per inner chunk
 CRC_BYTES = 4
-MAP_BYTES = 1 << 20  # chunks wanted from one shard above which it is mapped, not read
 EMPTY = 2**64 - 1  # an index entry of an inner chunk that was never written (all fill value)
+RUN_MAX = 256 << 10  # a run read at once stops growing here: its chunks decode while cached
+SCRATCH_MAX = 32 << 20  # bytes of decoded chunks up to which a thread keeps its buffer
 
 Region = tuple[slice, ...]
-# A chunk to decode: its offset and length in the shard, its part, where that part goes in out.
-Wanted = tuple[int, int, tuple[slice, ...], tuple[slice, ...]]
+Stored = tuple[int, int, int]  # a stored inner chunk: its offset, its length, its row
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,26 @@ def parse_layout(meta: dict[str, Any], where: str) -> Layout:
     )
 
 
+_SCRATCH = threading.local()
+
+
+def scratch(nbytes: int, use: str) -> npt.NDArray[np.uint8]:
+    """``nbytes`` of this thread's buffer for ``use`` ("stored": chunks as read, "decoded"),
+    kept from read to read and grown as needed (a fresh one above ``SCRATCH_MAX``). Fresh
+    buffers per read cost more than the loop they served: glibc unmaps the pages of a large
+    free and maps them again, and two fresh 320 KiB buffers (a field's decoded chunks, the
+    output) page-faulted for ~60-240 us a read (the field's decode: ~520 us); reading an OCT
+    volume's 6.6 MiB of chunks into a fresh buffer cost ~0.2-0.6 ms more than into a kept one.
+    Per thread, since loader threads read at once; a forked worker gets its own copy."""
+    if nbytes > SCRATCH_MAX:
+        return np.empty(nbytes, dtype=np.uint8)
+    buf: npt.NDArray[np.uint8] | None = getattr(_SCRATCH, use, None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        setattr(_SCRATCH, use, buf)
+    return buf[:nbytes]
+
+
 Step = tuple[int, slice, slice]  # on one axis: a chunk's number, its part in the chunk, in out
 
 
@@ -167,21 +196,35 @@ def axis_steps(
     return axes
 
 
-def strides(grid: Sequence[int]) -> list[int]:
-    """C-order strides of a chunk grid: a chunk's place in the shard index."""
-    out, step = [], 1
-    for g in reversed(grid):
-        out.append(step)
-        step *= g
-    return out[::-1]
+# On one axis, a piece of a run of decoded chunks: which chunks, which part of each (the same
+# part of every chunk in the piece) and where the piece goes in out.
+Piece = tuple[tuple[slice, slice], slice]
 
 
-class _Target(NamedTuple):
-    """Where one read goes: its region, its output array and the chunk buffer it decodes into."""
-
-    region: Region
-    out: npt.NDArray[np.uint8]
-    scratch: npt.NDArray[np.uint8]
+def axis_pieces(lo: int, hi: int, chunk: int, at: int) -> tuple[int, int, list[Piece]]:
+    """On one axis, the chunks that cover ``[lo, hi)`` (shard coordinates), as the first and
+    the number of them, and that span cut into at most three pieces: a partial first chunk,
+    the whole chunks, a partial last chunk; ``at`` is where ``lo`` goes in out. Copying piece
+    by piece (at most 3 per axis) instead of chunk by chunk (a crop of 4 x 4 chunks: 9 copies,
+    a whole volume: one) leaves numpy the loop over chunks."""
+    first, stop = lo // chunk, (hi - 1) // chunk + 1
+    u, v = lo - first * chunk, hi - first * chunk  # the span in the chunks' own coordinates
+    n = stop - first
+    if n == 1:
+        return first, n, [((slice(0, 1), slice(u, v)), slice(at, at + v - u))]
+    pieces: list[Piece] = []
+    k, pos = 0, at
+    if u:
+        pieces.append(((slice(0, 1), slice(u, chunk)), slice(pos, pos + chunk - u)))
+        k, pos = 1, pos + chunk - u
+    whole = n if v == n * chunk else n - 1
+    if whole > k:
+        pieces.append(((slice(k, whole), slice(0, chunk)), slice(pos, pos + (whole - k) * chunk)))
+        pos += (whole - k) * chunk
+    if whole < n:
+        tail = v - (n - 1) * chunk
+        pieces.append(((slice(n - 1, n), slice(0, tail)), slice(pos, pos + tail)))
+    return first, n, pieces
 
 
 @dataclass
@@ -195,6 +238,26 @@ class CachedArray:
     layout: Layout
     bytes_read: int = 0
     objects_read: int = 0
+    # The chunk geometry, worked out once per open: a read of a crop costs tens of us of
+    # Python besides its decode, and each of these was part of that.
+    _grid: tuple[int, ...] = field(init=False, repr=False)  # inner chunks per shard, per axis
+    _index_bytes: int = field(init=False, repr=False)
+    _chunk_bytes: int = field(init=False, repr=False)
+    _interleave: tuple[int, ...] = field(init=False, repr=False)
+    _only_key: str | None = field(init=False, repr=False)  # the one data object, if one
+    _root: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        lay = self.layout
+        self._grid = tuple(math.ceil(o / i) for o, i in zip(lay.outer, lay.inner, strict=True))
+        crc = CRC_BYTES if lay.index_crc else 0
+        self._index_bytes = math.prod(self._grid) * INDEX_ENTRY_BYTES + crc
+        self._chunk_bytes = math.prod(lay.inner)
+        d = len(lay.shape)
+        self._interleave = tuple(x for i in range(d) for x in (i, d + i))
+        one = all(o >= s for o, s in zip(lay.outer, lay.shape, strict=True))
+        self._root = os.fspath(self.path)
+        self._only_key = lay.key_prefix + lay.separator.join("0" * d) if one else None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -222,20 +285,23 @@ class CachedArray:
         region = self.region(key)
         lay = self.layout
         out = np.empty([s.stop - s.start for s in region], dtype=np.uint8)
-        # Every chunk decodes into this buffer, then is copied into place: a read allocates
-        # two arrays, whatever its number of chunks (and concurrent reads share nothing).
-        target = _Target(region, out, np.empty(lay.inner, dtype=np.uint8))
         zero = [0] * len(lay.shape)
+        if self._only_key is not None:  # octstage's layout: one shard holds the array
+            self._read_object(self._only_key, zero, region, out)
+            return out
         for objects in itertools.product(*axis_steps(region, zero, lay.shape, lay.outer)):
             coords = [n for n, _, _ in objects]
             key_ = lay.key_prefix + lay.separator.join(map(str, coords))
-            self._read_object(key_, [n * o for n, o in zip(coords, lay.outer, strict=True)], target)
+            origin = [n * o for n, o in zip(coords, lay.outer, strict=True)]
+            self._read_object(key_, origin, region, out)
         return out
 
-    def _read_object(self, key: str, origin: list[int], target: _Target) -> None:
-        """Place the part of data object ``key`` (at ``origin``) that the target's region covers."""
+    def _read_object(
+        self, key: str, origin: list[int], region: Region, out: npt.NDArray[np.uint8]
+    ) -> None:
+        """Place the part of data object ``key`` (at ``origin``) that ``region`` covers."""
         try:
-            fd = os.open(self.path / key, os.O_RDONLY)
+            fd = os.open(f"{self._root}/{key}", os.O_RDONLY)  # a str: no Path per read
         except FileNotFoundError:
             raise self._error(f"data object {key} is missing") from None
         except OSError as exc:
@@ -244,94 +310,128 @@ class CachedArray:
         try:
             size = os.fstat(fd).st_size
             if self.layout.sharded:
-                self._read_shard(fd, size, key, origin, target)
+                self._read_shard(fd, size, key, origin, region, out)
             else:
                 data = os.pread(fd, size, 0)
                 self.bytes_read += len(data)
-                src, dst = self._overlap(origin, target.region)
-                self._decode(data, target.scratch, key)
-                target.out[dst] = target.scratch[src]
+                src, dst = self._overlap(origin, region)
+                scratch = np.empty(self.layout.inner, dtype=np.uint8)
+                self._decode(data, scratch, key)
+                out[dst] = scratch[src]
         finally:
             os.close(fd)
 
-    def _shard_index(self, fd: int, size: int, key: str, n: int) -> list[list[int]]:
-        """The ``n`` (offset, length) entries of the shard open as ``fd``, its crc checked."""
-        lay = self.layout
-        index_bytes = n * INDEX_ENTRY_BYTES + (CRC_BYTES if lay.index_crc else 0)
+    def _shard_index(self, fd: int, size: int, key: str) -> npt.NDArray[np.uint64]:
+        """The (offset, length) entries of the shard open as ``fd``, one row per inner chunk
+        in C order, its crc checked."""
+        lay, index_bytes = self.layout, self._index_bytes
         if size < index_bytes:
             raise self._error(
                 f"data object {key} is {size} bytes, shorter than its {index_bytes}-byte index"
             )
         raw = os.pread(fd, index_bytes, size - index_bytes if lay.index_at_end else 0)
         self.bytes_read += len(raw)
+        n = (index_bytes - (CRC_BYTES if lay.index_crc else 0)) // INDEX_ENTRY_BYTES
         body = raw[: n * INDEX_ENTRY_BYTES]
         if lay.index_crc and google_crc32c.value(body) != int.from_bytes(raw[-4:], "little"):
             raise self._error(f"data does not decode (shard {key}: index checksum mismatch)")
-        entries: list[list[int]] = np.frombuffer(body, dtype="<u8").reshape(n, 2).tolist()
-        return entries
+        return np.frombuffer(body, dtype="<u8").reshape(n, 2)
 
-    def _read_shard(self, fd: int, size: int, key: str, origin: list[int], target: _Target) -> None:
+    def _read_shard(
+        self,
+        fd: int,
+        size: int,
+        key: str,
+        origin: list[int],
+        region: Region,
+        out: npt.NDArray[np.uint8],
+    ) -> None:
+        """Decode the inner chunks of the shard open as ``fd`` that ``region`` covers side by
+        side into one buffer (each straight into its place there), then copy their parts into
+        ``out`` a few pieces at a time: one copy for a whole array, at most 3 per axis. A copy
+        per chunk (from one chunk-sized buffer) cost ~0.1x of a field's decode with the Python
+        around it; for a volume, decoding one chunk or one layer of chunks at a time and
+        copying it at once (a smaller buffer, kept cached) measured 0.02-0.08x slower."""
         lay = self.layout
-        grid = [math.ceil(o / i) for o, i in zip(lay.outer, lay.inner, strict=True)]
-        index = self._shard_index(fd, size, key, math.prod(grid))
-        out, region = target.out, target.region
-        # Per axis, each chunk's share of its place in the index (number x stride), so that a
-        # chunk's entry is the sum of its axes' shares: the loop below is per chunk, keep it lean.
-        axes = [
-            [(n * st, src, dst) for n, src, dst in steps]
-            for steps, st in zip(
-                axis_steps(region, origin, lay.outer, lay.inner), strides(grid), strict=True
-            )
-        ]
-        wanted: list[Wanted] = []
-        for steps in itertools.product(*axes):
-            places, src, dst = zip(*steps, strict=True)
-            offset, length = index[sum(places)]
-            if offset == EMPTY and length == EMPTY:
-                out[dst] = lay.fill  # a chunk the writer left out: all fill value
-            elif offset + length > size:
-                raise self._error(f"data does not decode (shard {key}: an entry past its end)")
+        index = self._shard_index(fd, size, key)
+        box, counts, axes = [], [], []
+        for s, o, e, c in zip(region, origin, lay.outer, lay.inner, strict=True):
+            lo, hi = max(s.start - o, 0), min(s.stop - o, e)  # the region, in the shard
+            first, n, pieces = axis_pieces(lo, hi, c, lo + o - s.start)
+            box.append(slice(first, first + n))
+            counts.append(n)
+            axes.append(pieces)
+        # The box's entries in C order, as Python ints: for tens of chunks, a loop over a list
+        # costs less than the numpy calls that would vectorize it (~1 us each here).
+        entries: list[list[int]] = index.reshape(*self._grid, 2)[tuple(box)].reshape(-1, 2).tolist()
+        stored: list[Stored] = []
+        empty: list[int] = []
+        for row, (start, length) in enumerate(entries):
+            if start + length <= size:
+                stored.append((start, length, row))
+            elif start == EMPTY and length == EMPTY:
+                empty.append(row)  # a chunk the writer left out: all fill value
             else:
-                wanted.append((offset, length, src, dst))
-        # One pread per run of chunks stored next to each other (zarr writes them in Morton
-        # order, so a crop's chunks come in a few runs): the bytes of those chunks, no others.
-        wanted.sort(key=lambda w: w[0])
-        if sum(w[1] for w in wanted) >= MAP_BYTES:
-            self._decode_mapped(fd, wanted, target, key)
-            return
-        i, scratch = 0, target.scratch
-        while i < len(wanted):
-            start = wanted[i][0]
-            j, end = i + 1, start + wanted[i][1]
-            while j < len(wanted) and wanted[j][0] == end:
-                end += wanted[j][1]
+                raise self._error(f"data does not decode (shard {key}: an entry past its end)")
+        chunks = scratch(len(entries) * self._chunk_bytes, "decoded").reshape(len(entries), -1)
+        for row in empty:
+            chunks[row] = lay.fill
+        # In the order the chunks are stored: one preadv per run of chunks stored next to each
+        # other (zarr writes them in Morton order, so a crop's chunks come in a few runs): the
+        # bytes of those chunks, no others.
+        stored.sort()
+        i = 0
+        while i < len(stored):
+            j, end = i + 1, stored[i][0] + stored[i][1]
+            while j < len(stored) and stored[j][0] == end and end - stored[i][0] < RUN_MAX:
+                end += stored[j][1]
                 j += 1
-            run = memoryview(os.pread(fd, end - start, start))
-            self.bytes_read += len(run)
-            for offset, length, src, dst in wanted[i:j]:
-                self._decode(run[offset - start : offset - start + length], scratch, key)
-                out[dst] = scratch[src]
+            start = stored[i][0]
+            run = scratch(end - start, "stored").data
+            if os.preadv(fd, [run], start) != end - start:
+                raise self._error(f"data object {key} was cut short while read")
+            self.bytes_read += end - start
+            self._decode_chunks(run, start, stored[i:j], chunks, key)
             i = j
+        grid = chunks.reshape(*counts, *lay.inner).transpose(self._interleave)
+        for piece in itertools.product(*axes):
+            src_at: tuple[slice, ...] = ()
+            dst_at: tuple[slice, ...] = ()
+            for chunk_part, out_part in piece:
+                src_at += chunk_part
+                dst_at += (out_part,)
+            src = grid[src_at]
+            # Each axis of this box of out split in two (chunks, part of each): a reshape that
+            # is always a view of out, never a copy.
+            out[dst_at].reshape(src.shape)[...] = src
 
-    def _decode_mapped(self, fd: int, wanted: list[Wanted], target: _Target, key: str) -> None:
-        """Decode ``wanted`` chunks from the shard mapped into memory: for a read of megabytes
-        (a whole volume) the copy ``pread`` makes into a fresh buffer was ~0.1x of the decode.
-        A mapped file cut shorter while mapped would fault (SIGBUS) instead of raising; octstage
-        never rewrites a shard in place (build and stage write a new file and rename it)."""
-        out, scratch = target.out, target.scratch
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
-            view = memoryview(mapped)
+    def _decode_chunks(
+        self,
+        buf: memoryview,
+        base: int,
+        stored: list[Stored],
+        chunks: npt.NDArray[np.uint8],
+        key: str,
+    ) -> None:
+        """Decode each chunk of ``stored`` (``buf`` holds the shard from ``base`` on) into its
+        row of ``chunks``: the loop per chunk, kept lean."""
+        if self.layout.codec != "blosc":
+            for start, length, row in stored:
+                data = buf[start - base : start - base + length]
+                self._decode(data, chunks[row], key)
+            return
+        want, decompress = self._chunk_bytes, numcodecs.blosc.decompress
+        for start, length, row in stored:
+            data = buf[start - base : start - base + length]
             try:
-                for offset, length, src, dst in wanted:
-                    chunk = view[offset : offset + length]
-                    try:
-                        self._decode(chunk, scratch, key)
-                    finally:
-                        chunk.release()  # an error's traceback holds it; the map must close
-                    out[dst] = scratch[src]
-                    self.bytes_read += length
-            finally:
-                view.release()
+                # blosc's 16-byte header holds the decoded size at bytes 4..8: a chunk that
+                # decodes to less than its row would otherwise leave stale bytes in place.
+                got = int.from_bytes(data[4:8], "little") if length >= 16 else -1
+                if got != want:
+                    raise ValueError(f"a chunk of {got} bytes, not {want}")
+                decompress(data, chunks[row])
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise self._error(f"data does not decode (object {key}: {exc})") from None
 
     def _overlap(
         self, at: Sequence[int], region: Region
@@ -344,23 +444,25 @@ class CachedArray:
             dst.append(slice(lo - s.start, hi - s.start))
         return tuple(src), tuple(dst)
 
-    def _decode(self, data: Any, scratch: npt.NDArray[np.uint8], key: str) -> None:
-        """Decode one chunk's bytes into ``scratch`` (its exact size, or a DataError)."""
+    def _decode(self, data: Any, dest: npt.NDArray[np.uint8], key: str) -> None:
+        """Decode one chunk's bytes into ``dest`` (its exact size, or a DataError)."""
         codec = self.layout.codec
         try:
             if codec == "blosc":
-                # blosc's 16-byte header holds the decoded size at bytes 4..8: a chunk that
-                # decodes to less than the buffer would otherwise leave stale bytes in place.
                 nbytes = int.from_bytes(data[4:8], "little") if len(data) >= 16 else -1
-                if nbytes != scratch.nbytes:
-                    raise ValueError(f"a chunk of {nbytes} bytes, not {scratch.nbytes}")
-                numcodecs.blosc.decompress(data, scratch)
+                if nbytes != dest.nbytes:
+                    raise ValueError(f"a chunk of {nbytes} bytes, not {dest.nbytes}")
+                numcodecs.blosc.decompress(data, dest)
             elif codec == "zstd":
-                Zstd().decode(data, scratch)
-            elif len(data) == scratch.nbytes:
-                scratch.reshape(-1)[:] = np.frombuffer(data, dtype=np.uint8)
+                # Decoded apart and measured: a reused buffer must not keep a stale tail.
+                raw = np.frombuffer(Zstd().decode(data), dtype=np.uint8)
+                if raw.nbytes != dest.nbytes:
+                    raise ValueError(f"a chunk of {raw.nbytes} bytes, not {dest.nbytes}")
+                dest.reshape(-1)[:] = raw
+            elif len(data) == dest.nbytes:
+                dest.reshape(-1)[:] = np.frombuffer(data, dtype=np.uint8)
             else:
-                raise ValueError(f"a raw chunk of {len(data)} bytes, not {scratch.nbytes}")
+                raise ValueError(f"a raw chunk of {len(data)} bytes, not {dest.nbytes}")
         except (RuntimeError, ValueError, TypeError) as exc:
             raise self._error(f"data does not decode (object {key}: {exc})") from None
 

@@ -4,6 +4,8 @@ missing or damaged data object is a DataError, never zeros."""
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +21,14 @@ from octtrain.errors import DataError
 SHARD = Path("c/0/0/0")
 
 
-@pytest.fixture(params=["pread", "mapped"], autouse=True)
+@pytest.fixture(params=["runs, kept buffers", "chunk by chunk, fresh buffers"], autouse=True)
 def shard_access(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test twice: chunks read with pread (crops), and from the mapped shard (what a read
-    of a megabyte or more does: a whole volume)."""
-    if request.param == "mapped":
-        monkeypatch.setattr(arrayread, "MAP_BYTES", 0)
+    """Every test twice: chunks stored next to each other read in one preadv (a run) into the
+    thread's kept buffers; and one preadv per chunk (what a run past ``RUN_MAX`` bytes does: a
+    whole volume) into fresh buffers (what a read of more than ``SCRATCH_MAX`` bytes uses)."""
+    if request.param.startswith("chunk by chunk"):
+        monkeypatch.setattr(arrayread, "RUN_MAX", 0)
+        monkeypatch.setattr(arrayread, "SCRATCH_MAX", 0)
     return str(request.param)
 
 
@@ -196,3 +200,70 @@ def test_no_metadata_and_layouts_not_read_here_are_data_errors(tmp_path: Path) -
     gz[...] = 1
     with pytest.raises(DataError, match="codec 'gzip' is not read here"):
         open_array(tmp_path / "gz", "x")
+
+
+def edge_regions(shape: tuple[int, ...], chunks: tuple[int, ...]) -> list[tuple[slice, ...]]:
+    """Per axis, spans that end on, start on, cross and stay inside chunk edges (and the
+    array's last, partial chunk), combined across axes."""
+    per_axis = []
+    for n, c in zip(shape, chunks, strict=True):
+        spans = {(0, n), (0, 1), (n - 1, n), (c - 1, c + 1), (c, 2 * c), (1, n - 1)}
+        spans |= {(c + 1, min(n, 3 * c - 1)), (min(c + 3, n - 1), n), (0, min(c, n))}
+        per_axis.append(sorted((a, b) for a, b in spans if 0 <= a < b <= n))
+    return [tuple(slice(a, b) for a, b in spans) for spans in itertools.product(*per_axis)]
+
+
+@pytest.mark.parametrize("make", [volume, field], ids=["volume", "field"])
+def test_crops_on_and_off_chunk_edges_read_what_zarr_reads(make: object, tmp_path: Path) -> None:
+    """The sharded read decodes a crop's chunks side by side, then copies at most three pieces
+    per axis (a partial first chunk, whole chunks, a partial last chunk) into the output."""
+    path, _ = make(tmp_path)  # type: ignore[operator]
+    array, reference = open_array(path, "x"), zarr.open_array(str(path), mode="r")
+    values = reference[...]  # zarr's values, sliced: a zarr read per region takes ~1 ms
+    for region in edge_regions(array.shape, array.layout.inner):
+        np.testing.assert_array_equal(array.read(region), values[region], err_msg=str(region))
+    for region in regions(array.shape, 20, seed=7):
+        np.testing.assert_array_equal(array.read(region), reference[region], err_msg=str(region))
+
+
+def test_an_empty_chunk_inside_a_crop_reads_as_the_fill_value(tmp_path: Path) -> None:
+    data = np.random.default_rng(5).integers(1, 255, (8, 48, 48), dtype=np.uint8)
+    data[4:8, 16:32, 16:32] = 0  # the chunk at (1, 1, 1): zarr writes no bytes for it
+    write_volume(tmp_path, "v.ome.zarr", data, (1.0, 1.0, 1.0), {}, chunks=(4, 16, 16))
+    path = tmp_path / "v.ome.zarr" / "0"
+    assert (shard_index(path, 18)[9 + 3 + 1] == 2**64 - 1).all()
+    other, _ = volume(tmp_path / "other")
+    for region in [
+        (slice(2, 8), slice(10, 40), slice(5, 30)),
+        (slice(4, 8), slice(16, 32), slice(20, 21)),
+    ]:
+        open_array(other, "y").read()  # this thread's buffers now hold another array's values
+        np.testing.assert_array_equal(open_array(path, "x").read(region), data[region])
+
+
+def test_a_chunk_whose_header_gives_another_size_is_a_data_error(tmp_path: Path) -> None:
+    """A chunk that would decode to fewer bytes than its place would leave stale bytes there."""
+    path, _ = volume(tmp_path)
+    raw = bytearray((path / SHARD).read_bytes())
+    offset = int(shard_index(path, 27)[4, 0])
+    raw[offset + 4 : offset + 8] = (1000).to_bytes(4, "little")  # blosc's decoded size
+    (path / SHARD).write_bytes(bytes(raw))
+    array = open_array(path, "x")
+    for region in (None, (slice(0, 4), slice(16, 20), slice(16, 20))):
+        with pytest.raises(DataError, match=r"does not decode .*a chunk of 1000 bytes, not 1024"):
+            array.read(region)
+
+
+def test_threads_reading_at_once_each_read_their_own_values(tmp_path: Path) -> None:
+    """Each thread decodes into buffers of its own: loader threads read at once, and blosc
+    releases the GIL while it decodes."""
+    (vpath, vdata), (fpath, fdata) = volume(tmp_path / "v"), field(tmp_path / "f")
+    jobs = [(vpath, vdata, r) for r in regions(vdata.shape, 60, seed=8)]
+    jobs += [(fpath, fdata, r) for r in regions(fdata.shape, 60, seed=9)]
+
+    def read(job: tuple[Path, np.ndarray, tuple[slice, ...]]) -> bool:
+        path, data, region = job
+        return bool(np.array_equal(open_array(path, "x").read(region), data[region]))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(read, jobs * 5))
