@@ -3,8 +3,13 @@ metrics, beside the baselines: the same encoder at random init, a small handcraf
 (``eval/profiles.py``) and, where cp-measure is installed (the ``train`` extra), CellProfiler's
 measurements of segmented nuclei and cells (``eval/cp_features.py``).
 
-Each field's embedding is the mean CLS token of the EMA teacher over the field's
-non-overlapping ``crops.global_size`` tiles (the whole field, not one crop). Profiles, their
+Each field's embedding (``field_embeddings``) covers the whole field, not one crop: the EMA
+teacher sees each of the field's non-overlapping ``crops.global_size`` tiles in its 8 flips and
+quarter turns (a field has no up; training draws the same transforms), and a tile's embedding
+is its CLS token concatenated with its mean patch token (DINOv2's linear-evaluation features),
+averaged over the transforms and the tiles. The random-init encoder is embedded the same way.
+On the twin this beat the mean CLS token of the tiles as they lie, for DINO more than for the
+random init (``bench/bench_dino_twin.py``'s docstring has the figures). Profiles, their
 normalisation against controls and the retrieval mAP are ``eval/profiles.py``'s; the probe is
 the leave-one-out k-NN balanced accuracy of the perturbation classes (``eval/probe.py``) on
 well profiles and on field embeddings. The report goes to ``<out>/profile.json``.
@@ -68,10 +73,27 @@ def encoders(checkpoint: str, in_chans: int) -> tuple[DinoConfig, ViT2D, ViT2D]:
     return cfg, teacher.backbone.eval(), random.backbone.eval()
 
 
+def dihedral(tiles: torch.Tensor) -> list[torch.Tensor]:
+    """The 8 flips and quarter turns of square tiles ``[N, C, S, S]`` (the identity first)."""
+    turns = [torch.rot90(tiles, k, dims=(-2, -1)) for k in range(4)]
+    return turns + [t.flip(-1) for t in turns]
+
+
+def tile_embeddings(backbone: ViT2D, tiles: torch.Tensor) -> torch.Tensor:
+    """``[N, 2D]``: each tile's CLS token and mean patch token, concatenated, averaged over the
+    tile's 8 flips and quarter turns (one forward per transform: memory of one tile batch)."""
+    total = torch.zeros((), device=tiles.device)
+    for view in dihedral(tiles):
+        cls, patches = backbone(view)
+        total = total + torch.cat([cls, patches.mean(dim=1)], dim=-1).float()
+    return total / 8.0
+
+
 def field_embeddings(
     backbone: ViT2D, dataset: CellPaintingDataset, tile: int, device: torch.device
 ) -> Array:
-    """Mean CLS token over each field's ``tile`` x ``tile`` tiles: ``[fields, D]``."""
+    """Each field's embedding ``[fields, 2D]``: the mean over its ``tile`` x ``tile`` tiles of
+    ``tile_embeddings`` (see the module docstring)."""
     backbone.to(device)
     rows = []
     with torch.no_grad():
@@ -84,8 +106,7 @@ def field_embeddings(
                 for x in range(0, w - tile + 1, tile)
             ]
             x = scale(torch.from_numpy(np.stack(tiles)).to(device))
-            cls, _ = backbone(x)
-            rows.append(cls.float().mean(dim=0).cpu().numpy())
+            rows.append(tile_embeddings(backbone, x).mean(dim=0).cpu().numpy())
     return np.stack(rows).astype(np.float64)
 
 

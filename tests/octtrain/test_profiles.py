@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
-from octtrain.eval.profile_run import profile_fields
+from octtrain.eval.profile_run import field_embeddings, profile_fields, tile_embeddings
 from octtrain.eval.profiles import WellKey, handcrafted_features, retrieval_map, well_profiles
+from octtrain.models.vit2d import build_vit2d
 from octtrain.runtime.backend import make_backend
 from octtrain.train.dino import DinoJob
 from octtrain.train.job import Settings
@@ -60,6 +62,52 @@ def test_handcrafted_features_see_the_nucleus_size() -> None:
     fs, fl = handcrafted_features(small), handcrafted_features(large)
     assert fs.shape == fl.shape == (5 * 7 + 2,)
     assert fl[-1] > 2 * fs[-1]  # mean nucleus area: radius 6 vs 3
+
+
+class _Field:
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def read(self) -> np.ndarray:
+        return self.array
+
+
+class _Fields:
+    """What ``field_embeddings`` reads of a dataset: its length and each field's array."""
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def open(self, index: int) -> _Field:
+        return _Field(self.arrays[index])
+
+
+def test_a_tile_embedding_is_cls_and_mean_patch_token_over_its_flips_and_turns() -> None:
+    torch.manual_seed(0)
+    backbone = build_vit2d("tiny", 5).eval()
+    tiles = torch.rand(3, 5, 16, 16) * 2 - 1
+    with torch.no_grad():
+        emb = tile_embeddings(backbone, tiles)
+        cls, _ = backbone(tiles)
+        turned = tile_embeddings(backbone, torch.rot90(tiles, 1, dims=(-2, -1)).flip(-1))
+    assert emb.shape == (3, 2 * backbone.embed_dim)
+    # The patch half of the identity view is the mean patch token; the average differs from it.
+    assert not torch.allclose(emb[:, : backbone.embed_dim], cls, atol=1e-4)
+    assert torch.allclose(turned, emb, atol=1e-5)  # a tile's orientation does not matter
+
+
+def test_a_field_embedding_does_not_depend_on_the_field_orientation() -> None:
+    torch.manual_seed(0)
+    backbone = build_vit2d("tiny", 5).eval()
+    field = np.random.default_rng(0).integers(0, 256, (5, 64, 64), dtype=np.uint8)
+    turned = np.ascontiguousarray(np.rot90(field, 1, axes=(1, 2))[:, :, ::-1])
+    data = _Fields([field, turned])
+    x = field_embeddings(backbone, data, 32, torch.device("cpu"))  # type: ignore[arg-type]
+    assert x.shape == (2, 2 * backbone.embed_dim)
+    np.testing.assert_allclose(x[0], x[1], atol=1e-5)
 
 
 def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) -> None:
