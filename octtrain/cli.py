@@ -202,7 +202,11 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "evaluate",
         help="metrics (overall and per device/site/region, with intervals) of a finetuned model",
     )
-    p.add_argument("--checkpoint", required=True, help="finetune checkpoint file, or its folder")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="finetune checkpoint file, or its folder (its best by validation, else its latest)",
+    )
     p.add_argument("--manifest", required=True, help="manifest.json of the cache")
     p.add_argument("--split", default="test", help="split to evaluate (default: test)")
     p.add_argument("--cache", help="cache root; default: the manifest's folder")
@@ -280,7 +284,10 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "checkpoint's sha256, the encoder, the input shape and the split's volume checksums.",
     )
     p.add_argument(
-        "--checkpoint", required=True, help="pretrain or finetune checkpoint (or folder)"
+        "--checkpoint",
+        required=True,
+        help="pretrain or finetune checkpoint file, or its folder (its best by validation, "
+        "else its latest)",
     )
     p.add_argument("--manifest", required=True, help="manifest.json of the cache")
     p.add_argument("--split", default="test", help="split to report (default: test)")
