@@ -40,7 +40,7 @@ onto one class from epoch to epoch). At 1e-3 from scratch it learns, slowly: 128
 0.48 / 0.51); a 3e-4 encoder rate, batch 16, drop path 0.1 and an attentive head did not help
 at 1280 steps (0.258, 0.352, 0.297, 0.375). What limits the pretrained arm is the encoder,
 not the recipe: on the same twin without device looks the attentive probe at 100% reaches
-0.578-0.609 (bench_probe.py: 0.615), with them 0.234-0.289. Fine-tuning at 10% (600 steps
+0.578-0.609, with them 0.234-0.289. Fine-tuning at 10% (600 steps
 here) was 0.305; layer decay 0.65 gave 0.273 and a frozen start of 50 epochs 0.297.
 Pretraining variants, probe at 100% / fine-tuning at 10%: 8000 steps 0.461 / 0.273, batch 32
 0.344 / 0.297, mask ratio 0.75 0.445 / 0.312, 0.45 0.281 / 0.297, lr 3e-4 0.469 / 0.273, EMA
