@@ -5,6 +5,7 @@ its scheduler prints no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -113,7 +114,11 @@ def test_ctrl_c_in_build_cache_is_one_line_keeps_finished_volumes_and_frees_the_
         time.sleep(0.02)
     assert proc.poll() is None, "the build ended before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing of the group outlives the test
+            os.killpg(proc.pid, signal.SIGKILL)
     ran = Ran(proc.returncode, stdout, stderr)
     assert_clean(ran, 130, "interrupted", "run the same command again")
     assert "KeyboardInterrupt" not in stdout + stderr

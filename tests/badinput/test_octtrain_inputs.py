@@ -333,7 +333,10 @@ def test_ctrl_c_in_pretrain_exits_130_keeping_checkpoints(pristine: Path, tmp_pa
     while not index.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a run that outlives the test would train on and load the next tests
     done = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
     assert_clean(done, 130, "interrupted")
     assert load_checkpoint(str(run / "checkpoints"))["step"] >= 2
