@@ -44,7 +44,6 @@ from octtrain.eval.validation import ValidationError
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
-from octtrain.runtime.interrupt import InterruptLatch
 from octtrain.runtime.rundir import code_version, new_run_dir, write_run_info
 from octtrain.runtime.tracking import Tracker
 from octtrain.runtime.watchdog import STALL_EXIT_CODE, StallWatchdog
@@ -77,7 +76,6 @@ class Trainer:
     ) -> None:
         self.job, self.s, self.backend, self.clock = job, settings, backend, clock
         t = settings.train
-        self.interrupt = InterruptLatch()
         self.watchdog = StallWatchdog(
             t.stall_timeout_s,
             self._report_stall,
@@ -177,8 +175,7 @@ class Trainer:
             prefetcher = Prefetcher(self.job.start(self.start_step))
             batches = iter(self.backend.wrap_loader(prefetcher))
             watchdog.start()
-            with self.interrupt:
-                self._loop(batches, watchdog)
+            self._loop(batches, watchdog)
             exit_code = 0
         except NonFiniteLossError as exc:
             self.tracker.alert("non-finite loss", str(exc))
@@ -237,7 +234,6 @@ class Trainer:
                 self._check_pending()
                 self.tracker.log_images(job.images(batch, result), done)
             watchdog.step_done(done)
-            self.interrupt.check()  # a Ctrl-C that something swallowed on its way stops here
             paused = self.clock()
             stop = self._unit_end(done, watchdog)
             last_end += self.clock() - paused  # step times exclude validation, saves

@@ -3,12 +3,9 @@ per part, data wait logged, pictures at the first step, checkpoints and resume."
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -242,25 +239,3 @@ def test_peak_device_memory_is_logged_where_the_backend_counts_it(
     ]
     timed = [r for r in records if "train/step_time_s" in r]
     assert timed and all(r["train/peak_memory_gib"] == 1.5 for r in timed)
-
-
-def test_a_ctrl_c_that_a_library_swallows_still_stops_the_loop_at_the_step(
-    cell_cache: tuple[Path, list[CellField]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SIGINT in step 2 whose KeyboardInterrupt something swallows (as a ``__del__`` or a broad
-    except does): the loop raises it at the end of that step instead of training on."""
-    step = DinoJob.train_step
-
-    def swallowing(self: DinoJob, batch: dict[str, Any], i: int) -> Any:
-        if i == 1:
-            with contextlib.suppress(KeyboardInterrupt):  # lost on its way, as in a finaliser
-                signal.raise_signal(signal.SIGINT)
-        return step(self, batch, i)
-
-    monkeypatch.setattr(DinoJob, "train_step", swallowing)
-    run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        _run(cell_cache[0], cell_cache[1], [f"train.run_dir={run}", "logging.log_every=1"])
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert max(r["step"] for r in records if "train/loss" in r) <= 2
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
