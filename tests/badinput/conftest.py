@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,3 +83,11 @@ def tiny_build(source: str | Path, labels: str | Path, out: str | Path) -> tuple
         "--workers",
         "1",
     )
+
+
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` of a process the test will Ctrl-C: SIGINT at its default, as for a command
+    in the foreground of a terminal. A child inherits an ignored SIGINT (a test run started in
+    the background of a script, ``cmd &``, has it ignored) and Python keeps it ignored, so the
+    interrupt would never arrive and the run would go on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

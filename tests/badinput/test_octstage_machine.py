@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from octstage import manifest as mf
-from tests.badinput.conftest import Ran, assert_clean, tiny_build
+from tests.badinput.conftest import Ran, assert_clean, sigint_as_at_a_terminal, tiny_build
 
 CLI = Callable[..., Ran]
 
@@ -108,6 +108,7 @@ def test_ctrl_c_in_build_cache_is_one_line_keeps_finished_volumes_and_frees_the_
         text=True,
         start_new_session=True,
         env={**os.environ, "COLUMNS": "1000"},
+        preexec_fn=sigint_as_at_a_terminal,
     )
     deadline = time.monotonic() + 120
     while not list(out.glob("records/*")) and proc.poll() is None and time.monotonic() < deadline:

@@ -25,6 +25,7 @@ import pytest
 from octtrain import cli
 from octtrain.runtime.checkpoint import load_checkpoint
 from octtrain.runtime.watchdog import STALL_EXIT_CODE
+from tests.badinput.conftest import sigint_as_at_a_terminal
 from tests.octtrain.tiny_cache import write_tiny_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -326,7 +327,12 @@ def test_ctrl_c_in_pretrain_exits_130_keeping_checkpoints(pristine: Path, tmp_pa
         "train.max_steps=100000", "checkpoint.every=2", "data.num_workers=1",
     ]  # fmt: skip
     proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     index = run / "checkpoints" / "index.json"
     deadline = time.monotonic() + 240
