@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from octstage.cli import main as octstage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,12 +156,7 @@ def main() -> None:
         )
         arms[name] = {"steps": steps, "wall_s": wall, **summary(records, run_dir)}
         arms[name]["records"] = records
-    try:
-        import torch
-
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    except ImportError:  # the figures stand without it
-        device = "unknown"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"device: {device}; config {args.config.name}; overrides {args.overrides}")
     print(f"{'run':<32} {'step s':>7} {'wait s':>7} {'wait %':>7} {'fields/s':>9} {'peak GiB':>9}")
     for name, a in arms.items():

@@ -155,6 +155,16 @@ def parse_layout(meta: dict[str, Any], where: str) -> Layout:
     )
 
 
+def blosc_into(data: Any, dest: npt.NDArray[np.uint8]) -> None:
+    """Decode one blosc chunk into ``dest``; ValueError unless it decodes to exactly its size.
+    blosc's 16-byte header holds the decoded size at bytes 4..8: a chunk that decodes to less
+    than ``dest`` (a reused buffer) would otherwise leave stale bytes in place."""
+    nbytes = int.from_bytes(data[4:8], "little") if len(data) >= 16 else -1
+    if nbytes != dest.nbytes:
+        raise ValueError(f"a chunk of {nbytes} bytes, not {dest.nbytes}")
+    numcodecs.blosc.decompress(data, dest)
+
+
 _SCRATCH = threading.local()
 
 
@@ -420,16 +430,9 @@ class CachedArray:
                 data = buf[start - base : start - base + length]
                 self._decode(data, chunks[row], key)
             return
-        want, decompress = self._chunk_bytes, numcodecs.blosc.decompress
         for start, length, row in stored:
-            data = buf[start - base : start - base + length]
             try:
-                # blosc's 16-byte header holds the decoded size at bytes 4..8: a chunk that
-                # decodes to less than its row would otherwise leave stale bytes in place.
-                got = int.from_bytes(data[4:8], "little") if length >= 16 else -1
-                if got != want:
-                    raise ValueError(f"a chunk of {got} bytes, not {want}")
-                decompress(data, chunks[row])
+                blosc_into(buf[start - base : start - base + length], chunks[row])
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise self._error(f"data does not decode (object {key}: {exc})") from None
 
@@ -449,10 +452,7 @@ class CachedArray:
         codec = self.layout.codec
         try:
             if codec == "blosc":
-                nbytes = int.from_bytes(data[4:8], "little") if len(data) >= 16 else -1
-                if nbytes != dest.nbytes:
-                    raise ValueError(f"a chunk of {nbytes} bytes, not {dest.nbytes}")
-                numcodecs.blosc.decompress(data, dest)
+                blosc_into(data, dest)
             elif codec == "zstd":
                 # Decoded apart and measured: a reused buffer must not keep a stale tail.
                 raw = np.frombuffer(Zstd().decode(data), dtype=np.uint8)
