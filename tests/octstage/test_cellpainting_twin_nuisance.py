@@ -67,4 +67,4 @@ def test_the_twin_has_one_strong_phenotype_and_subtle_ones_beside_the_control() 
     levels = sorted(strength(p) for _, p, _ in PHENOTYPES.values())
     assert levels[0] == 0.0  # DMSO
     subtle = [s for s in levels[1:] if s < 0.5]  # within ~1.6x of the control
-    assert len(subtle) >= 3 and max(levels) >= np.log(1.4)
+    assert len(subtle) == 4 and max(levels) >= np.log(1.4)

@@ -13,7 +13,12 @@ import torch
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.errors import DataError
-from octtrain.eval.profile_run import field_embeddings, profile_fields, tile_embeddings
+from octtrain.eval.profile_run import (
+    encoders,
+    field_embeddings,
+    profile_fields,
+    tile_embeddings,
+)
 from octtrain.eval.profiles import WellKey, handcrafted_features, well_means, well_profiles
 from octtrain.eval.recipe import RecipeConfig
 from octtrain.eval.retrieval import retrieval_map
@@ -138,7 +143,10 @@ def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) 
         assert 0.0 <= metrics["activity_map_low"] <= metrics["activity_map"]
         assert metrics["activity_map"] <= metrics["activity_map_high"] <= 1.0
     # Three seeds are three encoders, not one copied.
-    assert len({report["encoders"][r]["activity_map"] for r in randoms} | {-1.0}) >= 2
+    _, _, backbones = encoders(ckpt, 5)
+    firsts = [next(iter(b.parameters())).detach() for b in backbones]
+    assert len(firsts) == 3 and not torch.equal(firsts[0], firsts[1])
+    assert not torch.equal(firsts[1], firsts[2])
     # The twin's perturbation is the nucleus size, which the handcrafted set measures.
     assert report["encoders"]["handcrafted"]["activity_map"] > 0.9
     assert set(report["dino_minus"]) == set(report["encoders"]) - {"dino"}

@@ -136,3 +136,15 @@ def test_the_recipe_refuses_mismatched_inputs_and_bad_thresholds() -> None:
         RecipeConfig(corr_threshold=0.0)
     with pytest.raises(ValueError, match="epsilon"):
         RecipeConfig(epsilon=0.0)
+
+
+def test_a_feature_whose_correlated_partner_is_already_gone_stays() -> None:
+    # A chain a - b - c (|r| 0.94 each link, a - c 0.89): dropping b breaks both links, so c
+    # stays. Without the "already dropped" check the second link would drop c as well.
+    rng = np.random.default_rng(52)
+    a = rng.normal(size=300)
+    b = a + 0.35 * rng.normal(size=300)
+    c = b + 0.35 * rng.normal(size=300)
+    e = rng.normal(size=300)
+    x = np.stack([a, b, c, 0.8 * c + 0.6 * e, e], axis=1)
+    assert correlated(x, 0.9).tolist() == [False, True, False, False, False]
