@@ -25,7 +25,7 @@ recipe (being reworked in parallel); the docs page ``docs/cellpainting-evaluatio
 read them.
 
     PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 200] [--seeds 0 1 2]
-        [--twin-seed 7] [--plates 6] [--train-plates 2] [--resamples 1000]
+        [--twin-seed 7] [--plates 5] [--train-plates 2] [--resamples 1000]
         [--json bench-output/bench_dino_twin.json] [dotted.key=value ...]
 """
 
@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="DINO train.seed(s)")
     parser.add_argument("--twin-seed", type=int, default=7, help="octstage synth --seed")
-    parser.add_argument("--plates", type=int, default=6)
+    parser.add_argument("--plates", type=int, default=5)
     parser.add_argument("--train-plates", type=int, default=2)
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument(
