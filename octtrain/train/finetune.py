@@ -376,7 +376,7 @@ def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
     """Finetune from the pretraining checkpoint ``init`` (None with ``init_encoder: random``)."""
     d = cfg.data
     manifest, selection = prepare(
-        read_manifest(d.manifest), d.select, d.label, [d.train_split, d.val_split], d.train_split
+        read_manifest(d.manifest, "finetune"), d.select, d.label, [d.train_split, d.val_split], d.train_split
     )
     backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":

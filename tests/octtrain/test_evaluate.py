@@ -99,8 +99,13 @@ def test_evaluate_refuses_other_classes_and_missing_checkpoints(
 ) -> None:
     original = mf.load(tiny_cache[0])
     swapped = (original.classes[1], original.classes[0], *original.classes[2:])
+    # A consistent manifest of another class order (labels follow their classes): only the
+    # comparison with the checkpoint's classes can tell.
+    relabelled = tuple(
+        dataclasses.replace(v, label={0: 1, 1: 0}.get(v.label, v.label)) for v in original.volumes
+    )
     path = tmp_path / "manifest.json"
-    mf.write(dataclasses.replace(original, classes=swapped), path)
+    mf.write(dataclasses.replace(original, classes=swapped, volumes=relabelled), path)
     assert tiny_finetuned.best_checkpoint is not None
     with pytest.raises(DataError, match="would permute the labels"):
         run_evaluate(tiny_finetuned.best_checkpoint, str(path), cache=str(tiny_cache[1]))
