@@ -124,24 +124,26 @@ def claim_run_folder(path: Path, resume: bool, overwrite: bool, refuse: Refuse) 
 # --- caches (build-cache) ----------------------------------------------------------------------
 
 
-def _identity(manifest: Path) -> tuple[str, str, int] | None:
-    """(kind, dataset, items) of the manifest file, or None when it is not a readable one."""
+def _identity(manifest: Path) -> tuple[str, str, list[str]] | None:
+    """(kind, dataset, zarr paths) of the manifest file, or None when it is not a readable one."""
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
         kind = str(data.get("kind", "oct"))
         items = data.get("fields" if kind == "cellpainting" else "volumes", [])
-        return kind, str(data["header"]["dataset"]), len(items)
+        return kind, str(data["header"]["dataset"]), [str(i["zarr_path"]) for i in items]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def check_cache_folder(
-    folder: Path | None, manifests: Iterable[Path], kind: str, dataset: str, refuse: Refuse
+    folder: Path | None, manifests: Iterable[Path], kind: str, refuse: Refuse
 ) -> None:
-    """Refuse to build a ``kind`` cache of ``dataset`` where another cache lives: a manifest
-    file it would write (``manifests``) that lists another dataset or kind, or is no manifest at
-    all, or a local cache ``folder`` that holds the other kind's arrays. The same cache (same
-    kind and dataset) is brought up to date in place, as build-cache always did."""
+    """Refuse to build a ``kind`` cache where another cache lives. A manifest file the build
+    would write (``manifests``) is this cache's when it is of ``kind`` and lists no item or at
+    least one item that is in the local cache ``folder`` (a rebuild brings it up to date in
+    place, as build-cache always did, even from a moved source); it is another cache's when it
+    is of the other kind, is no manifest at all, or none of its items is in ``folder``. A
+    ``folder`` holding the other kind's arrays is refused too."""
     for path in manifests:
         if not path.exists():
             continue
@@ -153,11 +155,18 @@ def check_cache_folder(
                 f"{path}: exists and is not a readable manifest; build-cache would replace it: "
                 "move it away or name another file"
             )
-        if found[:2] != (kind, dataset):
+        old_kind, dataset, items = found
+        if old_kind != kind:
             raise refuse(
-                f"{path}: holds the manifest of another cache (expected a {kind} cache of "
-                f"{dataset!r}, found a {found[0]} cache of {found[1]!r} with {found[2]} items); "
-                "building here would replace it: choose another --out / --manifest"
+                f"{path}: holds the manifest of a {old_kind} cache of {dataset!r} "
+                f"({len(items)} items); this build writes a {kind} cache: choose another "
+                "--out / --manifest"
+            )
+        if folder is not None and items and not any((folder / p).exists() for p in items):
+            raise refuse(
+                f"{path}: holds the manifest of another cache ({kind}, of {dataset!r}, "
+                f"{len(items)} items, none of them in {folder}); building here would replace "
+                "it: choose another --out / --manifest"
             )
     if folder is None or not folder.is_dir():
         return

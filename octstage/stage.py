@@ -212,7 +212,9 @@ def run_stage(
         parsed = manifest_mod.from_dict(json.loads(raw), source=f"{storage.url}/{MANIFEST}")
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{storage.url}/{MANIFEST}: not JSON: {exc}") from None
-    volumes = volume_paths(parsed, f"{storage.url}/{MANIFEST}")
+    volumes = volume_paths(parsed, f"{storage.url}/{MANIFEST}")  # unsafe names first
+    # The one check of a manifest: a contradictory or empty one is refused before any byte moves.
+    manifest_mod.refuse(parsed, f"{storage.url}/{MANIFEST}", "stage", ManifestError)
     report.volumes = len(volumes)
     replacing = check_destination(dst, raw, replace)
     if replacing:
