@@ -269,11 +269,12 @@ def count_summary(
 # What ``check`` looks for, by name: the consumers differ only in which of these are fatal.
 CHECKS = ("kind", "empty", "duplicate", "split", "label", "shape", "shared-source")
 # Which findings stop each consumer before any work (the rest are warnings); see ``refuse``.
-# pretrain reads no labels; profile scores every field whatever its split.
+# pretrain reads no labels, and an item in two splits only biases its validation figures (a
+# warning); profile scores every field whatever its split. The rest stop on every finding.
 FATAL: dict[str, frozenset[str]] = {
     **{c: frozenset(CHECKS) for c in ("verify", "stage", "doctor", "finetune", "evaluate")},
     "probe": frozenset(CHECKS),
-    "pretrain": frozenset(CHECKS) - {"label"},
+    "pretrain": frozenset(CHECKS) - {"label", "split"},
     "profile": frozenset(CHECKS) - {"split"},
 }
 
@@ -304,7 +305,8 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
             Finding(
                 "kind",
                 f"expected a manifest of kind {kind!r}, found kind {manifest.kind!r} "
-                f"({n} {'fields' if manifest.kind == 'cellpainting' else 'volumes'})",
+                f"({n} {'fields' if manifest.kind == 'cellpainting' else 'volumes'}); this needs "
+                f"a cache built with `octstage build-cache --kind {kind}`",
             )
         )
         return found

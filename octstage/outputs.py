@@ -77,34 +77,42 @@ def _indexed_checkpoints(folder: Path) -> int:
     return len(entries) if isinstance(entries, list) else 0
 
 
-def _trained(path: Path) -> list[str]:
-    """What in the run folder ``path`` says a run trained there (checkpoints, logged metrics)."""
-    found = sorted(p.name for p in (path / "checkpoints").glob("step_*.pt"))[:3]
+def _trained(path: Path, checkpoints: Path) -> list[str]:
+    """What says a run trained in the run folder ``path`` (checkpoints, logged metrics)."""
+    found = sorted(p.name for p in checkpoints.glob("step_*.pt"))[:3]
     metrics = path / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size > 0:
         found.append("metrics.jsonl")
     return found
 
 
-def claim_run_folder(path: Path, resume: bool, overwrite: bool, refuse: Refuse) -> Path:
+def claim_run_folder(
+    path: Path,
+    resume: bool,
+    overwrite: bool,
+    refuse: Refuse,
+    checkpoints: str | None = None,
+) -> Path:
     """The explicit run folder ``path``, made. A folder holding a run is refused unless the run
-    resumes (and then only when its ``checkpoints/index.json`` lists a checkpoint to resume from,
-    or it never trained: restarting at step 1 would overwrite its checkpoints and append to its
-    metrics) or ``overwrite`` asks for a new run there (the old one is moved aside first)."""
+    resumes (and then only when the index of its checkpoints, ``checkpoints`` or else
+    ``path/checkpoints``, lists one to resume from, or it never trained: restarting at step 1
+    would overwrite its checkpoints and append to its metrics) or ``overwrite`` asks for a new
+    run there (the old one is moved aside first). A ``checkpoints`` URL is not looked into."""
     if resume and overwrite:
         raise refuse("train.overwrite=true and checkpoint.resume contradict each other: choose one")
     if path.exists() and not path.is_dir():
         raise refuse(f"train.run_dir {str(path)!r}: exists and is not a folder")
     if path.is_dir() and holds_run(path):
+        ckpts = path / "checkpoints" if checkpoints is None else Path(checkpoints)
         if resume:
-            trained = _trained(path)
-            if trained and not _indexed_checkpoints(path / "checkpoints"):
+            trained = [] if "://" in str(checkpoints) else _trained(path, ckpts)
+            if trained and not _indexed_checkpoints(ckpts):
                 raise refuse(
                     f"train.run_dir {str(path)!r} holds a run that trained ({', '.join(trained)})"
-                    f" but {path / 'checkpoints' / CHECKPOINT_INDEX} is missing or lists no "
-                    "checkpoint: checkpoint.resume=auto would start again at step 1 over it; "
-                    "resume from a file with checkpoint.resume=<step_*.pt>, or start a new run "
-                    "there with train.overwrite=true (the old run is moved aside)"
+                    f" but {ckpts / CHECKPOINT_INDEX} is missing or lists no checkpoint: "
+                    "checkpoint.resume=auto would start again at step 1 over it; resume from a "
+                    "file with checkpoint.resume=<step_*.pt>, or start a new run there with "
+                    "train.overwrite=true (the old run is moved aside)"
                 )
         elif not overwrite:
             raise refuse(

@@ -39,18 +39,26 @@ def code_version() -> str:
     return f"{octtrain.__version__}+g{described}" if described else octtrain.__version__
 
 
-def claim_run_dir(path: Path, resume: bool, overwrite: bool) -> Path:
-    """The explicit run folder ``path``, made (see ``octstage.manifest.claim_run_folder``)."""
-    return claim_run_folder(path, resume, overwrite, ConfigError)
+def claim_run_dir(
+    path: Path, resume: bool, overwrite: bool, checkpoints: str | None = None
+) -> Path:
+    """The explicit run folder ``path``, made (see ``octstage.manifest.claim_run_folder``);
+    ``checkpoints``: ``checkpoint.dir`` when it is set."""
+    return claim_run_folder(path, resume, overwrite, ConfigError, checkpoints)
 
 
 def new_run_dir(
-    output_dir: str, name: str, explicit: str | None, resume: bool = False, overwrite: bool = False
+    output_dir: str,
+    name: str,
+    explicit: str | None,
+    resume: bool = False,
+    overwrite: bool = False,
+    checkpoints: str | None = None,
 ) -> Path:
     """``explicit`` if given (see ``claim_run_dir``), else ``output_dir/name-YYYYmmdd-HHMMSS``
     (suffixed if taken)."""
     if explicit is not None:
-        return claim_run_dir(Path(explicit), resume, overwrite)
+        return claim_run_dir(Path(explicit), resume, overwrite, checkpoints)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(output_dir) / f"{name}-{stamp}"
     path, n = base, 1
