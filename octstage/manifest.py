@@ -271,8 +271,9 @@ CHECKS = ("kind", "empty", "duplicate", "split", "label", "shape", "shared-sourc
 # Which findings stop each consumer before any work (the rest are warnings); see ``refuse``.
 # pretrain reads no labels, and an item in two splits only biases its validation figures (a
 # warning); profile scores every field whatever its split. The rest stop on every finding.
+# ``octtrain doctor`` applies the set of the job its config launches (pretrain or finetune).
 FATAL: dict[str, frozenset[str]] = {
-    **{c: frozenset(CHECKS) for c in ("verify", "stage", "doctor", "finetune", "evaluate")},
+    **{c: frozenset(CHECKS) for c in ("verify", "stage", "finetune", "evaluate")},
     "probe": frozenset(CHECKS),
     "pretrain": frozenset(CHECKS) - {"label", "split"},
     "profile": frozenset(CHECKS) - {"split"},

@@ -66,7 +66,10 @@ def _describe(cfg: DoctorConfig, backend: Backend) -> dict[str, str]:
     assert cfg.data.manifest is not None
     manifest_path = Path(cfg.data.manifest)
     kind = "cellpainting" if isinstance(cfg, DinoConfig) else "oct"
-    manifest = read_manifest(str(manifest_path), "doctor", kind)
+    # The findings fatal for the job this config launches stop doctor too: it agrees to what
+    # the run would accept, no more and no less.
+    job = "finetune" if isinstance(cfg, FinetuneConfig) else "pretrain"
+    manifest = read_manifest(str(manifest_path), job, kind)
     root = Path(cfg.data.cache) if cfg.data.cache else manifest_path.parent
     items = manifest.items
     what = "fields" if kind == "cellpainting" else "volumes"
