@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from octstage.manifest import check_output_folder, replace_report
+from octstage.manifest import Manifest, check_output_folder, replace_report
 from octtrain.config.loader import from_dict
 from octtrain.config.sections import DataConfig, LabelConfig, SelectConfig
 from octtrain.data.dataset import ManifestDataset, Transform, read_manifest, to_model_input
@@ -63,6 +63,26 @@ def resolve_checkpoint(url: str) -> str:
     return found
 
 
+def check_cache_shape(
+    state: dict[str, Any], url: str, man: Manifest, manifest: str, split: str
+) -> None:
+    """DataError naming both when the split's volumes differ in shape from those the checkpoint
+    was trained on: the centre crop to the model's input would hide the difference (another
+    grid, another field of view) and score it. A checkpoint from before ``cache_shape`` was
+    recorded is not compared."""
+    trained = state.get("cache_shape")
+    volumes = man.split(split)
+    if trained is None or not volumes:
+        return
+    found = sorted({tuple(v.shape) for v in volumes})
+    if found != [tuple(trained)]:
+        raise DataError(
+            f"{manifest}: split {split!r} holds volumes of shape "
+            f"{', '.join(str(list(f)) for f in found)}; checkpoint {url} was trained on "
+            f"volumes of {list(trained)}: evaluate on a cache built at the same shape"
+        )
+
+
 def default_out(url: str) -> Path:
     """The run folder of a local ``<run>/checkpoints/step_X.pt``; else the current folder."""
     if "://" in url:
@@ -97,6 +117,7 @@ def run_evaluate(
     label = from_dict(LabelConfig, data_cfg.get("label", {}), "data.label.")
     select = from_dict(SelectConfig, data_cfg.get("select", {}), "data.select.")
     man, _ = prepare(read_manifest(manifest, "evaluate"), select, label, [split])
+    check_cache_shape(state, url, man, manifest, split)
     if label.regression:
         from octtrain.eval.evaluate_regression import evaluate_regression
 

@@ -153,6 +153,7 @@ class FinetuneJob:
         shape = cfg.model.input_shape
         assert shape is not None and d.manifest is not None
         cached = volume_shape(manifest.split(d.train_split) + manifest.split(d.val_split))
+        self.cache_shape = list(cached)  # in the checkpoint: evaluate compares its cache's
         if any(w > s for w, s in zip(shape, cached, strict=True)):
             raise DataError(f"model input {list(shape)} exceeds the cached volumes {list(cached)}")
         root = Path(d.cache) if d.cache else Path(d.manifest).parent
@@ -199,6 +200,7 @@ class FinetuneJob:
             "classes": list(self.classes),
             "metrics": self._metrics_of(epoch),
             "regression": self.scale.as_dict() if self.regression else None,
+            "cache_shape": self.cache_shape,
             "init": self.init_info,
             "rng": ckpt.rng_state(),
         }
@@ -376,7 +378,11 @@ def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
     """Finetune from the pretraining checkpoint ``init`` (None with ``init_encoder: random``)."""
     d = cfg.data
     manifest, selection = prepare(
-        read_manifest(d.manifest, "finetune"), d.select, d.label, [d.train_split, d.val_split], d.train_split
+        read_manifest(d.manifest, "finetune"),
+        d.select,
+        d.label,
+        [d.train_split, d.val_split],
+        d.train_split,
     )
     backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":

@@ -94,9 +94,7 @@ def _trained_run(run: Path, index: object | None) -> None:
         (run / "checkpoints" / "index.json").write_text(json.dumps(index))
 
 
-@pytest.mark.parametrize(
-    "index", [None, {"checkpoints": []}], ids=["index missing", "index empty"]
-)
+@pytest.mark.parametrize("index", [None, {"checkpoints": []}], ids=["index missing", "index empty"])
 def test_resume_of_a_run_that_trained_without_an_index_is_refused(
     tmp_path: Path, index: object | None
 ) -> None:
@@ -144,14 +142,14 @@ def test_a_build_over_another_cache_is_refused_naming_what_it_holds(tmp_path: Pa
     (out / "volumes" / "1001" / "a.ome.zarr").mkdir(parents=True)
     _manifest(out / "manifest.json", "oct", ["volumes/1001/a.ome.zarr"])
     check_cache_folder(out, [out / "manifest.json"], "oct", Refused)  # this cache: rebuilt
-    with pytest.raises(Refused, match="a oct cache of 'src' .1 items.; this build writes a cell"):
+    with pytest.raises(Refused, match=r"a oct cache of 'src' .1 items.; this build writes a cell"):
         check_cache_folder(out, [out / "manifest.json"], "cellpainting", Refused)
     elsewhere = tmp_path / "other.json"
     _manifest(elsewhere, "oct", [f"volumes/{n}/b.ome.zarr" for n in range(114)])
-    with pytest.raises(Refused, match="another cache .oct, of 'src', 114 items, none of them in"):
+    with pytest.raises(Refused, match=r"another cache .oct, of 'src', 114 items, none of them in"):
         check_cache_folder(out, [elsewhere], "oct", Refused)
     (tmp_path / "junk.json").write_text("not json")
     with pytest.raises(Refused, match="not a readable manifest"):
         check_cache_folder(out, [tmp_path / "junk.json"], "oct", Refused)
-    with pytest.raises(Refused, match="holds a oct cache .volumes/."):
+    with pytest.raises(Refused, match=r"holds a oct cache .volumes/."):
         check_cache_folder(out, [], "cellpainting", Refused)
