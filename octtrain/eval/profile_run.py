@@ -167,13 +167,11 @@ def run_profile(
     checkpoint: str, manifest_path: str, cache: str | None, out: str | None, device: str
 ) -> dict[str, Any]:
     """``octtrain profile``: every field of the manifest; writes ``profile.json``."""
-    manifest = read_manifest(manifest_path, "profile", "cellpainting")
-    fields = manifest.fields
-    if manifest.kind != "cellpainting" or not fields:
-        raise DataError(f"{manifest_path}: lists no Cell Painting fields")
-    root = Path(cache) if cache else Path(manifest_path).parent
     folder = Path(out) if out else Path(checkpoint).parent
     check_output_folder(folder, ConfigError)  # refused before the work, not after it
+    manifest = read_manifest(manifest_path, "profile", "cellpainting")
+    fields = manifest.fields
+    root = Path(cache) if cache else Path(manifest_path).parent
     report = profile_fields(checkpoint, fields, root, device)
     text = json.dumps(report, indent=2)
 
