@@ -101,7 +101,12 @@ CP_CASES = {
         "not under fields/P2/",
     ),
     "label outside the classes": (lambda f: _set(f, 1, label=5), "label", "outside the 2"),
-    "channels and shape disagree": (lambda f: _set(f, 1, shape=(3, 64, 64)), "shape", "3, 64"),
+    "label of another class": (lambda f: _set(f, 1, label=0), "label", "perturbation says"),
+    "channels and shape disagree": (
+        lambda f: [_set(f, n, shape=(3, 64, 64)) for n in range(len(f))],
+        "shape",
+        "5 channels, shape [3, 64, 64]",
+    ),
     "no fields": (lambda f: f.clear(), "empty", "lists no fields"),
 }
 

@@ -153,3 +153,10 @@ def test_a_build_over_another_cache_is_refused_naming_what_it_holds(tmp_path: Pa
         check_cache_folder(out, [tmp_path / "junk.json"], "oct", Refused)
     with pytest.raises(Refused, match=r"holds a oct cache .volumes/."):
         check_cache_folder(out, [], "cellpainting", Refused)
+
+
+def test_a_run_folder_that_is_a_file_is_refused_as_such(tmp_path: Path) -> None:
+    (tmp_path / "run").write_text("mine")
+    with pytest.raises(Refused, match="exists and is not a folder"):
+        claim_run_folder(tmp_path / "run", resume=True, overwrite=False, refuse=Refused)
+    assert (tmp_path / "run").read_text() == "mine"
