@@ -39,7 +39,7 @@ def test_resume_auto_of_a_run_without_its_index_is_refused_not_restarted(
 @pytest.mark.parametrize(
     "command",
     [
-        ["probe", "--out", "{file}"],
+        ["probe", "--out", "{file}", "--feature-cache", "{tmp}/feats"],
         ["probe", "--out", "{tmp}/report", "--feature-cache", "{file}/features"],
         ["profile", "--out", "{file}"],
         ["evaluate", "--out", "{file}/sub"],
