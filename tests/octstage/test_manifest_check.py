@@ -103,7 +103,9 @@ CP_CASES = {
     "label outside the classes": (lambda f: _set(f, 1, label=5), "label", "outside the 2"),
     "label of another class": (lambda f: _set(f, 1, label=0), "label", "perturbation says"),
     "channels and shape disagree": (
-        lambda f: [_set(f, n, shape=(3, 64, 64)) for n in range(len(f))],
+        lambda f: f.__setitem__(
+            slice(None), [dataclasses.replace(x, shape=(3, 64, 64)) for x in f]
+        ),
         "shape",
         "5 channels, shape [3, 64, 64]",
     ),

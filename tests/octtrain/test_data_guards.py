@@ -21,7 +21,7 @@ SHARD = "c/0/0/0"
 
 def _volume(root: Path) -> np.ndarray:
     shape = (9, 40, 44)
-    data = ((np.indices(shape).sum(axis=0) * 3) % 256).astype(np.uint8)
+    data: np.ndarray = ((np.indices(shape).sum(axis=0) * 3) % 256).astype(np.uint8)
     write_volume(root, "volumes/1001/abc.ome.zarr", data, (1.0, 1.0, 1.0), {}, chunks=(4, 16, 16))
     return data
 
