@@ -284,7 +284,8 @@ def clear_manifest(dst: Path) -> None:
 def _ctrl_c_deferred() -> Iterator[None]:
     """Hold a Ctrl-C back until the block ends (a few renames), then raise it: the folder shows
     the old report or the new one, never half of each."""
-    if threading.current_thread() is not threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # ignored: stays so
         yield
         return
     caught: list[Any] = []
