@@ -137,6 +137,7 @@ def run_evaluate(
     cache_root = Path(cache) if cache else Path(manifest).parent
     dataset = ManifestDataset(man, cache_root, split, Transform(shape, None))
     n, c = len(dataset), len(classes)
+    log.info("evaluate: %d volumes of split %r, checkpoint %s", n, split, url)
     backend = make_backend(device, str(state["config"]["train"].get("precision", "auto")))
     try:
         model.to(backend.device)  # no data-parallel wrapper: evaluation has no gradients
