@@ -20,7 +20,13 @@ def test_resume_auto_of_a_run_without_its_index_is_refused_not_restarted(
     pristine: Path, tmp_path: Path, index: str
 ) -> None:
     run = tmp_path / "run"
-    base = ["pretrain", "--config", PRETRAIN, "--manifest", pristine / "manifest.json"]
+    base: list[str | Path] = [
+        "pretrain",
+        "--config",
+        PRETRAIN,
+        "--manifest",
+        pristine / "manifest.json",
+    ]
     fast = ["train.max_steps=2", "logging.log_every=1", "train.stall_timeout_s=60"]
     assert cli.main([*map(str, base), f"train.run_dir={run}", *fast]) == 0
     listed = run / "checkpoints" / "index.json"
