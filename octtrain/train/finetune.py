@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from octstage.manifest import Manifest
 from octtrain.config.finetune import FinetuneConfig
 from octtrain.config.loader import to_dict
+from octtrain.config.sections import ModelConfig
 from octtrain.data.dataset import (
     ManifestDataset,
     Transform,
@@ -374,6 +375,15 @@ class FinetuneJob:
         return Evaluation(metrics, -vm.mae, None, {})
 
 
+def check_kernel_lengths(kernel: str, model: ModelConfig) -> None:
+    """ConfigError before any compile when ``kernel`` is flash and the encoder's token count
+    (it sees every patch) does not fit flash's blocks."""
+    shape = model.input_shape
+    if kernel == "flash" and shape is not None:
+        n = math.prod(d // p for d, p in zip(shape, model.patch, strict=True))
+        flash_blocks.check_lengths({"encoder": n})
+
+
 def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
     """Finetune from the pretraining checkpoint ``init`` (None with ``init_encoder: random``)."""
     d = cfg.data
@@ -391,10 +401,7 @@ def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
         kernel, why = choose(cfg.model.attention, backend.device)
         log.info("attention: %s (%s)", kernel, why)
         job = FinetuneJob(cfg, manifest, init, backend, selection)
-        shape = job.cfg.model.input_shape
-        if kernel == "flash" and shape is not None:  # the encoder sees every patch
-            n = math.prod(d // p for d, p in zip(shape, job.cfg.model.patch, strict=True))
-            flash_blocks.check_lengths({"encoder": n})
+        check_kernel_lengths(kernel, job.cfg.model)
         trainer = Trainer(job, settings(job.cfg), backend)
         if backend.is_main:
             _print_start(job, trainer)
