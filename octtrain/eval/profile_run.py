@@ -13,9 +13,9 @@ quarter turns (a field has no up; training draws the same transforms), and a til
 is its CLS token concatenated with its mean patch token (DINOv2's linear-evaluation features),
 averaged over the transforms and the tiles. The random-init encoder is embedded the same way.
 On the twin this beat the mean CLS token of the tiles as they lie, for DINO more than for the
-random init (``bench/bench_dino_twin.py``'s docstring has the figures). Profiles, their
-normalisation (JUMP's recipe) is ``eval/recipe.py``'s, the retrieval mAP and its bootstrap
-intervals ``eval/retrieval.py``'s; the probe is the leave-one-out k-NN balanced accuracy of the
+random init (measured with the evaluation before JUMP's recipe). The profiles' normalisation
+(JUMP's recipe) is ``eval/recipe.py``'s, the retrieval mAP and its bootstrap intervals
+``eval/retrieval.py``'s; the probe is the leave-one-out k-NN balanced accuracy of the
 perturbation classes (``eval/probe.py``) on well profiles and on field embeddings. Beside each
 encoder's mAP and interval, the report gives DINO minus each rival with a paired interval (the
 same perturbations and wells drawn for both). The report goes to ``<out>/profile.json``.
@@ -33,11 +33,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from octstage.manifest import atomic_write_text, check_output_folder, replace_report
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import from_dict
 from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, scale
 from octtrain.data.dataset import read_manifest
-from octtrain.errors import CheckpointError, DataError
+from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval import cp_features
 from octtrain.eval.probe import knn_balanced_accuracy
 from octtrain.eval.profiles import Array, WellKey, handcrafted_features, recipe_profiles
@@ -50,6 +51,7 @@ from octtrain.runtime.checkpoint import load_checkpoint
 
 log = logging.getLogger("octtrain")
 RANDOM_SEEDS = 3
+REPORT = "profile.json"
 
 
 class ProfiledField(FieldRecord, Protocol):
@@ -256,15 +258,18 @@ def run_profile(
     checkpoint: str, manifest_path: str, cache: str | None, out: str | None, device: str
 ) -> dict[str, Any]:
     """``octtrain profile``: the manifest's held-out fields; writes ``profile.json``."""
-    manifest = read_manifest(manifest_path)
+    folder = Path(out) if out else Path(checkpoint).parent
+    check_output_folder(folder, ConfigError)  # refused before the work, not after it
+    manifest = read_manifest(manifest_path, "profile", "cellpainting")
     fields = manifest.fields
-    if manifest.kind != "cellpainting" or not fields:
-        raise DataError(f"{manifest_path}: lists no Cell Painting fields")
     root = Path(cache) if cache else Path(manifest_path).parent
     report = profile_fields(checkpoint, fields, root, device)
-    folder = Path(out) if out else Path(checkpoint).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "profile.json").write_text(json.dumps(report, indent=2))
+    text = json.dumps(report, indent=2)
+
+    def write(tmp: Path) -> None:
+        atomic_write_text(tmp / REPORT, text)
+
+    replace_report(folder, REPORT.__eq__, write, ConfigError)
     for name, m in report["encoders"].items():
         log.info(
             "%s: activity mAP %.3f [%.3f, %.3f] (retrieved %.2f), distinctiveness mAP %.3f "
