@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +58,7 @@ AGREED_KINDS: tuple[type[OcttrainError], ...] = (
     NonFiniteLossError,
 )
 MESSAGE_BYTES = 1000  # of the failing host's message sent to the others
+T = TypeVar("T")
 
 
 def agree(
@@ -94,6 +96,21 @@ def agree(
     message = bytes(int(b) for b in text.tolist()).rstrip(b"\0").decode("utf-8", "replace")
     raised = kind or AGREED_KINDS[int(flags[first]) - 1]
     raise raised(f"host {first} failed {where}: {message}")
+
+
+def agreed(backend: Backend, where: str, build: Callable[[], T]) -> T:
+    """``build()`` on every process, agreed: an ``OcttrainError`` on any host (a manifest or a
+    cache that host alone cannot read, a kernel refusal) stops every host here, with its
+    message, instead of leaving the others to wait for it in their first collective."""
+    result: T | None = None
+    failure: OcttrainError | None = None
+    try:
+        result = build()
+    except OcttrainError as exc:
+        failure = exc
+    agree(backend, failure, where)
+    assert result is not None
+    return result
 
 
 def local_batch(global_batch: int, backend: Backend) -> int:

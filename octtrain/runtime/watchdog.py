@@ -70,7 +70,7 @@ class StallWatchdog:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout=10)  # a daemon: one wait of its poll at most, never more
 
     def poll(self) -> bool:
         """Report the current phase if no step finished for ``timeout_s`` (once per stall);

@@ -386,16 +386,21 @@ class DinoJob:
 
 def run_dino(cfg: DinoConfig) -> RunResult:
     """DINOv2 pretraining as configured; raises OcttrainError subclasses."""
-    manifest = read_manifest(cfg.data.manifest)
     backend = make_backend(cfg.train.device, cfg.train.precision)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
-    try:
+
+    def build() -> DinoJob:
+        manifest = read_manifest(cfg.data.manifest)
         assert cfg.data.manifest is not None
         root = Path(cfg.data.cache) if cfg.data.cache else Path(cfg.data.manifest).parent
         train = manifest_fields(manifest, cfg.data.train_split)
         val = manifest.split_fields(cfg.data.val_split) if cfg.validation.every else ()
-        job = DinoJob(cfg, train, root, backend, val)
+        return DinoJob(cfg, train, root, backend, val)
+
+    try:
+        # A manifest or cache one host cannot read stops every host here, with its message.
+        job = hosts.agreed(backend, "setting up the job", build)
         return Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
     finally:
         backend.close()

@@ -296,15 +296,21 @@ def run_pretrain(cfg: PretrainConfig) -> RunResult:
             "data.label.concept: pretraining learns without labels (its kNN monitor uses the "
             "study group); set data.label in the finetuning config"
         )
-    # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
-    manifest = select(read_manifest(cfg.data.manifest), cfg.data.select)
-    cfg = resolve(cfg, manifest)
     backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
-    try:
-        kernel, why = check_kernel(cfg, backend.device)
+
+    def build() -> PretrainJob:
+        # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
+        manifest = select(read_manifest(cfg.data.manifest), cfg.data.select)
+        resolved = resolve(cfg, manifest)
+        kernel, why = check_kernel(resolved, backend.device)
         log.info("attention: %s (%s)", kernel, why)
-        return Trainer(PretrainJob(cfg, manifest, backend), settings(cfg), backend).run()
+        return PretrainJob(resolved, manifest, backend)
+
+    try:
+        # A manifest or cache one host cannot read stops every host here, with its message.
+        job = hosts.agreed(backend, "setting up the job", build)
+        return Trainer(job, settings(job.cfg), backend).run()
     finally:
         backend.close()
