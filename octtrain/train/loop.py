@@ -121,6 +121,7 @@ class Trainer:
         self._pending: collections.deque[_Pending] = collections.deque()
         self._window = {"wait": 0.0, "time": 0.0, "n": 0.0}  # since the last logged step
         self._unit = {"wait": 0.0, "time": 0.0}  # since the last unit's end
+        self._read_compiles = 0  # programs compiled to copy monitor rows to the host (XLA)
 
     # --- resume and checkpoints ----------------------------------------------------------------
 
@@ -347,7 +348,14 @@ class Trainer:
         loss = hosts.mean_over_replicas(self.backend, p.result.loss)
         metrics = {"train/loss": loss, "train/grad_norm": norm, **p.result.host, **p.host}
         if p.result.features is not None:
-            rows = p.result.features.cpu().float()  # a transfer; selecting here would be a graph
+            # A transfer (selecting here would be a graph). Under SPMD the rows are sharded over
+            # the batch and their copy compiles a replication program of its own: counted
+            # apart, so train/compile_count counts the step's programs only.
+            before = self.backend.compile_count()
+            rows = p.result.features.cpu().float()
+            after = self.backend.compile_count()
+            if before is not None and after is not None:
+                self._read_compiles += after - before
             metrics["train/feat_std"] = feature_std(rows)
             metrics["train/feat_erank"] = effective_rank(rows)
             alarm = representation_alarm(
@@ -368,7 +376,8 @@ class Trainer:
         }
         compiles = self.backend.compile_count()
         if compiles is not None:
-            host["train/compile_count"] = float(compiles)
+            host["train/compile_count"] = float(compiles - self._read_compiles)
+            host["train/read_compile_count"] = float(self._read_compiles)
         peak = self.backend.peak_memory_gib()
         if peak is not None:
             host["train/peak_memory_gib"] = peak

@@ -153,12 +153,12 @@ def lr_factors(
     do not hit pretrained weights at the full rate.
     """
     warm = max(warmup_steps, 1)
-    factor = warmup_cosine(
+    factor = warmup_cosine(  # its warmup's step 0 is already 1 / warmup_steps of the way
         step,
         peak=1.0,
         warmup_steps=warmup_steps,
         total_steps=total_steps,
-        start=1.0 / warm,
+        start=0.0,
         final=cfg.min_lr_ratio,
     )
     encoder = factor

@@ -21,9 +21,13 @@ def _progress(step: int, start: int, end: int) -> float:
 def warmup_cosine(
     step: int, *, peak: float, warmup_steps: int, total_steps: int, start: float, final: float
 ) -> float:
-    """Linear from ``start`` to ``peak`` over ``warmup_steps``, then cosine down to ``final``."""
+    """Linear from ``start`` to ``peak`` over ``warmup_steps``, then cosine down to ``final``.
+
+    Step ``s`` of the warmup takes ``(s + 1) / warmup_steps`` of the way (its last step reaches
+    the peak): never exactly 0 with ``start`` 0, which XLA bakes into the graph as a constant
+    (0 and 1 are "special scalars"), so the step after it would compile a second program."""
     if step < warmup_steps:
-        return start + (peak - start) * step / warmup_steps
+        return start + (peak - start) * (step + 1) / warmup_steps
     p = _progress(step, warmup_steps, total_steps)
     return final + (peak - final) * 0.5 * (1.0 + math.cos(math.pi * p))
 
