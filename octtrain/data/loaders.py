@@ -162,7 +162,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
         return False
 
     def __next__(self) -> dict[str, Any]:
-        item = self._END
+        item: Any = self._END
         while not self._stop.is_set():
             try:
                 item = self._queue.get(timeout=0.1)

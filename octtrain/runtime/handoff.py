@@ -60,6 +60,8 @@ def run_within(call: Callable[[], object], timeout_s: float, what: str) -> bool:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        log.warning("%s did not stop within %.0f s; leaving it to the process exit", what, timeout_s)
+        log.warning(
+            "%s did not stop within %.0f s; leaving it to the process exit", what, timeout_s
+        )
         return False
     return True

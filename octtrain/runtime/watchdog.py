@@ -16,7 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 
-STALL_EXIT_CODE = 5  # the CLI's exit code for a run ended by the watchdog
+from octtrain import exitcodes
+
+STALL_EXIT_CODE = exitcodes.STALLED.code  # the CLI's exit code for a run ended by the watchdog
 
 Report = Callable[[str, float, int], None]
 
