@@ -80,12 +80,12 @@ def long_run(xla_cache: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
         "schedule.warmup_steps=20",
         "validation.every=0",
         f"checkpoint.every={LONG_STEPS}",
-        "data.batch_size=8",
+        "data.batch_size=2",  # one sample per device: 200 steps in minutes on 2 busy cores
         "data.num_workers=0",
         "logging.log_every=10",
         "logging.wandb_mode=disabled",
     ]
-    return run_xla("driver", args, devices=2, run_dir=run_dir)
+    return run_xla("driver", args, 2, run_dir, timeout_s=2400, fast_compile=False)
 
 
 def test_the_compile_count_stays_flat_over_200_steps_after_warm_up(long_run: XlaRun) -> None:
@@ -95,5 +95,7 @@ def test_the_compile_count_stays_flat_over_200_steps_after_warm_up(long_run: Xla
     assert logged[-1] == LONG_STEPS and len(logged) >= 20, logged
     after = [compiles[s] for s in logged if s >= WARM_UP]
     assert len(set(after)) == 1, compiles  # no recompile from step 10 to step 210
-    assert compiles[1] <= after[0] <= 6, compiles  # setup, first and steady step
+    # Setup and the first step, then the steady step (the optimizer's state appears after step
+    # 1, which is why the watchdog's first-step allowance covers two steps): nothing more.
+    assert compiles[1] <= after[0] <= compiles[1] + 1, compiles
     assert all(reads[s] >= 0 for s in logged), reads
