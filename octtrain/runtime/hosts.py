@@ -16,9 +16,10 @@
   checkpoint is read there and broadcast, so no process can start fresh while another resumes,
   even when only process 0 can see the checkpoint folder.
 * **Failures.** A failure on one host must not leave the others waiting in a collective.
-  Where hosts must agree (each step's batch, a validation, a checkpoint write, the resume
-  decision) every process calls ``agree`` with its own failure or None: a host sum of one flag
-  per process (and, only when one is set, of the first failing host's message), after which
+  Where hosts must agree (setting up the job, each step's batch, a validation, a checkpoint
+  write, the resume decision) every process calls ``agree`` with its own failure or None: a
+  host sum of one flag per process (and, only when one is set, of the first failing host's
+  message), after which
   every process raises the same kind of error with that host's message, or all go on.
 """
 
