@@ -81,6 +81,13 @@ def verdict(text: str, match: re.Match[str]) -> str | None:
             allowed = octstage_codes(command)
             where = f"octstage {command}" if command else "octstage"
             return None if code in allowed else f"{where} never exits {code}"
+    line = text[text.rfind("\n", 0, match.start()) + 1 : match.start()]
+    if line.startswith("|"):  # a table row: its first cell names what the row is about
+        found = list(OCTSTAGE_WORDS.finditer(line.split("|")[1]))
+        if found:
+            command = found[0].group(1)
+            allowed = octstage_codes(command)
+            return None if code in allowed else f"octstage {command or ''} never exits {code}"
     row = nearest_row(before, after)
     if row is None:
         codes = {r.code for r in exitcodes.TABLE}

@@ -391,7 +391,7 @@ def run_dino(cfg: DinoConfig) -> RunResult:
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
 
     def build() -> DinoJob:
-        manifest = read_manifest(cfg.data.manifest)
+        manifest = read_manifest(cfg.data.manifest, "pretrain", "cellpainting")
         assert cfg.data.manifest is not None
         root = Path(cfg.data.cache) if cfg.data.cache else Path(cfg.data.manifest).parent
         train = manifest_fields(manifest, cfg.data.train_split)

@@ -302,7 +302,7 @@ def run_pretrain(cfg: PretrainConfig) -> RunResult:
 
     def build() -> PretrainJob:
         # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
-        manifest = select(read_manifest(cfg.data.manifest), cfg.data.select)
+        manifest = select(read_manifest(cfg.data.manifest, "pretrain"), cfg.data.select)
         resolved = resolve(cfg, manifest)
         kernel, why = check_kernel(resolved, backend.device)
         log.info("attention: %s (%s)", kernel, why)
