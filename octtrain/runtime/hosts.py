@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import logging
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -109,6 +110,11 @@ def agreed(backend: Backend, where: str, build: Callable[[], T]) -> T:
         result = build()
     except OcttrainError as exc:
         failure = exc
+    except Exception as exc:  # noqa: BLE001 - a bug too must not leave the other hosts waiting
+        if backend.process_count == 1:
+            raise  # no other host to tell: the bug keeps its own class and traceback
+        log.error("%s failed:\n%s", where, traceback.format_exc())
+        failure = OcttrainError(f"{where}: {type(exc).__name__}: {exc}")
     agree(backend, failure, where)
     assert result is not None
     return result

@@ -35,7 +35,7 @@ from octtrain.train import pretrain
 def inject(point: str, rank: int) -> None:
     if point == "setup":
 
-        def unreadable(path: Any) -> Any:
+        def unreadable(path: Any, *kinds: Any) -> Any:
             raise DataError(f"{path}: truncated JSON in host {rank}'s copy of the manifest")
 
         pretrain.read_manifest = unreadable  # type: ignore[assignment]
