@@ -110,7 +110,7 @@ def agreed(backend: Backend, where: str, build: Callable[[], T]) -> T:
         result = build()
     except OcttrainError as exc:
         failure = exc
-    except Exception as exc:  # noqa: BLE001 - a bug too must not leave the other hosts waiting
+    except Exception as exc:  # a bug too must not leave the other hosts waiting
         if backend.process_count == 1:
             raise  # no other host to tell: the bug keeps its own class and traceback
         log.error("%s failed:\n%s", where, traceback.format_exc())
