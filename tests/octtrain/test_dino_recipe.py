@@ -164,7 +164,7 @@ def test_learning_rates_decay_by_layer_and_the_patch_embedding_gets_a_fifth(
     assert depth == 2
 
     def at(name: str) -> float:
-        return lr[id(named[name])]
+        return float(lr[id(named[name])])
 
     assert at("backbone.patch_embed.weight") == pytest.approx(0.5**3 * 0.2)
     assert at("backbone.cls_token") == pytest.approx(0.5**3)
@@ -179,7 +179,7 @@ def test_learning_rates_decay_by_layer_and_the_patch_embedding_gets_a_fifth(
 def test_the_job_s_batches_carry_block_masks_on_half_the_global_crops(
     cell_cache: tuple[Path, list[CellField]], tmp_path: Path
 ) -> None:
-    job, batch = _job(cell_cache, tmp_path, ["data.batch_size=8"])
+    _, batch = _job(cell_cache, tmp_path, ["data.batch_size=8"])
     masks = batch["masks"].reshape(16, 8, 8).numpy()  # 8 fields x 2 global crops, 8 x 8 patches
     counts = masks.sum(axis=(1, 2))
     assert (counts > 0).sum() == 8  # exactly half, DINOv2's mask_probability 0.5
@@ -262,11 +262,11 @@ def test_the_student_and_teacher_forwards_and_losses_trace_without_graph_breaks(
     torch._dynamo.reset()
 
 
-class _Ops(TorchDispatchMode):
+class _Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Every aten op run under it, by name (what a kernel-level profile would list)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.names: list[str] = []
         self.syncs: list[str] = []
 
