@@ -1,12 +1,15 @@
 """``octtrain pretrain`` with ``job: dino``: DINOv2 (DINO + iBOT + KoLeo) on Cell Painting
 fields, as a job of the one training skeleton (``train/loop.py``).
 
-What is DINO's own: the student (2D ViT + DINO head + iBOT head) and its EMA teacher; the
-centres of the teacher's logits (EMA over replicas) and the teacher temperature schedule; the
-step (multi-crop views built on the device from uint8, the three losses, AdamW with the
-scheduled lr and weight decay, the prototypes frozen for the first steps, grad norm before
-clipping, then the EMA and centre updates); and the pictures: the last block's attention and
-the patch features, read through the student's wrapper (DDP or FSDP) at the first image step.
+What is DINO's own: the student (2D ViT + DINO head + iBOT head) and its EMA teacher (eval
+mode, no drop path, momentum on DINOv2's cosine); the centres of the teacher's logits (EMA over
+replicas) and the teacher temperature warm-up; the step (multi-crop views built on the device
+from uint8, the iBOT tokens gathered through the batch's fixed-size index list, the three
+losses, AdamW with the scheduled lr times DINOv2's per-layer scales and weight decay, the
+prototypes at lr 0 for the first steps, grad norm before clipping, then the EMA and centre
+updates; no host read between logged steps: ``docs/dinov2-recipe.md``); and the pictures:
+the last block's attention and the patch features, read through the student's wrapper (DDP or
+FSDP) at the first image step.
 Everything else (run folder, resume, checkpoints, watchdog, data wait, non-finite and collapse
 guards) is the skeleton's.
 """
