@@ -50,6 +50,7 @@ CENTERINGS = ("center", "sinkhorn_knopp")
 SCALE_UNITS = ("field", "crop")
 JOBS = ("jepa", "dino")  # what ``octtrain pretrain`` can run; a YAML without ``job`` is jepa
 PARALLEL = ("ddp", "fsdp")
+COMPILES = ("none", "inductor", "aot_eager")
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,9 @@ class DinoConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: str = "ddp"  # across processes: ddp, or fsdp (sharded student and teacher)
+    # torch.compile the student's and the teacher's forwards: "none", "inductor" (the GPU's
+    # choice: fused kernels) or "aot_eager" (traced, not code-generated: checks on a CPU).
+    compile: str = "none"
 
     def __post_init__(self) -> None:
         check(self.job == "dino", f"job must be 'dino' for this config, got {self.job!r}")
@@ -213,6 +217,7 @@ class DinoConfig:
         check(self.train.epochs is None, "train.epochs is for finetuning; use train.max_steps")
         check(not self.data.balanced_sampling, "data.balanced_sampling is for finetuning only")
         check(self.parallel in PARALLEL, f"parallel must be one of {PARALLEL}")
+        check(self.compile in COMPILES, f"compile must be one of {COMPILES}")
         p = self.model.patch_size
         for name in ("global_size", "local_size"):
             size = getattr(self.crops, name)

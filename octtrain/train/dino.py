@@ -126,6 +126,7 @@ class DinoJob:
         self.raw = build_student(cfg, in_chans).to(backend.device)
         self.student: nn.Module = self.raw
         self.teacher = make_teacher(self.raw)
+        self.teacher_forward: nn.Module = self.teacher  # compiled in start() with ``compile``
         self.depth = len(self.raw.backbone.blocks)
         self.optimizer = dino_optimizer(self.raw, cfg.optim, self.depth)
         self._trainable()
@@ -235,6 +236,12 @@ class DinoJob:
             self.student = self.raw
         else:
             self.student = self.backend.wrap_model(self.raw)
+        if self.cfg.compile != "none":
+            # The wrapper's forward compiled (DDP's hooks stay outside the graph); the step's
+            # shapes never change (fixed crops, fixed iBOT index list): one graph each.
+            backend = self.cfg.compile
+            self.student = torch.compile(self.student, backend=backend)  # type: ignore[assignment]
+            self.teacher_forward = torch.compile(self.teacher, backend=backend)  # type: ignore[assignment]
         if self._optimizer_state is not None:
             set_optimizer_state_dict(
                 self.raw, self.optimizer, self._optimizer_state, options=FULL_IN
@@ -278,7 +285,12 @@ class DinoJob:
         self.optimizer.zero_grad(set_to_none=True)
         with self.backend.autocast():
             out = self.student(global_views, local_views, masks, mask_index=mask_index)
-            t_logits, t_masked, _ = teacher_outputs(self.teacher, global_views, masks, mask_index)
+            t_logits, t_masked, _ = teacher_outputs(
+                self.teacher_forward,  # type: ignore[arg-type]
+                global_views,
+                masks,
+                mask_index,
+            )
         temp = hyper["train/teacher_temp"]
         probs = self._targets(t_logits, self.center, temp)
         valid = mask_weight > 0

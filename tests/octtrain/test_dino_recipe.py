@@ -305,3 +305,21 @@ def test_a_training_step_never_makes_the_host_wait_for_the_device(
         result = job.train_step(batch, 1)
     assert ops.names and not ops.syncs, sorted(set(ops.syncs))
     assert isinstance(result.loss, torch.Tensor) and isinstance(result.grad_norm, torch.Tensor)
+
+
+def test_a_compiled_step_computes_what_the_eager_step_does_in_one_graph_per_forward(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    losses = []
+    for compile_ in ("none", "aot_eager"):
+        job, batch = _job(cell_cache, tmp_path / compile_, [f"compile={compile_}"])
+        losses.append([float(job.train_step(batch, s).loss) for s in (1, 2)])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    # Two steps, two forwards (student, teacher): compiled once each, never again.
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch._dynamo.reset()
