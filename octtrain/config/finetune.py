@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from octtrain.config.acquisition import AcquisitionConfig
 from octtrain.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -148,6 +149,7 @@ class FinetuneConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    acquisition: AcquisitionConfig = field(default_factory=AcquisitionConfig)  # training split
     head: HeadConfig = field(default_factory=HeadConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from octstage.manifest import Manifest
 from octtrain.config.loader import to_dict
 from octtrain.config.pretrain import PretrainConfig
+from octtrain.data.acquisition import make_transform
 from octtrain.data.dataset import (
     ManifestDataset,
     Transform,
@@ -130,7 +131,7 @@ class PretrainJob:
             manifest,
             root,
             cfg.data.train_split,
-            Transform(shape, cfg.data.augment),
+            make_transform(shape, cfg.data.augment, cfg.acquisition),
             cfg.data.max_samples,
             masker=masker,
         )
