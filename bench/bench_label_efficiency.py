@@ -156,6 +156,7 @@ class Budget:
     fractions: tuple[float, ...] = FRACTIONS
     recipe: str = "plain"  # a key of RECIPES: the fine-tuning recipe of both arms
     acquisition: bool = True  # pretraining views with ACQUISITION's looks
+    two_looks: bool = False  # ... and the target encoder with another intensity look
 
 
 def budget(args: argparse.Namespace) -> Budget:
@@ -163,7 +164,7 @@ def budget(args: argparse.Namespace) -> Budget:
         counts = {"train": 32, "val": 6, "test": 8}
         return Budget(
             (16, 32, 32), (4, 8, 8), counts, 60, 12, 12, 3, 8, (1e-3,), 200,
-            args.fractions, args.recipe, args.acquisition,
+            args.fractions, args.recipe, args.acquisition, args.two_looks,
         )  # fmt: skip
     counts = {"train": args.train or 256, "val": 16, "test": 32}
     # From random init the tiny ViT needs ~2000 steps to leave chance with 1024 labels
@@ -185,6 +186,7 @@ def budget(args: argparse.Namespace) -> Budget:
         args.fractions,
         args.recipe,
         args.acquisition,
+        args.two_looks,
     )
 
 
@@ -408,6 +410,7 @@ def pretrain(manifest: Path, run_dir: Path, b: Budget) -> str:
         f"schedule.warmup_steps={max(5, b.pretrain_steps // 20)}",
         *PRETRAIN_RECIPE,
         *([f"acquisition.{o}" for o in ACQUISITION] if b.acquisition else []),
+        *(["acquisition.two_looks=true"] if b.acquisition and b.two_looks else []),
         f"checkpoint.every={b.pretrain_steps}",
         "train.cpu_threads=1",
         f"model.patch=[{','.join(map(str, b.patch))}]",
@@ -758,6 +761,11 @@ def main() -> None:
         dest="acquisition",
         action="store_false",
         help="pretrain without the acquisition looks (the previous protocol)",
+    )
+    parser.add_argument(
+        "--two-looks",
+        action="store_true",
+        help="pretraining's target encoder sees another intensity look of the same volume",
     )
     parser.add_argument("--out", type=Path, default=None, help="keep the run folder here")
     args = parser.parse_args()

@@ -33,6 +33,8 @@ class AcquisitionConfig:
     ``gamma`` raises the signal to an exponent drawn log-uniformly (the display curve); ``gain``
     multiplies it by a factor drawn log-uniformly; ``noise`` adds Gaussian noise whose std, in
     grey levels of 255, is drawn uniformly. ``p``: probability that a view gets a new look at all.
+    ``two_looks`` (V-JEPA pretraining): the context and the target encoder see one geometry with
+    two independently drawn intensity looks.
     """
 
     p: float = 1.0
@@ -43,6 +45,9 @@ class AcquisitionConfig:
     axial_shift: float = 0.0
     tilt: float = 0.0
     lateral_scale: tuple[float, float] = (1.0, 1.0)
+    # Pretraining only: the target encoder sees the same geometry with its own intensity look,
+    # so predicting its features pays only for what every device shows alike.
+    two_looks: bool = False
 
     def __post_init__(self) -> None:
         check(0.0 <= self.p <= 1.0, f"p must be a probability, got {self.p}")
@@ -57,8 +62,23 @@ class AcquisitionConfig:
         )
         check(0.0 <= self.axial_shift <= 0.5, "axial_shift must be in [0, 0.5] of the depth")
         check(0.0 <= self.tilt <= 0.5, "tilt must be in [0, 0.5] of the depth")
+        check(
+            not self.two_looks or self.changes_intensity,
+            "two_looks needs at least one intensity option (gain, gamma, speckle_looks, noise)",
+        )
+
+    @property
+    def changes_intensity(self) -> bool:
+        """Whether an intensity option is set (their neutral values are the defaults)."""
+        return (
+            self.gain != (1.0, 1.0)
+            or self.gamma != (1.0, 1.0)
+            or self.speckle_looks != (0.0, 0.0)
+            or self.noise[1] > 0
+        )
 
     @property
     def enabled(self) -> bool:
         """Whether any option would change a volume."""
-        return self.p > 0 and self != AcquisitionConfig(p=self.p)
+        geometry = self.axial_shift > 0 or self.tilt > 0 or self.lateral_scale != (1.0, 1.0)
+        return self.p > 0 and (geometry or self.changes_intensity)

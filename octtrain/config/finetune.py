@@ -172,6 +172,10 @@ class FinetuneConfig:
         assert epochs is not None
         check(self.schedule.warmup_epochs <= epochs, "schedule.warmup_epochs exceeds train.epochs")
         check(self.init_encoder in INIT_ENCODERS, f"init_encoder must be one of {INIT_ENCODERS}")
+        check(
+            not self.acquisition.two_looks,
+            "acquisition.two_looks is for pretraining (the target encoder's view); unset it here",
+        )
         eff = self.optim.effective_batch_size
         check(
             eff is None or eff % self.data.batch_size == 0,

@@ -16,14 +16,16 @@ uint8. Everything random comes from the item's generator: the same seed gives th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from octtrain.config.acquisition import AcquisitionConfig
 from octtrain.config.sections import AugmentConfig
-from octtrain.data.dataset import Transform
+from octtrain.data.dataset import ManifestDataset, SampleKey, Transform
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def lateral_resample(x: np.ndarray, scale: float) -> np.ndarray:
     w = x.shape[2]
     centre = (w - 1) / 2
     i0, i1, f = _weights(centre + (np.arange(w) - centre) / scale, w)
-    return x[..., i0] * (1 - f) + x[..., i1] * f
+    return np.asarray(x[..., i0] * (1 - f) + x[..., i1] * f, dtype=np.float32)
 
 
 def depth_shift(x: np.ndarray, shift: float, tilt: float) -> np.ndarray:
@@ -91,15 +93,17 @@ def depth_shift(x: np.ndarray, shift: float, tilt: float) -> np.ndarray:
     offset = shift + tilt * across  # [W]
     i0, i1, f = _weights(np.arange(h)[:, None] - offset[None, :], h)  # [H, W] each
     cols = np.arange(w)[None, :]
-    return x[:, i0, cols] * (1 - f) + x[:, i1, cols] * f
+    return np.asarray(x[:, i0, cols] * (1 - f) + x[:, i1, cols] * f, dtype=np.float32)
 
 
-def render(volume: np.ndarray, look: Look, rng: np.random.Generator) -> np.ndarray:
-    """``volume`` (uint8 ``[D, H, W]``) as ``look`` renders it, uint8 again."""
-    if look == Look():
-        return volume
-    x = volume.astype(np.float32) / 255.0
-    x = depth_shift(lateral_resample(x, look.lateral_scale), look.axial_shift, look.tilt)
+def geometry(x: np.ndarray, look: Look) -> np.ndarray:
+    """The float volume ``x`` resampled, shifted and tilted as ``look`` says."""
+    return depth_shift(lateral_resample(x, look.lateral_scale), look.axial_shift, look.tilt)
+
+
+def intensity(x: np.ndarray, look: Look, rng: np.random.Generator) -> np.ndarray:
+    """The float signal ``x`` in [0, 1] with ``look``'s speckle, curve, gain and noise, as
+    uint8."""
     if look.speckle_looks > 0:
         speckle = rng.standard_gamma(look.speckle_looks, x.shape, dtype=np.float32)
         x = x * (speckle / look.speckle_looks)
@@ -111,9 +115,37 @@ def render(volume: np.ndarray, look: Look, rng: np.random.Generator) -> np.ndarr
     return np.asarray(np.rint(np.clip(x, 0.0, 1.0) * 255.0), dtype=np.uint8)
 
 
+def render(volume: np.ndarray, look: Look, rng: np.random.Generator) -> np.ndarray:
+    """``volume`` (uint8 ``[D, H, W]``) as ``look`` renders it, uint8 again."""
+    if look == Look():
+        return volume
+    return intensity(geometry(volume.astype(np.float32) / 255.0, look), look, rng)
+
+
+def two_looks(
+    volume: np.ndarray, cfg: AcquisitionConfig, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two views of ``volume`` with one drawn geometry and two independently drawn intensity
+    looks: the same retina at the same voxels, as two devices would render its signal."""
+    first = draw(cfg, volume.shape[1], rng)
+    other = draw(cfg, volume.shape[1], rng)
+    other = dataclasses.replace(
+        other,
+        axial_shift=first.axial_shift,
+        tilt=first.tilt,
+        lateral_scale=first.lateral_scale,
+    )
+    x = geometry(volume.astype(np.float32) / 255.0, first)
+    return intensity(x, first, rng), intensity(x, other, rng)
+
+
 class AcquisitionTransform(Transform):
     """``Transform`` (crop, flips, intensity jitter) followed by a drawn acquisition look on the
-    uint8 crop; deterministic items (no generator) are left as ``Transform`` makes them."""
+    uint8 crop; deterministic items (no generator) are left as ``Transform`` makes them.
+
+    With ``acquisition.two_looks`` the crop it returns is ``[2, D, H, W]``: the context's view
+    and the target's (``two_looks``); ``TwoLookDataset`` splits them into two items.
+    """
 
     def __init__(
         self,
@@ -129,9 +161,25 @@ class AcquisitionTransform(Transform):
     ) -> tuple[np.ndarray, float, float]:
         crop, gain, shift = super().__call__(volume, rng)
         if rng is None or not self.acquisition.enabled:
-            return crop, gain, shift
-        look = draw(self.acquisition, crop.shape[1], rng)
-        return np.ascontiguousarray(render(crop, look, rng)), gain, shift
+            views = (crop, crop) if self.acquisition.two_looks else None
+        elif self.acquisition.two_looks:
+            views = two_looks(crop, self.acquisition, rng)
+        else:
+            look = draw(self.acquisition, crop.shape[1], rng)
+            return np.ascontiguousarray(render(crop, look, rng)), gain, shift
+        return (crop if views is None else np.stack(views)), gain, shift
+
+
+class TwoLookDataset(ManifestDataset):
+    """``ManifestDataset`` whose training items carry a second view for the target encoder:
+    ``image`` (the context's look) and ``target_image`` (another look of the same geometry)
+    from an ``AcquisitionTransform`` with ``two_looks`` on."""
+
+    def __getitem__(self, key: SampleKey) -> dict[str, Any]:
+        item = super().__getitem__(key)
+        image = item["image"]  # [1, 2, D, H, W] from the stacked views
+        item["image"], item["target_image"] = image[:, 0], image[:, 1]
+        return item
 
 
 def make_transform(

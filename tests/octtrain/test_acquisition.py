@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +19,17 @@ from octtrain.config.sections import AugmentConfig
 from octtrain.data.acquisition import (
     AcquisitionTransform,
     Look,
+    TwoLookDataset,
     draw,
     make_transform,
     render,
+    two_looks,
 )
 from octtrain.data.dataset import ManifestDataset, Transform
 from octtrain.errors import ConfigError
 from octtrain.runtime.backend import make_backend
 from octtrain.train.finetune import FinetuneJob
-from octtrain.train.pretrain import PretrainJob, resolve
+from octtrain.train.pretrain import PretrainJob, resolve, run_pretrain
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 Cache = tuple[Path, Path]
@@ -203,3 +207,84 @@ def test_every_pretrain_yaml_with_looks_uses_only_documented_options() -> None:
         cfg = load_config(PretrainConfig, path, [])
         if cfg.acquisition.enabled:
             assert cfg.acquisition.p > 0, path
+
+
+def test_two_looks_share_the_geometry_and_differ_in_intensity() -> None:
+    # Gain and curve only (monotone: the brightest row stays the brightest), so the geometry shows.
+    cfg = AcquisitionConfig(gain=(0.75, 1.33), gamma=(0.7, 1.5), axial_shift=0.15, two_looks=True)
+    context, target = two_looks(rows(), cfg, np.random.default_rng(3))
+    assert context.shape == target.shape == (4, 32, 24) and context.dtype == np.uint8
+    where = [bright_row(context, c) for c in range(24)]
+    assert where == [bright_row(target, c) for c in range(24)]  # the same voxels ...
+    assert where != [10] * 24  # ... moved together
+    assert not np.array_equal(context, target)  # ... with two intensity looks
+
+
+def test_two_look_items_carry_the_targets_view(tiny_cache: Cache) -> None:
+    manifest_path, cache = tiny_cache
+    cfg = dataclasses.replace(ON, two_looks=True)
+    transform = AcquisitionTransform((8, 32, 32), NO_JITTER, cfg)
+    ds = TwoLookDataset(load(manifest_path), cache, "train", transform)
+    item = ds[(0, 1)]
+    assert item["image"].shape == item["target_image"].shape == (1, 8, 32, 32)
+    assert item["target_image"].dtype == torch.uint8
+    assert not torch.equal(item["image"], item["target_image"])
+    plain = ds[0]  # evaluation: one view, twice
+    assert torch.equal(plain["image"], plain["target_image"])
+    batch = torch.utils.data.default_collate([ds[(i, i)] for i in range(3)])
+    assert batch["target_image"].shape == (3, 1, 8, 32, 32)
+
+
+def test_two_looks_are_refused_without_an_intensity_option_and_in_finetuning(
+    tiny_cache: Cache, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="two_looks needs at least one intensity option"):
+        AcquisitionConfig(axial_shift=0.1, two_looks=True)
+    with pytest.raises(ConfigError, match="two_looks is for pretraining"):
+        load_config(
+            FinetuneConfig,
+            CONFIGS / "finetune" / "tiny.yaml",
+            [
+                f"data.manifest={tiny_cache[0]}",
+                "acquisition.gain=[0.8,1.2]",
+                "acquisition.two_looks=true",
+            ],
+        )
+
+
+def test_a_two_look_pretraining_run_trains(tiny_cache: Cache, tmp_path: Path) -> None:
+    cfg = load_config(
+        PretrainConfig,
+        CONFIGS / "pretrain" / "tiny.yaml",
+        [
+            f"data.manifest={tiny_cache[0]}",
+            f"train.run_dir={tmp_path / 'run'}",
+            "train.max_steps=4",
+            "checkpoint.every=4",
+            "validation.every=0",
+            *(f"acquisition.{o}" for o in ("gain=[0.75,1.33]", "speckle_looks=[4,32]")),
+            "acquisition.two_looks=true",
+        ],
+    )
+    result = run_pretrain(cfg)
+    assert result.steps == 4 and result.last_loss is not None and math.isfinite(result.last_loss)
+
+
+def test_the_target_encoder_reads_the_second_look(tiny_cache: Cache, tmp_path: Path) -> None:
+    overrides = [
+        f"data.manifest={tiny_cache[0]}",
+        f"train.run_dir={tmp_path}",
+        "acquisition.gain=[0.75,1.33]",
+        "acquisition.two_looks=true",
+    ]
+    cfg = load_config(PretrainConfig, CONFIGS / "pretrain" / "tiny.yaml", overrides)
+    manifest = load(tiny_cache[0])
+    cfg = resolve(cfg, manifest)
+    backend = make_backend("cpu", "fp32")
+    data = PretrainJob(cfg, manifest, backend).train_set
+    batch = torch.utils.data.default_collate([data[(i, i)] for i in range(4)])
+    inverted = {**batch, "target_image": 255 - batch["target_image"]}
+    losses = [
+        float(PretrainJob(cfg, manifest, backend).train_step(b, 0).loss) for b in (batch, inverted)
+    ]
+    assert losses[0] != losses[1]
