@@ -53,7 +53,9 @@ not the recipe: on the same twin without device looks the attentive probe at 100
 here) was 0.305; layer decay 0.65 gave 0.273 and a frozen start of 50 epochs 0.297.
 Pretraining variants, probe at 100% / fine-tuning at 10%: 8000 steps 0.461 / 0.273, batch 32
 0.344 / 0.297, mask ratio 0.75 0.445 / 0.312, 0.45 0.281 / 0.297, lr 3e-4 0.469 / 0.273, EMA
-ending at 0.999 0.398 / 0.391 (kept).
+ending at 0.999 0.398 / 0.391 (kept). Issue 26, at 10% on one seed, both arms, chosen on the mean
+validation score: plain 0.391, layer decay 0.65 0.383, fine-tuning looks 0.359, 3x epochs 0.328,
+frozen first quarter 0.320: plain kept (docs/device-invariance.md).
 
 Output in ``--out`` (default: the current folder; the run folders go there too, else into a
 temporary folder):
@@ -792,8 +794,9 @@ def main() -> None:
     parser.add_argument(
         "--acquisition",
         action="store_true",
-        help="pretrain with ACQUISITION's looks (off by default: on this twin they cost the "
-        "probe, docs/device-invariance.md)",
+        help="pretrain with ACQUISITION's looks (off by default until a 3-seed run decides: "
+        "one seed each, they cost the probe and removed the unseen-device collapse of "
+        "pretrained fine-tuning, docs/device-invariance.md)",
     )
     parser.add_argument(
         "--two-looks",
