@@ -53,8 +53,10 @@ def test_the_twin_agrees_with_its_own_manifest_tsv(
     assert report.tsv_unlisted == tuple(sorted(synth_info.unlisted))
     regions = {f: r for f, r in synth_info.regions.items() if f not in synth_info.unlisted}
     assert {f.name: f.region for f in report.files if f.region} == regions
-    without = audit(*read_participants(str(synth_info.root / "participants.tsv")), records)
+    participants, problems = read_participants(str(synth_info.root / "participants.tsv"))
+    without = audit(participants, records, problems)
     assert without.tsv_rows is None and without.tsv_unlisted == ()
+    assert {f.name for f in without.excluded} == set(synth_info.excluded)
 
 
 def test_a_row_naming_the_other_eye_excludes_the_file(
