@@ -195,9 +195,11 @@ def generate(
     seed: int = 0,
     traps: bool = True,
     replicates: int = WELLS_PER_PERTURBATION,
+    bucket: str = BUCKET,
 ) -> TwinInfo:
     """Write the twin under ``out`` (see the module doc); ``replicates`` wells per
-    perturbation and plate (1..4; tests use fewer to stay fast)."""
+    perturbation and plate (1..4; tests use fewer to stay fast); ``bucket``: the bucket the
+    tables' ``s3://`` URLs name (the twin's tree goes to ``s3://<bucket>/cpg0016-jump/``)."""
     if not (
         1 <= replicates <= WELLS_PER_PERTURBATION and size >= 32 and plates >= 1 and sites >= 1
     ):
@@ -218,7 +220,7 @@ def generate(
         folder = scope.folder(plate, pi)
         img_dir = f"{src}images/{scope.batch}/images/{folder}"
         illum_dir = f"{src}images/{scope.batch}/illum/{plate}"
-        url = f"s3://{BUCKET}/{DATASET}/"
+        url = f"s3://{bucket}/{DATASET}/"
         for k, ch in enumerate(CHANNEL_ORDER):
             # CellProfiler's illum function: mean 1 over the image, divide to flatten.
             buf = io.BytesIO()
@@ -275,6 +277,7 @@ def generate(
         tuple(truncated),
         tuple(load_data),
         METADATA_DIR,
+        bucket=bucket,
         sources=tuple(m.source for m in scopes),
     )
 
