@@ -122,8 +122,10 @@ def main() -> None:
             src = Path(tmp) / "src"
             synth = ["synth", "--kind", "cellpainting", "--seed", str(args.twin_seed), str(src)]
             assert octstage(synth) == 0
-            build = ["build-cache", "--kind", "cellpainting", "--source", str(src)]
-            build += ["--metadata", str(src / "metadata" / "perturbations.csv")]
+            twin = src / "cpg0016-jump"  # its tables name s3://cellpainting-gallery/: map them
+            build = ["build-cache", "--kind", "cellpainting", "--source", str(twin)]
+            build += ["--map-prefix", f"s3://cellpainting-gallery/cpg0016-jump/={twin}/"]
+            build += ["--metadata", str(src / "datasets" / "metadata")]
             octstage([*build, "--out", str(root)])  # exit 1: the planted truncated TIFF
             manifest = load(root / "manifest.json")
             fields, train = list(manifest.fields), list(manifest.split_fields("train"))

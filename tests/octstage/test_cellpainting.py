@@ -112,7 +112,7 @@ def test_absolute_path_names_must_lie_under_the_source_root() -> None:
         layout.relative_name(f"{root}/images/B/images/P/", "a.tiff", root)
         == "images/B/images/P/a.tiff"
     )
-    with pytest.raises(CellPaintingError, match="not under the source root.*--map-prefix"):
+    with pytest.raises(CellPaintingError, match=r"not under the source root.*--map-prefix"):
         layout.relative_name("s3://elsewhere/images/", "a.tiff", root)
     # A mirror or local copy: the prefix map rewrites the release's URLs onto it.
     prefixes = layout.PrefixMap.parse([f"{root}/=/data/jump/source_4/"])

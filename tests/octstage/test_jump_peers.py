@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from octstage import manifest as mf
 from octstage.cellpainting.build import build
 from octstage.cellpainting.normalize import decode_tiff
 from octstage.cellpainting.synth import BUCKET, TwinInfo, generate

@@ -36,6 +36,7 @@ from octstage.cellpainting.plate import bounded_map
 from octstage.cellpainting.synth import PHENOTYPES, TwinInfo
 from octstage.cli import main
 from octstage.errors import CellPaintingError, ConfigError
+from octstage.storage import Storage, open_storage
 from tests.doubles.fixtures import clear_client_caches
 from tests.doubles.s3 import S3Double
 
@@ -71,7 +72,8 @@ def test_a_parquet_table_with_only_url_columns_stages_with_channels_right(
     assert not any(c.startswith("PathName_Orig") for c in pq.read_schema(root / table).names)
     cache = tmp_path / "cache"
     args = ["build-cache", "--kind", "cellpainting", "--source", str(root), "--out", str(cache),
-            "--metadata", str(meta), "--map-prefix", spec[0], "--select-source", "source_4"]  # fmt: skip
+            "--metadata", str(meta), "--map-prefix", spec[0],
+            "--select-source", "source_4"]  # fmt: skip
     assert main(args) == 0
     m = mf.load(cache / "manifest.json")
     assert {f.source for f in m.fields} == {"source_4"} and m.rejected == ()
@@ -92,9 +94,7 @@ def test_a_parquet_table_with_only_url_columns_stages_with_channels_right(
     assert f.sources[3].path.endswith("-ch1sk1fk1fl1.tiff")
 
 
-def layout_storage(root: Path):  # type: ignore[no-untyped-def]
-    from octstage.storage import open_storage
-
+def layout_storage(root: Path) -> Storage:
     return open_storage(str(root))
 
 
@@ -196,7 +196,7 @@ def test_selection_by_source_batch_plate_and_type(
         build(str(root), tmp_path / "e", select=Selection(types=("negcon",)))
     with pytest.raises(ConfigError, match="perturbation type\\(s\\) trt"):
         Selection(types=("trt",))
-    with pytest.raises(CellPaintingError, match="no load-data table .* for the selection"):
+    with pytest.raises(CellPaintingError, match=r"no load-data table .* for the selection"):
         build(str(root), tmp_path / "f", select=Selection(sources=("source_99",)))
 
 
