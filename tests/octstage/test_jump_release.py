@@ -11,6 +11,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from octstage.cellpainting.plate import bounded_map
 from octstage.cellpainting.synth import PHENOTYPES, TwinInfo
 from octstage.cli import main
 from octstage.errors import CellPaintingError, ConfigError
-from octstage.storage import Storage, open_storage
+from octstage.storage import ObjectInfo, Storage, open_storage
 from tests.doubles.fixtures import clear_client_caches
 from tests.doubles.s3 import S3Double
 
@@ -269,3 +270,39 @@ def test_the_read_window_bounds_fields_in_flight() -> None:
             with lock:
                 now -= 1
     assert out == list(range(200)) and peak <= 3
+
+
+class ChangingStorage:
+    """A local source whose object ``name`` holds other bytes from its second read on (a file
+    replaced while the build runs)."""
+
+    def __init__(self, inner: Storage, name: str) -> None:
+        self.inner, self.name, self.url, self.reads = inner, name, inner.url, 0
+
+    def read_bytes(self, name: str) -> bytes:
+        data = self.inner.read_bytes(name)
+        if name == self.name:
+            self.reads += 1
+            if self.reads > 1:
+                return data[:-2] + bytes([data[-2] ^ 1, data[-1]])
+        return data
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix)
+
+
+def test_a_source_that_changes_between_the_passes_is_an_environment_fault(
+    copy: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    root, _, spec = copy
+    inner = open_storage(str(root))
+    table = next(t for t in find_tables(inner) if "source_4/" in t)
+    rows = layout.parse_load_data(
+        layout.read_table((root / table).read_bytes(), table), table, str(root), _prefixes(spec)
+    )
+    changing = ChangingStorage(inner, rows[0].images[1][1])
+    report, m = build(changing, tmp_path / "c", load_data=[table], prefixes=_prefixes(spec))  # type: ignore[arg-type]
+    assert report.plates_left_out == [rows[0].plate] and m.fields == ()
+    assert [e["source"] for e in report.environment] == [rows[0].item_id]
+    assert "changed at the source during the build" in report.environment[0]["reason"]
+    assert not report.rejected
