@@ -1,7 +1,7 @@
 """Claim: a JUMP plate builds in bounded memory and scratch: peak RSS and scratch stay flat
-from 384 to 3,456 fields per plate (4-9 sites of a 96/384-well plate), and the build runs at
-about half the decode floor per core (it decodes each field twice: once for the plate's
-histograms, once to write it).
+from 384 to 3,456 fields per plate (4-9 sites of a 384-well plate). Throughput is printed
+beside the decode floor (the build decodes each field twice: once for the plate's histograms,
+once to write it) and beside what writing the cache costs alone.
 
 Each run builds one plate of N fields (5 channels, 16-bit TIFFs, uncompressed as the release's
 are, each field's pixels its own: a seeded random texture) from a local folder laid out as the
@@ -11,7 +11,9 @@ functions) into a fresh folder cache, in a child process (``--workers`` threads)
 peak RSS (``ru_maxrss``) is its own. Scratch is sampled every 0.1 s: bytes in the child's
 TMPDIR plus any hidden scratch folder in the cache (the output, the fields themselves, is
 printed apart). fields/s per core = fields / the child's CPU seconds; the decode floor is
-reading and decoding the same TIFFs (one thread, the same CPU clock), fields / CPU seconds.
+reading and decoding the same TIFFs (one thread, the same CPU clock), fields / CPU seconds;
+the write floor is writing a uint8 field of that size into a folder cache (one OME-Zarr group
+and shard: a fixed ~13 ms at 256 px), and "2 decodes+write" what the two floors allow together.
 
 Real fields are ~1,080 px: the sweep runs at ``--size`` (default 256: 3,456 fields x 5 x 128 KiB
 = 2.2 GB of sources; at 1,080 px they would be 40 GB) and a shorter sweep at ``--real-size``
@@ -168,6 +170,20 @@ def decode_floor(root: Path, table: str) -> float:
     return len(rows) / max(1e-9, (c1.user - c0.user) + (c1.system - c0.system))
 
 
+def write_floor(size: int, n: int = 20) -> float:
+    """Fields per CPU second to write a uint8 field of this size into a folder cache (the
+    fixed cost of one OME-Zarr group and shard per field), one thread."""
+    from octstage.cellpainting import fieldstore
+
+    array = np.random.default_rng(0).integers(0, 255, (5, size, size), dtype=np.uint8)
+    with tempfile.TemporaryDirectory() as tmp:
+        c0 = os.times()
+        for i in range(n):
+            fieldstore.write_field(Path(tmp), f"f/{i}.ome.zarr", array, CHANNELS, {}, 64, 3)
+        c1 = os.times()
+    return n / max(1e-9, (c1.user - c0.user) + (c1.system - c0.system))
+
+
 def run(work: Path, n: int, size: int, workers: int) -> dict[str, float]:
     src, cache, tmp = work / f"src{size}", work / "cache", work / "tmp"
     t0 = time.perf_counter()
@@ -183,6 +199,7 @@ def run(work: Path, n: int, size: int, workers: int) -> dict[str, float]:
         raise SystemExit(f"build of {n} fields failed:\n{res.stderr[-3000:]}")
     out: dict[str, float] = json.loads(res.stdout.strip().splitlines()[-1])
     out["floor"] = decode_floor(src, table)
+    out["write"] = write_floor(size)
     out["made"] = made
     shutil.rmtree(cache, ignore_errors=True)
     shutil.rmtree(src / SOURCE, ignore_errors=True)
@@ -207,7 +224,8 @@ def main() -> None:
     )
     print(
         f"{'px':>5} {'fields':>6} {'peak RSS':>10} {'scratch':>9} {'output':>9} {'wall s':>7} "
-        f"{'fields/s':>8} {'f/s/core':>8} {'floor f/s/core':>14} {'build/floor':>11}"
+        f"{'fields/s':>8} {'f/s/core':>8} {'decode floor':>12} {'build/floor':>11} "
+        f"{'write floor':>11} {'2 decodes+write':>15}"
     )
     rows = [(a.size, n) for n in a.fields] + [(a.real_size, n) for n in a.real_fields]
     results = []
@@ -218,7 +236,8 @@ def main() -> None:
         print(
             f"{size:>5} {n:>6} {r['rss'] / mib:>8.0f} MiB {r['scratch'] / mib:>5.1f} MiB "
             f"{r['output'] / mib:>5.0f} MiB {r['wall']:>7.1f} {r['fields'] / r['wall']:>8.1f} "
-            f"{per_core:>8.1f} {r['floor']:>14.1f} {per_core / r['floor']:>10.2f}x",
+            f"{per_core:>8.1f} {r['floor']:>12.1f} {per_core / r['floor']:>10.2f}x "
+            f"{r['write']:>11.1f} {1 / (2 / r['floor'] + 1 / r['write']):>15.1f}",
             flush=True,
         )
     for size in sorted({s for s, _, _ in results}):
