@@ -237,6 +237,16 @@ def test_the_public_bucket_is_read_anonymously(
     assert main([*args, "--out", str(tmp_path / "signed")]) == 2  # no keys: refused
     assert main([*args, "--out", str(tmp_path / "anon"), "--anonymous"]) == 0
     assert len(mf.load(tmp_path / "anon" / "manifest.json").fields) > 0
+    # The rclone way: an s3 remote with neither keys nor env_auth is read anonymously.
+    monkeypatch.setenv("OCTSTAGE_S3_REMOTE", "cpg")
+    monkeypatch.setenv("RCLONE_CONFIG_CPG_TYPE", "s3")
+    monkeypatch.setenv("RCLONE_CONFIG_CPG_PROVIDER", "AWS")
+    monkeypatch.setenv("RCLONE_CONFIG_CPG_ENDPOINT", s3_server.url)
+    clear_client_caches()
+    assert main([*args, "--out", str(tmp_path / "rclone")]) == 0
+    assert mf.load(tmp_path / "rclone" / "manifest.json").fields == (
+        mf.load(tmp_path / "anon" / "manifest.json").fields
+    )
     clear_client_caches()
 
 
