@@ -8,12 +8,15 @@ are, each field's pixels its own: a seeded random texture) from a local folder l
 release (``source_4/images/<batch>/images/<plate>/...``, a ``load_data_with_illum.parquet``
 whose ``s3://cellpainting-gallery/`` URLs ``--map-prefix`` maps onto the folder, illumination
 functions) into a fresh folder cache, in a child process (``--workers`` threads) so that its
-peak RSS (``ru_maxrss``) is its own. Scratch is sampled every 0.1 s: bytes in the child's
-TMPDIR plus any hidden scratch folder in the cache (the output, the fields themselves, is
-printed apart). fields/s per core = fields / the child's CPU seconds; the decode floor is
-reading and decoding the same TIFFs (one thread, the same CPU clock), fields / CPU seconds;
-the write floor is writing a uint8 field of that size into a folder cache (one OME-Zarr group
-and shard: a fixed ~13 ms at 256 px), and "2 decodes+write" what the two floors allow together.
+peak RSS (``ru_maxrss``) is its own: "plate RSS" is the peak when the plate is built,
+"+manifest" the peak at the end, after the manifest (one JSON listing every field: tens of KB of
+Python objects per field while it is written, the same for any pixel size). Scratch is sampled
+every 0.1 s: bytes in the child's TMPDIR plus any hidden scratch folder in the cache (the
+output, the fields themselves, is printed apart). fields/s per core = fields / the child's CPU
+seconds; the decode floor is reading and decoding the same TIFFs (one thread, the same CPU
+clock), fields / CPU seconds; the write floor is writing a uint8 field of that size into a
+folder cache (one OME-Zarr group and shard: a fixed ~13 ms at 256 px), and "2 decodes+write"
+what the two floors allow together.
 
 Real fields are ~1,080 px: the sweep runs at ``--size`` (default 256: 3,456 fields x 5 x 128 KiB
 = 2.2 GB of sources; at 1,080 px they would be 40 GB) and a shorter sweep at ``--real-size``
@@ -117,8 +120,21 @@ def _tree_bytes(path: Path, hidden_only: bool = False) -> int:
 
 def child(root: Path, table: str, cache: Path, workers: int) -> None:
     """One build, measured from inside: prints a JSON line."""
+    from octstage.cellpainting import build as build_module
     from octstage.cellpainting.build import build
     from octstage.cellpainting.layout import PrefixMap
+
+    # The peak while the plate is built, apart from the manifest written after it (whose
+    # size grows with the fields it lists, whatever the pixels).
+    plate_rss = [0]
+    build_plate = build_module.build_plate
+
+    def measured(*args: object, **kwargs: object) -> object:
+        out = build_plate(*args, **kwargs)  # type: ignore[arg-type]
+        plate_rss[0] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return out
+
+    build_module.build_plate = measured  # type: ignore[assignment]
 
     tmp = Path(tempfile.gettempdir())
     peak = [0]
@@ -147,7 +163,8 @@ def child(root: Path, table: str, cache: Path, workers: int) -> None:
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert len(manifest.fields) == report.fields and not report.rejected, report
-    out = {"fields": report.fields, "wall": wall, "cpu": cpu, "rss": rss, "scratch": peak[0]}
+    out = {"fields": report.fields, "wall": wall, "cpu": cpu, "rss": plate_rss[0]}
+    out |= {"rss_manifest": rss, "scratch": peak[0]}
     print(json.dumps({**out, "output": _tree_bytes(cache)}))
 
 
@@ -223,7 +240,8 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}"
     )
     print(
-        f"{'px':>5} {'fields':>6} {'peak RSS':>10} {'scratch':>9} {'output':>9} {'wall s':>7} "
+        f"{'px':>5} {'fields':>6} {'plate RSS':>10} {'+manifest':>10} {'scratch':>9} "
+        f"{'output':>9} {'wall s':>7} "
         f"{'fields/s':>8} {'f/s/core':>8} {'decode floor':>12} {'build/floor':>11} "
         f"{'write floor':>11} {'2 decodes+write':>15}"
     )
@@ -234,7 +252,8 @@ def main() -> None:
         per_core = r["fields"] / max(1e-9, r["cpu"])
         results.append((size, n, r))
         print(
-            f"{size:>5} {n:>6} {r['rss'] / mib:>8.0f} MiB {r['scratch'] / mib:>5.1f} MiB "
+            f"{size:>5} {n:>6} {r['rss'] / mib:>6.0f} MiB {r['rss_manifest'] / mib:>6.0f} MiB "
+            f"{r['scratch'] / mib:>5.1f} MiB "
             f"{r['output'] / mib:>5.0f} MiB {r['wall']:>7.1f} {r['fields'] / r['wall']:>8.1f} "
             f"{per_core:>8.1f} {r['floor']:>12.1f} {per_core / r['floor']:>10.2f}x "
             f"{r['write']:>11.1f} {1 / (2 / r['floor'] + 1 / r['write']):>15.1f}",
@@ -245,7 +264,8 @@ def main() -> None:
         ns = [n for s, n, _ in results if s == size]
         if len(rss) > 1:
             print(
-                f"{size} px: peak RSS {min(rss) / mib:.0f}-{max(rss) / mib:.0f} MiB from "
+                f"{size} px: peak RSS building the plate "
+                f"{min(rss) / mib:.0f}-{max(rss) / mib:.0f} MiB from "
                 f"{min(ns)} to {max(ns)} fields ({max(ns) / min(ns):.0f}x the fields, "
                 f"{max(rss) / min(rss):.2f}x the RSS); scratch peak "
                 f"{max(r['scratch'] for s, _, r in results if s == size) / mib:.1f} MiB"
