@@ -34,7 +34,6 @@ from octstage.cellpainting import layout
 from octstage.cellpainting.fieldstore import field_relpath
 from octstage.cellpainting.metadata import Perturbation
 from octstage.cellpainting.normalize import (
-    HIST_BINS,
     correct,
     decode_illum,
     decode_tiff,
@@ -155,7 +154,10 @@ def _decode(
     shapes = {p.shape for p in planes}
     if len(shapes) != 1:
         raise CellPaintingError(f"{row.item_id}: channels differ in shape: {sorted(shapes)}")
-    dtypes = "/".join(sorted({str(p.dtype) for p in planes}))
+    if len({p.dtype for p in planes}) != 1:  # one channel's scale would be wrong by 257x
+        found = ", ".join(f"{n} {p.dtype}" for (_, n), p in zip(row.images, planes, strict=True))
+        raise CellPaintingError(f"{row.item_id}: channels differ in pixel type: {found}")
+    dtypes = str(planes[0].dtype)
     corrected = np.stack(
         [
             correct(p, None if illum is None else illum[c], name)
@@ -222,6 +224,31 @@ class _Written:
     environment: str = ""
 
 
+def _one_pixel_type(
+    reads: list[_Read], hists: dict[str, np.ndarray], report: BuildReport
+) -> tuple[list[_Read], np.ndarray | None]:
+    """The fields of the plate's most common pixel type and their summed histogram; the others
+    are rejections naming both types (an 8-bit TIFF among 16-bit ones would be scaled by the
+    plate's 16-bit percentiles into a black field)."""
+    counts: dict[str, int] = {}
+    for r in reads:
+        counts[r.dtype] = counts.get(r.dtype, 0) + 1
+    if not counts:
+        return [], None
+    common = max(sorted(counts), key=counts.__getitem__)
+    for r in reads:
+        if r.dtype != common:
+            names = ", ".join(s.path for s in r.sources)
+            report.rejected.append(
+                {
+                    "source": r.row.item_id,
+                    "reason": f"{names}: pixel type {r.dtype}, the plate's other fields are "
+                    f"{common} ({counts[common]} fields): its percentiles would not fit",
+                }
+            )
+    return [r for r in reads if r.dtype == common], hists[common]
+
+
 def build_plate(
     storage: Storage,
     rows: list[layout.FieldRow],
@@ -247,7 +274,8 @@ def build_plate(
     except CellPaintingError as exc:
         report.rejected.extend({"source": r.item_id, "reason": str(exc)} for r in rows)
         return []
-    hist = np.zeros((len(rows[0].images), HIST_BINS), dtype=np.int64)
+    n_channels = len(rows[0].images)
+    hists: dict[str, np.ndarray] = {}  # pixel type -> the plate's summed histograms
     good: list[_Read] = []
     environment = False
     with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -263,17 +291,22 @@ def build_plate(
                 )
             else:
                 assert r.hist is not None
-                if r.hist.shape != hist.shape:
-                    r.rejected = f"{r.row.item_id}: {r.hist.shape[0]} channels, not {len(hist)}"
+                if r.hist.shape[0] != n_channels:
+                    r.rejected = f"{r.row.item_id}: {r.hist.shape[0]} channels, not {n_channels}"
                     report.rejected.append({"source": r.row.item_id, "reason": r.rejected})
                     continue
-                hist += r.hist
+                # one histogram per pixel type: which type is the plate's is known at the end
+                if r.dtype in hists:
+                    hists[r.dtype] += r.hist
+                else:
+                    hists[r.dtype] = r.hist
                 r.hist = None
                 good.append(r)
         if environment:
             report.plates_left_out.append(plate)
             return []
-        if not good:
+        good, hist = _one_pixel_type(good, hists, report)
+        if not good or hist is None:
             return []
         norms = plate_normalization(hist, config.p_low, config.p_high)
 
