@@ -146,3 +146,35 @@ def test_consumers_differ_only_in_which_findings_stop_them() -> None:
     assert set(mf.FATAL) == {
         "verify", "stage", "pretrain", "finetune", "evaluate", "probe", "profile"
     }  # fmt: skip
+
+
+# Findings that make every consumer's work wrong: it reads an item twice, an array of another
+# shape, the other kind's data, or nothing at all.
+EVERYONE_STOPS = {
+    "duplicate": _oct(lambda v: v.append(v[0])),
+    "shape": _oct(lambda v: _set(v, 2, shape=(8, 64, 64))),
+    "empty": _oct(lambda v: v.clear()),
+    "shared-source": _oct(lambda v: _set(v, 1, zarr_path="volumes/1003/k1002.ome.zarr")),
+}
+
+
+@pytest.mark.parametrize("check", EVERYONE_STOPS, ids=list(EVERYONE_STOPS))
+@pytest.mark.parametrize("consumer", sorted(mf.FATAL))
+def test_every_consumer_refuses_what_would_make_its_work_wrong(consumer: str, check: str) -> None:
+    with pytest.raises(ValueError, match=f"{consumer} refuses this manifest: {check}"):
+        mf.refuse(EVERYONE_STOPS[check], "m.json", consumer, ValueError, "oct")
+
+
+@pytest.mark.parametrize("consumer", ["verify", "stage", "finetune", "evaluate", "probe"])
+def test_a_participant_in_train_and_test_stops_whatever_scores_or_stores_splits(
+    consumer: str,
+) -> None:
+    leaking = _oct(
+        lambda v: v.append(
+            dataclasses.replace(
+                v[0], split="test", cache_key="k9", zarr_path="volumes/1001/k9", source_path="s9"
+            )
+        )
+    )
+    with pytest.raises(ValueError, match=f"{consumer} refuses this manifest: split"):
+        mf.refuse(leaking, "m.json", consumer, ValueError, "oct")

@@ -189,6 +189,40 @@ def test_the_job_s_batches_carry_block_masks_on_half_the_global_crops(
     assert batch["mask_index"].shape == batch["mask_weight"].shape
 
 
+def _first_moments(job: DinoJob) -> float:
+    """The norm of AdamW's first moments over every trained parameter: after one step from a
+    fresh optimizer, ``(1 - beta1)`` times the norm of the gradients it stepped with."""
+    moments = [job.optimizer.state[p]["exp_avg"] for p in job.params]
+    return float(torch.linalg.vector_norm(torch.stack([m.norm() for m in moments])))
+
+
+def test_the_optimizer_steps_with_gradients_clipped_to_optim_grad_clip(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    clipped, batch = _job(cell_cache, tmp_path, ["optim.grad_clip=0.001"])
+    beta1 = clipped.cfg.optim.betas[0]
+    result = clipped.train_step(batch, 0)
+    assert float(result.grad_norm) > 0.01  # logged before clipping: the raw norm
+    assert _first_moments(clipped) == pytest.approx((1 - beta1) * 0.001, rel=1e-3)
+    free, batch = _job(cell_cache, tmp_path / "free", ["optim.grad_clip=0"])
+    result = free.train_step(batch, 0)
+    assert _first_moments(free) == pytest.approx((1 - beta1) * float(result.grad_norm), rel=1e-3)
+
+
+def test_the_ibot_centre_moves_to_the_masked_tokens_mean_not_the_padding_s(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    job, batch = _job(cell_cache, tmp_path, ["data.batch_size=8"])
+    valid = batch["mask_weight"] > 0
+    assert valid.any() and not valid.all()  # the index list is padded
+    global_views, _, masks = to_views(batch)
+    _, t_masked, _ = teacher_outputs(job.teacher, global_views, masks, batch["mask_index"])
+    m = job.cfg.dino.center_momentum
+    job.train_step(batch, 0)
+    expected = (1 - m) * t_masked.float()[valid].mean(dim=0)  # from a centre of zeros
+    torch.testing.assert_close(job.ibot_center, expected, rtol=1e-4, atol=1e-5)
+
+
 # --- crops ---------------------------------------------------------------------------------------
 
 

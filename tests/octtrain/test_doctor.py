@@ -86,3 +86,37 @@ def test_doctor_refuses_a_manifest_of_the_other_kind_and_reads_dino_and_finetune
     assert code == 4 and "expected a manifest of kind 'cellpainting', found kind 'oct'" in text
     assert _doctor(caplog, cells, DINO)[0] == 0
     assert _doctor(caplog, tiny_cache[0], FINETUNE)[0] == 0
+
+
+def test_doctor_fails_when_volumes_of_the_manifest_are_missing_from_the_cache(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    from octstage import manifest as mf
+
+    cache = Path(shutil.copytree(tiny_cache[1], tmp_path / "cache"))
+    gone = mf.load(cache / "manifest.json").volumes[0].zarr_path
+    shutil.rmtree(cache / gone)  # one volume's array deleted, the others whole
+    code, text = _doctor(caplog, cache / "manifest.json")
+    assert code == 4 and "1 of" in text and "items missing" in text and gone in text
+
+
+def test_doctor_stops_on_what_the_job_its_config_launches_refuses_and_no_more(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import dataclasses
+    import shutil
+
+    from octstage import manifest as mf
+
+    cache = Path(shutil.copytree(tiny_cache[1], tmp_path / "cache"))
+    manifest = mf.load(cache / "manifest.json")
+    first = manifest.volumes[0]
+    other = (first.label + 1) % len(manifest.classes)  # a label naming another class
+    mislabelled = (dataclasses.replace(first, label=other), *manifest.volumes[1:])
+    mf.write(dataclasses.replace(manifest, volumes=mislabelled), cache / "manifest.json")
+    # pretrain reads no labels: it would train, so doctor agrees; finetune would refuse.
+    assert _doctor(caplog, cache / "manifest.json")[0] == 0
+    code, text = _doctor(caplog, cache / "manifest.json", FINETUNE)
+    assert code == 4 and "finetune refuses this manifest: label" in text
