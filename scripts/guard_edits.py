@@ -517,7 +517,7 @@ EDITS: list[Edit] = [
         "octstage/cellpainting/metadata.py",
         "            if jcp in types:\n",
         "            if False:\n",
-        (OS + "test_jump_release.py", OS + "test_jump_peers.py"),
+        (OS + "test_jump_metadata.py",),
         "one JCP id listed as two modalities is accepted",
     ),
     Edit(
@@ -525,7 +525,7 @@ EDITS: list[Edit] = [
         "octstage/cellpainting/metadata.py",
         "        if kind not in CONTROL_TYPES:\n",
         "        if False:\n",
-        (OS + "test_jump_release.py", OS + "test_jump_peers.py"),
+        (OS + "test_jump_metadata.py",),
         "a control row of an unknown pert_type is accepted",
     ),
     Edit(
@@ -533,7 +533,7 @@ EDITS: list[Edit] = [
         "octstage/cellpainting/metadata.py",
         "if jcp != UNKNOWN and jcp not in types:",
         "if False:",
-        (OS + "test_jump_release.py", OS + "test_jump_peers.py"),
+        (OS + "test_jump_metadata.py",),
         "a well naming an id in no table is accepted",
     ),
     # --- guards of the first round --------------------------------------------------------------

@@ -265,6 +265,8 @@ def test_a_failure_on_one_host_stops_both_with_its_message(
     assert [f["code"] for f in found] == [code, code]
     own = found[host]["errors"][-1]  # each host's last line: the cause
     assert FAILURES[point] in own, own
+    # The failing host reports its own error, not the relay the others print.
+    assert not own.removeprefix("data error: ").startswith(f"host {host} failed"), own
     other = found[1 - host]["errors"][-1].removeprefix("data error: ")  # the CLI's data-error line
     assert other.startswith(f"host {host} failed {kind}: ") and other.endswith(own.split(": ")[-1])
     # Every host ends within a minute of the failure, never a collective's or the stall timeout.
