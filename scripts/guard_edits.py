@@ -606,7 +606,7 @@ EDITS: list[Edit] = [
         "octstage/stage.py",
         "    if replacing:\n        clear_manifest(dst)\n",
         "",
-        (OS + "test_stage.py",),
+        (OS + "test_stage.py", BI + "test_octstage_stage_verify.py"),
         "a failed stage --replace leaves the old manifest over the new bytes",
     ),
     Edit(

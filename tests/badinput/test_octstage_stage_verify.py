@@ -60,6 +60,24 @@ def test_stage_refuses_a_folder_holding_another_cache_unless_replace(
     assert report["present"] == report["volumes"] == 4 and report["downloaded"] == 0
 
 
+def test_a_failed_replace_leaves_no_manifest_over_the_new_bytes(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    a, b = two_caches
+    broken = Path(shutil.copytree(b, tmp_path / "b"))
+    vol = json.loads((broken / "manifest.json").read_text())["volumes"][0]
+    _flip_data(broken, vol)  # one of B's volumes no longer matches its checksum
+    dst = tmp_path / "ssd"
+    assert octstage_cli("stage", a, dst).code == 0
+    ran = octstage_cli("stage", broken, dst, "--replace")
+    assert ran.code == 1
+    # Neither A's manifest (it would describe B's bytes as A's) nor B's (a volume failed).
+    assert not (dst / "manifest.json").exists()
+    assert octstage_cli("verify", dst / "manifest.json").code != 0
+
+
 def test_stage_never_writes_into_a_folder_that_holds_no_cache(
     octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
 ) -> None:
