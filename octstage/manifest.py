@@ -59,6 +59,24 @@ class Normalization:
 
 
 @dataclass(frozen=True)
+class Intensity:
+    """Mean and standard deviation of a stored uint8 array's values, per channel (an OCT volume
+    has one), measured when build-cache wrote it: what the trainer standardises its input with.
+    Manifests built before it have none (``None`` on the item)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def of(cls, array: Any, channels_first: bool) -> Intensity:
+        """The statistics of a numpy array: per leading channel, or of the whole array."""
+        rows = array.reshape(array.shape[0] if channels_first else 1, -1)
+        mean = rows.mean(axis=1, dtype="float64")
+        std = rows.std(axis=1, dtype="float64")
+        return cls(tuple(round(float(m), 4) for m in mean), tuple(round(float(x), 4) for x in std))
+
+
+@dataclass(frozen=True)
 class Volume:
     """One cached OCT volume and everything the trainer may know about it."""
 
@@ -92,6 +110,7 @@ class Volume:
     # The participant's clinical values build-cache copied (--concept): concept id (as a string,
     # the JSON key) -> value; a concept the participant has no usable value for is absent.
     clinical: dict[str, float] = field(default_factory=dict)
+    intensity: Intensity | None = None  # of the stored array; None in older manifests
 
     @property
     def array_path(self) -> str:
@@ -141,6 +160,7 @@ class Field:
     normalization: tuple[Normalization, ...]  # per channel, in ``channels`` order
     illum: tuple[ChannelSource, ...] = ()  # illumination functions applied (empty: none)
     source_dtype: str = "uint16"  # the TIFFs' dtype (checked per file, never assumed)
+    intensity: Intensity | None = None  # per channel, of the stored array; None in older manifests
 
     @property
     def array_path(self) -> str:
@@ -343,7 +363,24 @@ def _field_to_dict(f: Field) -> dict[str, Any]:
         d[key] = list(d[key])
     for key in ("sources", "illum", "normalization"):
         d[key] = [dict(x) for x in d[key]]
+    return _intensity_to_dict(d)
+
+
+def _intensity_to_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """An item's ``intensity`` as JSON lists, or no key at all when it was not measured."""
+    if d.get("intensity") is None:
+        d.pop("intensity", None)
+    else:
+        d["intensity"] = {k: list(v) for k, v in d["intensity"].items()}
     return d
+
+
+def _intensity_from_dict(d: dict[str, Any]) -> None:
+    raw = d.get("intensity")
+    if raw is not None:
+        d["intensity"] = Intensity(
+            tuple(float(x) for x in raw["mean"]), tuple(float(x) for x in raw["std"])
+        )
 
 
 def _field_from_dict(d: dict[str, Any]) -> Field:
@@ -353,6 +390,7 @@ def _field_from_dict(d: dict[str, Any]) -> Field:
     d["sources"] = tuple(ChannelSource(**s) for s in d["sources"])
     d["illum"] = tuple(ChannelSource(**s) for s in d.get("illum", ()))
     d["normalization"] = tuple(Normalization(**n) for n in d["normalization"])
+    _intensity_from_dict(d)
     return Field(**d)
 
 
@@ -360,7 +398,7 @@ def _volume_to_dict(v: Volume) -> dict[str, Any]:
     d = asdict(v)
     for key in ("source_shape", "spacing_mm", "shape"):
         d[key] = list(d[key])
-    return d
+    return _intensity_to_dict(d)
 
 
 def from_dict(data: dict[str, Any], source: str = "<manifest>") -> Manifest:
@@ -400,6 +438,7 @@ def _volume_from_dict(d: dict[str, Any]) -> Volume:
     for key in ("source_shape", "spacing_mm", "shape"):
         d[key] = tuple(d[key])
     d["clinical"] = {str(k): float(x) for k, x in d.get("clinical", {}).items()}
+    _intensity_from_dict(d)
     return Volume(**d)
 
 

@@ -262,6 +262,7 @@ def build_plate(
                         normalization=norms,
                         illum=illum_sources,
                         source_dtype=r.dtype,
+                        intensity=mf.Intensity.of(array, channels_first=True),
                     ),
                     pert.perturbation if pert else "",
                 )

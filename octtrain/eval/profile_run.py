@@ -41,6 +41,7 @@ from octtrain.eval.profiles import (
     well_profiles,
 )
 from octtrain.models.dino import build_student
+from octtrain.models.inputs import legacy_model
 from octtrain.models.vit2d import ViT2D
 from octtrain.runtime.checkpoint import load_checkpoint
 
@@ -65,11 +66,15 @@ def encoders(checkpoint: str, in_chans: int) -> tuple[DinoConfig, ViT2D, ViT2D]:
     state = load_checkpoint(checkpoint)
     if state.get("kind") != "dino":
         raise CheckpointError(f"{checkpoint}: not a DINO checkpoint (kind {state.get('kind')!r})")
-    cfg = from_dict(DinoConfig, state["config"])
+    saved = dict(state["config"])
+    saved["model"] = legacy_model(saved.get("model", {}))  # an old checkpoint's input rule
+    cfg = from_dict(DinoConfig, saved)
     teacher = build_student(cfg, in_chans)
     teacher.load_state_dict(state["teacher"])
     torch.manual_seed(cfg.train.seed + 1)
     random = build_student(cfg, in_chans)
+    # Random init sees its input as the trained encoder does (the same channel statistics).
+    random.backbone.input_norm.load_state_dict(teacher.backbone.input_norm.state_dict())
     return cfg, teacher.backbone.eval(), random.backbone.eval()
 
 

@@ -40,6 +40,7 @@ from octtrain.data.dataset import (
     to_model_input,
     volume_shape,
 )
+from octtrain.data.intensity import pooled
 from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.samplers import balanced_probabilities
 from octtrain.data.select import Selection, prepare
@@ -85,7 +86,12 @@ def initial_encoder(
         )
         model = dataclasses.replace(cfg.model, input_shape=shape)
         cfg = dataclasses.replace(cfg, model=model)
-        return encoder_from_config(model), cfg, {"url": None, "encoder": "random", "step": 0}
+        encoder = encoder_from_config(model)
+        # A pretrained encoder brings the statistics it was trained with; a random one the
+        # train split's, as pretraining would have.
+        train = manifest.split(cfg.data.train_split)
+        encoder.input_norm.set_stats(*pooled(train, 1).to_input())
+        return encoder, cfg, {"url": None, "encoder": "random", "step": 0}
     if init is None:
         raise ConfigError(f"init_encoder={cfg.init_encoder!r} needs --init CHECKPOINT")
     state = hosts.load_once(init, backend)
