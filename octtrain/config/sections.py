@@ -281,7 +281,7 @@ class ValidationConfig:
     # Targets that carry no image (eval/collapse.py, docs/learning-inputs.md): DINO's teacher
     # per-crop entropy within this share of log K of its batch entropy; V-JEPA's target
     # features varying across samples by less than this share of their mean.
-    blind_entropy_margin: float = 0.05
+    blind_entropy_margin: float = 0.03
     blind_min_spread: float = 0.02
     participant_level: bool = True  # finetuning: also participant-averaged probabilities
 

@@ -94,7 +94,7 @@ def blind_targets_alarm(
                 else "the same prototypes for every crop"
             )
             return (
-                f"targets carry no image: the teacher's per-crop entropy {per_crop:.3f} is within "
+                f"the teacher's per-crop entropy {per_crop:.3f} is within "
                 f"{margin:.3f} of its batch entropy {batch:.3f} (log K {log_k:.3f}): its targets "
                 f"are {kind}, whatever the crop shows"
             )
@@ -102,7 +102,7 @@ def blind_targets_alarm(
         spread = metrics.get(key)
         if spread is not None and math.isfinite(spread) and spread < min_spread:
             return (
-                f"targets carry no image: the target encoder's features vary across samples by "
+                f"the target encoder's features vary across samples by "
                 f"{spread:.4f} of their mean ({key} < {min_spread}): they barely depend on the "
                 "input"
             )

@@ -421,7 +421,6 @@ class Trainer:
         if self.backend.is_main:  # every process computed the same verdict; one speaks
             if self.s.logging.console:
                 print_collapse(console, message)
-            log.warning("%s: %s", title, message)
             self.tracker.alert(title, message)
 
     def _stall_exit(self, phase: str, idle: float, step: int) -> None:
