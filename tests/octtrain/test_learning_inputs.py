@@ -24,6 +24,7 @@ from octtrain.data.dataset import ManifestDataset, read_manifest, to_model_input
 from octtrain.data.intensity import DEFAULT_UINT8, pooled
 from octtrain.errors import CheckpointError
 from octtrain.eval.collapse import blind_targets_alarm, sample_spread, target_entropies
+from octtrain.eval.profile_run import encoders
 from octtrain.eval.selection import EarlyStopping
 from octtrain.models.classifier import encoder_from_state
 from octtrain.models.dino import DinoStudent, build_student, make_teacher, teacher_outputs
@@ -224,6 +225,29 @@ def test_resuming_a_checkpoint_from_before_the_input_rule_is_refused_naming_it(
         )
     )
     assert resumed.steps == 2  # the old rule, named in the config, resumes it
+
+
+def test_a_dino_checkpoint_from_before_the_input_rule_profiles_as_it_was_trained(
+    cells: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    root, fields = cells
+    overrides = [
+        f"train.run_dir={tmp_path / 'run'}",
+        *(f"model.{k}={v}" for k, v in LEGACY.items()),
+    ]
+    cfg = load_config(DinoConfig, DINO_TINY, overrides)
+    job = DinoJob(cfg, [f for f in fields if f.split == "train"], root, make_backend("cpu"))
+    state = job.state(0)
+    for key in LEGACY:
+        del state["config"]["model"][key]  # what the code before this change saved
+    path = tmp_path / "old.pt"
+    torch.save(state, path)
+    _, teacher, random = encoders(str(path), 5)
+    for backbone in (teacher, random):
+        assert backbone.pos_embed is None and backbone.input_norm.mode == "none"
+    x = torch.rand(2, 5, 32, 32) * 2 - 1
+    with torch.no_grad():
+        assert torch.equal(teacher(x)[0], job.teacher.backbone.eval()(x)[0])
 
 
 # --- the alarm for targets that carry no image -------------------------------------------------
