@@ -40,8 +40,8 @@ from octstage import manifest as manifest_mod
 from octstage.cache.volumestore import check_volume
 from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
 from octstage.manifest import atomic_write_text
+from octstage.outputs import check_destination, clear_manifest, remove_unlisted
 from octstage.progress import counter, interval, megabytes
-from octstage.stage_folder import check_destination, clear_manifest, remove_unlisted
 from octstage.storage import Storage, check_name, open_location
 from octstage.storage.locations import known_secrets, parse_location, scrub
 
@@ -197,7 +197,7 @@ def run_stage(
 ) -> int:
     """Stage the cache at ``src`` into the local folder ``dst``; returns the exit code.
     Progress is a bar on a terminal, else a plain line every ``progress_seconds``. A ``dst``
-    holding another cache is refused unless ``replace`` (see ``stage_folder``)."""
+    holding another cache is refused unless ``replace`` (see ``octstage.outputs``)."""
     started = time.monotonic()
     every = interval(progress_seconds)  # checked before any work starts
     loc = parse_location(src)
@@ -212,7 +212,9 @@ def run_stage(
         parsed = manifest_mod.from_dict(json.loads(raw), source=f"{storage.url}/{MANIFEST}")
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{storage.url}/{MANIFEST}: not JSON: {exc}") from None
-    volumes = volume_paths(parsed, f"{storage.url}/{MANIFEST}")
+    volumes = volume_paths(parsed, f"{storage.url}/{MANIFEST}")  # unsafe names first
+    # The one check of a manifest: a contradictory or empty one is refused before any byte moves.
+    manifest_mod.refuse(parsed, f"{storage.url}/{MANIFEST}", "stage", ManifestError)
     report.volumes = len(volumes)
     replacing = check_destination(dst, raw, replace)
     if replacing:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from octtrain.errors import DataError, NonFiniteLossError, OcttrainError
+from octtrain.errors import ConfigError, DataError, NonFiniteLossError, OcttrainError
 
 if TYPE_CHECKING:
     from octtrain.eval.breakdown import BootstrapSpec
@@ -220,11 +220,24 @@ def _add_evaluate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from octtrain.config.dino import DinoConfig, job_of
+    from octtrain.config.finetune import FinetuneConfig
     from octtrain.config.loader import load_config
     from octtrain.config.pretrain import PretrainConfig
-    from octtrain.train.doctor import run_doctor
+    from octtrain.train.doctor import DoctorConfig, run_doctor
 
-    cfg = load_config(PretrainConfig, args.config, overrides_of(args))
+    overrides = overrides_of(args)
+    cfg: DoctorConfig
+    if job_of(args.config, overrides) == "dino":
+        cfg = load_config(DinoConfig, args.config, overrides)
+    else:
+        try:
+            cfg = load_config(PretrainConfig, args.config, overrides)
+        except ConfigError as pretrain_error:
+            try:  # a finetuning config: its own keys (head, loss, ...) are no pretraining keys
+                cfg = load_config(FinetuneConfig, args.config, overrides)
+            except ConfigError:
+                raise pretrain_error from None
     lines, problems = run_doctor(cfg)
     for text in lines:
         print(text, flush=True)

@@ -80,6 +80,7 @@ from octstage.dataset.clinical import read_concepts
 from octstage.dataset.labels import STUDY_GROUPS, Participant, read_label_table
 from octstage.dataset.release import TSV_NAME, TsvRow, read_manifest_tsv
 from octstage.errors import MachineError, ObjectNotFoundError, OctstageError, StorageError
+from octstage.outputs import check_cache_folder
 from octstage.progress import interval
 from octstage.provenance import code_version
 from octstage.storage import ObjectInfo, Storage, open_storage
@@ -175,6 +176,9 @@ def _run(
         table = read_label_table(str(labels))
         participants, label_problems = table.participants, table.problems
         storage = open_storage(source)
+        # Never over another cache: its manifest would be replaced by this one's.
+        written = [p for p in (manifest, cache.local and cache.local / MANIFEST_NAME) if p]
+        check_cache_folder(cache.local, written, "oct", OctstageError)
         tsv = read_manifest_tsv(storage)  # the release's index: regions, and a fourth witness
         clinical, concept_rows = read_concepts(storage, concepts) if concepts else ({}, ())
         if from_tsv and tsv is None:

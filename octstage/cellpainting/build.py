@@ -49,6 +49,7 @@ from octstage.cachebuild.lock import open_cache
 from octstage.cellpainting import layout
 from octstage.cellpainting.plate import BuildReport, CellPaintingConfig, build_plate
 from octstage.errors import CellPaintingError
+from octstage.outputs import check_cache_folder
 from octstage.provenance import code_version
 from octstage.storage import Storage, open_storage
 
@@ -137,6 +138,9 @@ def build(
     splits = plate_splits(list(by_plate), config.val_share, config.test_share)
     report = BuildReport(fields=len(rows), plates=len(by_plate))
     cache = open_cache(out)
+    # Never over another cache (an OCT one, or another source's): its manifest would be replaced.
+    written = [p for p in (manifest_path, cache.local and cache.local / "manifest.json") if p]
+    check_cache_folder(cache.local, written, "cellpainting", CellPaintingError)
     built: list[tuple[mf.Field, str]] = []
     for plate in sorted(by_plate):
         built += build_plate(
@@ -217,4 +221,7 @@ def run_build_cellpainting(
         )
     if on_report:
         on_report(report)
+    if not manifest.fields:  # --help: "2 ... or nothing kept (0 volumes)"
+        console.print("[bold red]build-cache: nothing kept: the manifest lists no field")
+        return 2
     return exit_code(report)

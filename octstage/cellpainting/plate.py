@@ -130,6 +130,11 @@ def _read_field(
         if len(shapes) != 1:
             raise CellPaintingError(f"{row.item_id}: channels differ in shape: {sorted(shapes)}")
         dtypes = {str(p.dtype) for p in planes}
+        if len(dtypes) != 1:  # one channel's scale would be wrong by a factor of 257
+            found = ", ".join(
+                f"{n} {p.dtype}" for (_, n), p in zip(row.images, planes, strict=True)
+            )
+            raise CellPaintingError(f"{row.item_id}: channels differ in pixel type: {found}")
         corrected = np.stack(
             [
                 correct(p, None if illum is None else illum[c], name)
@@ -178,6 +183,29 @@ def _plate_illum(
     return arrays, tuple(sources)
 
 
+def _one_pixel_type(reads: list[_Read], report: BuildReport) -> list[_Read]:
+    """The fields of the plate's most common pixel type; the others are rejections naming
+    both types (an 8-bit TIFF among 16-bit ones would be scaled by the plate's 16-bit
+    percentiles into a black field)."""
+    counts: dict[str, int] = {}
+    for r in reads:
+        counts[r.dtype] = counts.get(r.dtype, 0) + 1
+    if len(counts) < 2:
+        return reads
+    common = max(sorted(counts), key=counts.__getitem__)
+    for r in reads:
+        if r.dtype != common:
+            names = ", ".join(s.path for s in r.sources)
+            report.rejected.append(
+                {
+                    "source": r.row.item_id,
+                    "reason": f"{names}: pixel type {r.dtype}, the plate's other fields are "
+                    f"{common} ({counts[common]} fields): its percentiles would not fit",
+                }
+            )
+    return [r for r in reads if r.dtype == common]
+
+
 def build_plate(
     storage: Storage,
     rows: list[layout.FieldRow],
@@ -215,7 +243,7 @@ def build_plate(
                 report.environment.append(
                     {"source": r.row.item_id, "reason": f"{ENVIRONMENT}: {r.environment}"}
                 )
-        good = [r for r in reads if not (r.rejected or r.environment)]
+        good = _one_pixel_type([r for r in reads if not (r.rejected or r.environment)], report)
         if any(r.environment for r in reads):
             report.plates_left_out.append(plate)
             return []

@@ -16,6 +16,7 @@ items (validation) draw their mask from the item's index, the same at every vali
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,24 +27,31 @@ from torch.utils.data import Dataset
 
 from octstage.manifest import Manifest, ManifestError, Volume
 from octstage.manifest import load as load_manifest
+from octstage.manifest import refuse as refuse_manifest
 from octtrain.config.sections import AugmentConfig
 from octtrain.data.volumeread import read_volume
 from octtrain.errors import ConfigError, DataError
 
+log = logging.getLogger("octtrain")
 SampleKey = int | tuple[int, int]  # index, or (index, augmentation seed)
 Masker = Callable[[np.random.Generator], tuple[np.ndarray, np.ndarray]]
 MASK_STREAM = 1  # masks draw from (seed, MASK_STREAM); augmentations from seed itself
 VAL_MASK_SEED = 12345  # deterministic items' masks: (VAL_MASK_SEED, index)
 
 
-def read_manifest(path: str | None) -> Manifest:
-    """The run's manifest from local disk, its versions checked; a clear error otherwise."""
+def read_manifest(path: str | None, consumer: str, kind: str | None = "oct") -> Manifest:
+    """The manifest ``consumer`` (a key of ``octstage.manifest.FATAL``) reads, from local disk:
+    its versions checked, then the one check of a manifest (``octstage.manifest.check``) run
+    before any work: a DataError names the file and the findings fatal for ``consumer``; the
+    others are logged as warnings. ``kind``: the kind the consumer reads (None: either)."""
     if path is None:
         raise ConfigError("data.manifest is not set (use --manifest FILE)")
     try:
-        return load_manifest(path)
+        manifest = load_manifest(path)
     except ManifestError as exc:
         raise DataError(str(exc)) from exc
+    refuse_manifest(manifest, path, consumer, DataError, kind, log.warning)
+    return manifest
 
 
 class Transform:

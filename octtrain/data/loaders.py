@@ -10,8 +10,10 @@ A process with no samples at all still runs its batches of fillers and joins eve
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
+import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -120,6 +122,23 @@ def padded_loader(
     return DataLoader(padded, batch_size=batch_size, shuffle=False, drop_last=False, **workers)
 
 
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold a SIGINT back until the block ends, then raise it (main thread only)."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # ignored: stays so
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
 class Prefetcher(Iterator[dict[str, Any]]):
     """Pulls batches from a loader in a background thread, ``depth`` batches ahead.
 
@@ -135,9 +154,14 @@ class Prefetcher(Iterator[dict[str, Any]]):
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         # The loader's iterator (and its worker processes) is made here, on the calling thread:
-        # DataLoader installs its worker-failure signal handler only from the main thread.
+        # DataLoader installs its worker-failure signal handler only from the main thread. A
+        # Ctrl-C is held back until it is whole: one cut off half-built has no ``_workers`` to
+        # shut down (a traceback from its ``__del__``) and could leave its queues' feeder threads
+        # for the exit to wait on; a whole one is shut down when the interrupt drops it.
+        with _ctrl_c_held():
+            batches = iter(loader)
         self._thread = threading.Thread(
-            target=self._run, args=(iter(loader),), name="batch-prefetch", daemon=True
+            target=self._run, args=(batches,), name="batch-prefetch", daemon=True
         )
         self._thread.start()
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
+from octstage.manifest import Manifest, check_output_folder, replace_report
 from octtrain.config.loader import from_dict
 from octtrain.config.sections import DataConfig, LabelConfig, SelectConfig
 from octtrain.data.dataset import ManifestDataset, Transform, read_manifest, to_model_input
@@ -31,7 +32,7 @@ from octtrain.data.splits import check_splits
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval import metrics as mt
 from octtrain.eval.breakdown import BootstrapSpec
-from octtrain.eval.results import score, write_report
+from octtrain.eval.results import report_entry, report_files, score, write_report
 from octtrain.eval.validation import predict
 from octtrain.models.classifier import classifier_from_state
 from octtrain.runtime import checkpoint as ckpt
@@ -62,6 +63,26 @@ def resolve_checkpoint(url: str) -> str:
     return found
 
 
+def check_cache_shape(
+    state: dict[str, Any], url: str, man: Manifest, manifest: str, split: str
+) -> None:
+    """DataError naming both when the split's volumes differ in shape from those the checkpoint
+    was trained on: the centre crop to the model's input would hide the difference (another
+    grid, another field of view) and score it. A checkpoint from before ``cache_shape`` was
+    recorded is not compared."""
+    trained = state.get("cache_shape")
+    volumes = man.split(split)
+    if trained is None or not volumes:
+        return
+    found = sorted({tuple(v.shape) for v in volumes})
+    if found != [tuple(trained)]:
+        raise DataError(
+            f"{manifest}: split {split!r} holds volumes of shape "
+            f"{', '.join(str(list(f)) for f in found)}; checkpoint {url} was trained on "
+            f"volumes of {list(trained)}: evaluate on a cache built at the same shape"
+        )
+
+
 def default_out(url: str) -> Path:
     """The run folder of a local ``<run>/checkpoints/step_X.pt``; else the current folder."""
     if "://" in url:
@@ -88,12 +109,15 @@ def run_evaluate(
         raise ConfigError(f"--out {out}: exists and is not a folder; name a folder to write into")
     spec = bootstrap or BootstrapSpec()
     url = resolve_checkpoint(checkpoint)
+    # Refused before the work, not after it (the report is written whole at the end).
+    check_output_folder(Path(out) if out else default_out(url), ConfigError)
     state = ckpt.load_checkpoint(url)
     # The volumes and the target the checkpoint was trained on (data.select, data.label).
     data_cfg = state["config"].get("data", {})
     label = from_dict(LabelConfig, data_cfg.get("label", {}), "data.label.")
     select = from_dict(SelectConfig, data_cfg.get("select", {}), "data.select.")
-    man, _ = prepare(read_manifest(manifest), select, label, [split])
+    man, _ = prepare(read_manifest(manifest, "evaluate"), select, label, [split])
+    check_cache_shape(state, url, man, manifest, split)
     if label.regression:
         from octtrain.eval.evaluate_regression import evaluate_regression
 
@@ -113,6 +137,7 @@ def run_evaluate(
     cache_root = Path(cache) if cache else Path(manifest).parent
     dataset = ManifestDataset(man, cache_root, split, Transform(shape, None))
     n, c = len(dataset), len(classes)
+    log.info("evaluate: %d volumes of split %r, checkpoint %s", n, split, url)
     backend = make_backend(device, str(state["config"]["train"].get("precision", "auto")))
     try:
         model.to(backend.device)  # no data-parallel wrapper: evaluation has no gradients
@@ -128,30 +153,33 @@ def run_evaluate(
         return EvaluateResult(None, None, scored.volume, scored.participant, scored.collapse)
 
     folder = Path(out) if out else default_out(url)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {folder}: cannot create the folder: {exc.strerror}") from None
     header: dict[str, Any] = {
         "checkpoint": url,
         "checkpoint_epoch": state.get("epoch"),
         "manifest": str(manifest),
         "seeds": {"bootstrap": spec.seed},
     }
-    files = write_report(
-        folder,
-        split,
-        Path(url).name,
-        dataset.volumes,
-        preds.labels,
-        preds.probs,
-        classes,
-        scored,
-        spec,
-        header,
-        console,
-        max_share,
-    )
+
+    def write(tmp: Path) -> None:
+        write_report(
+            tmp,
+            split,
+            Path(url).name,
+            dataset.volumes,
+            preds.labels,
+            preds.probs,
+            classes,
+            scored,
+            spec,
+            header,
+            console,
+            max_share,
+        )
+
+    aside = replace_report(folder, report_entry(split), write, ConfigError)
+    files = report_files(folder, split)
+    if aside is not None:
+        log.info("the earlier %s report of this folder is now in %s", split, aside)
     log.info("wrote %s, %s and %s", files.metrics_json, files.confusion_png, files.groups_png)
     return EvaluateResult(
         files.metrics_json,

@@ -16,12 +16,13 @@ from typing import Any
 
 from rich.console import Console
 
-from octstage.manifest import Manifest, atomic_write_text
+from octstage.manifest import Manifest, atomic_write_text, replace_report
 from octtrain.config.sections import DataConfig, LabelConfig
 from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
 from octtrain.data.loaders import padded_loader
-from octtrain.errors import CheckpointError
+from octtrain.errors import CheckpointError, ConfigError
 from octtrain.eval import regression as rg
+from octtrain.eval.results import report_entry
 from octtrain.models.classifier import classifier_from_state
 from octtrain.runtime.backend import make_backend
 
@@ -92,9 +93,14 @@ def evaluate_regression(
             for v, p, t in zip(dataset.volumes, pred, target, strict=True)
         ],
     }
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"metrics-{split}.json"
-    atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    # The whole report of the split is replaced: a classification report's table goes aside too.
+
+    def write(tmp: Path) -> None:
+        atomic_write_text(tmp / path.name, text)
+
+    replace_report(folder, report_entry(split), write, ConfigError)
     for level, m in (("volume", volume), ("participant", participant)):
         console.print(
             f"{split} split, {level} level, {man.classes[0]}: MAE {m.mae:.4g}, RMSE {m.rmse:.4g}, "

@@ -30,9 +30,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from octstage.manifest import atomic_write_text
+from octstage.manifest import (
+    atomic_write_text,
+    check_feature_cache,
+    check_output_folder,
+    replace_report,
+)
 from octtrain.data.dataset import read_manifest
 from octtrain.data.splits import check_splits
+from octtrain.errors import ConfigError
 from octtrain.eval.breakdown import BootstrapSpec
 from octtrain.eval.breakdown_report import fmt_interval
 from octtrain.eval.evaluate import default_out, resolve_checkpoint
@@ -43,6 +49,7 @@ from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime.backend import make_backend
 
 log = logging.getLogger("octtrain")
+SUMMARY = "probe.json"  # beside the probes' report folders
 console = Console()
 
 
@@ -72,16 +79,19 @@ def run_probe(
     settings = settings or ProbeSettings()
     spec = bootstrap or BootstrapSpec()
     url = resolve_checkpoint(checkpoint)
+    folder = Path(out) if out else default_out(url) / "probe"
+    features_dir = Path(feature_cache) if feature_cache else folder / "features"
+    # Both refused before any work; the report is written whole at the end (octstage/outputs.py).
+    check_output_folder(folder, ConfigError)
+    check_feature_cache(features_dir, ConfigError)
     state = ckpt.load_checkpoint(url)
     model, shape, num_heads, encoder_name = load_encoder(state, url, encoder)
     sha = ckpt.checkpoint_sha256(url)
-    full = read_manifest(manifest)
+    full = read_manifest(manifest, "probe")
     man = dataclasses.replace(full, volumes=tuple(v for v in full.volumes if v.label >= 0))
     splits = list(dict.fromkeys(["train", "val", split]))
     check_splits(man, splits)
     classes = tuple(man.classes)
-    folder = Path(out) if out else default_out(url) / "probe"
-    features_dir = Path(feature_cache) if feature_cache else folder / "features"
     cache_root = Path(cache) if cache else Path(manifest).parent
     backend = make_backend(device, "fp32")  # features once, in full precision
     feats: dict[str, Frozen] = {}
@@ -104,45 +114,55 @@ def run_probe(
         "seeds": {"probe": settings.seed, "bootstrap": spec.seed},
         "feature_keys": {s: f.key for s, f in feats.items()},
     }
-    fits, scored, summary = {}, {}, {}
-    for kind in PROBES:
-        fit = fit_probe(
-            kind,
-            (feats["train"].tokens, feats["train"].labels),
-            (feats["val"].tokens, feats["val"].labels),
-            len(classes),
-            num_heads,
-            settings,
-        )
-        probs = predict_probs(fit.head, feats[split].tokens).numpy()
-        scored[kind] = score(volumes, labels, probs, classes, spec, max_share)
-        fits[kind] = fit
-        probe_doc = _probe_doc(fit, settings)
-        write_report(
-            folder / kind,
-            split,
-            f"{kind} probe, {Path(url).name}",
-            volumes,
-            labels,
-            probs,
-            classes,
-            scored[kind],
-            spec,
-            {**header, "probe": probe_doc},
-            console,
-            max_share,
-        )
-        overall = scored[kind].groups[0].metrics
-        summary[kind] = {
-            **probe_doc,
-            "test": {
-                name: {"value": _num(i.value), "ci_low": _num(i.low), "ci_high": _num(i.high)}
-                for name, i in overall.items()
-            },
-        }
-    summary_json = folder / "probe.json"
-    doc = {**header, "split": split, "probes": summary}
-    atomic_write_text(summary_json, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    fits: dict[str, ProbeFit] = {}
+    scored: dict[str, Scored] = {}
+
+    def write(tmp: Path) -> None:
+        summary = {}
+        for kind in PROBES:
+            fit = fit_probe(
+                kind,
+                (feats["train"].tokens, feats["train"].labels),
+                (feats["val"].tokens, feats["val"].labels),
+                len(classes),
+                num_heads,
+                settings,
+            )
+            probs = predict_probs(fit.head, feats[split].tokens).numpy()
+            scored[kind] = score(volumes, labels, probs, classes, spec, max_share)
+            fits[kind] = fit
+            probe_doc = _probe_doc(fit, settings)
+            write_report(
+                tmp / kind,
+                split,
+                f"{kind} probe, {Path(url).name}",
+                volumes,
+                labels,
+                probs,
+                classes,
+                scored[kind],
+                spec,
+                {**header, "probe": probe_doc},
+                console,
+                max_share,
+            )
+            overall = scored[kind].groups[0].metrics
+            summary[kind] = {
+                **probe_doc,
+                "test": {
+                    name: {"value": _num(i.value), "ci_low": _num(i.low), "ci_high": _num(i.high)}
+                    for name, i in overall.items()
+                },
+            }
+        doc = {**header, "split": split, "probes": summary}
+        atomic_write_text(tmp / SUMMARY, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+    # The report (both probes' folders and probe.json) replaces an earlier one whole; the
+    # feature cache beside it stays.
+    aside = replace_report(folder, (*PROBES, SUMMARY).__contains__, write, ConfigError)
+    if aside is not None:
+        log.info("the earlier probe report of this folder is now in %s", aside)
+    summary_json = folder / SUMMARY
     console.print(_summary_table(split, scored, fits))
     log.info("wrote %s", summary_json)
     cached = {s: f.cached for s, f in feats.items()}

@@ -26,11 +26,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from octstage.manifest import atomic_write_text, check_output_folder, replace_report
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import from_dict
 from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, scale
 from octtrain.data.dataset import read_manifest
-from octtrain.errors import CheckpointError, DataError
+from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval import cp_features
 from octtrain.eval.probe import knn_balanced_accuracy
 from octtrain.eval.profiles import (
@@ -46,6 +47,7 @@ from octtrain.models.vit2d import ViT2D
 from octtrain.runtime.checkpoint import load_checkpoint
 
 log = logging.getLogger("octtrain")
+REPORT = "profile.json"
 
 
 class ProfiledField(FieldRecord, Protocol):
@@ -170,15 +172,18 @@ def run_profile(
     checkpoint: str, manifest_path: str, cache: str | None, out: str | None, device: str
 ) -> dict[str, Any]:
     """``octtrain profile``: every field of the manifest; writes ``profile.json``."""
-    manifest = read_manifest(manifest_path)
+    folder = Path(out) if out else Path(checkpoint).parent
+    check_output_folder(folder, ConfigError)  # refused before the work, not after it
+    manifest = read_manifest(manifest_path, "profile", "cellpainting")
     fields = manifest.fields
-    if manifest.kind != "cellpainting" or not fields:
-        raise DataError(f"{manifest_path}: lists no Cell Painting fields")
     root = Path(cache) if cache else Path(manifest_path).parent
     report = profile_fields(checkpoint, fields, root, device)
-    folder = Path(out) if out else Path(checkpoint).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "profile.json").write_text(json.dumps(report, indent=2))
+    text = json.dumps(report, indent=2)
+
+    def write(tmp: Path) -> None:
+        atomic_write_text(tmp / REPORT, text)
+
+    replace_report(folder, REPORT.__eq__, write, ConfigError)
     for name, m in report["encoders"].items():
         log.info(
             "%s: activity mAP %.3f (retrieved %.2f), consistency mAP %.3f, well probe %.3f",

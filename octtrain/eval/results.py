@@ -15,7 +15,7 @@ The tables go to the console as well.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,27 @@ def score(
     return Scored(volume, participant, groups, collapse)
 
 
+# Every file an evaluate report of one split may hold: (stem, extension), named stem-<split>.ext.
+REPORT_STEMS = (("metrics", "json"), ("confusion", "png"), ("groups", "md"), ("groups", "png"))
+
+
+def report_entry(split: str) -> Callable[[str], bool]:
+    """Whether a file name belongs to an evaluate report of ``split`` (classification or
+    regression): what a new report of that split replaces, moved aside."""
+    names = {f"{stem}-{split}.{ext}" for stem, ext in REPORT_STEMS}
+    return names.__contains__
+
+
+def report_files(folder: Path, split: str) -> ReportFiles:
+    """Where the report of ``split`` in ``folder`` is."""
+    return ReportFiles(
+        folder / f"metrics-{split}.json",
+        folder / f"confusion-{split}.png",
+        folder / f"groups-{split}.md",
+        folder / f"groups-{split}.png",
+    )
+
+
 def write_report(
     folder: Path,
     split: str,
@@ -103,12 +124,7 @@ def write_report(
             for v, label, row in zip(volumes, labels, probs, strict=True)
         ],
     }
-    files = ReportFiles(
-        folder / f"metrics-{split}.json",
-        folder / f"confusion-{split}.png",
-        folder / f"groups-{split}.md",
-        folder / f"groups-{split}.png",
-    )
+    files = report_files(folder, split)
     atomic_write_text(files.metrics_json, json.dumps(doc, indent=1, allow_nan=False) + "\n")
     n, bacc = scored.volume.num_samples, scored.volume.balanced_accuracy
     write_confusion_png(

@@ -3,10 +3,10 @@
 Layout: ``config.yaml`` (every value the run used), ``code_version``, ``metrics.jsonl``,
 ``checkpoints/`` (unless checkpoint.dir points elsewhere), ``images/``, ``wandb/``.
 
-An explicit ``train.run_dir`` that already holds a run is refused (its checkpoints, index and
-metrics would mix with the new run's) unless the run resumes (``checkpoint.resume``) or
-``train.overwrite=true`` asks for a new run there: then the old run's folder is first renamed
-aside to ``<run_dir>.replaced-<timestamp>``, so nothing of it is lost.
+An explicit ``train.run_dir`` is claimed by the one rule for output folders
+(``octstage.manifest.claim_run_folder``, octstage/outputs.py; table in docs/output-folders.md):
+a folder holding a run is refused unless the run resumes from a checkpoint its index lists or
+``train.overwrite=true`` moves the old run aside to ``<run_dir>.replaced-<timestamp>``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import subprocess
 from pathlib import Path
 
 import octtrain
+from octstage.manifest import claim_run_folder
 from octtrain.errors import ConfigError
 
 _CHECKOUT = Path(__file__).resolve().parents[2]
-RUN_MARKERS = ("config.yaml", "code_version", "metrics.jsonl", "checkpoints")  # what a run leaves
 
 
 @functools.cache
@@ -39,42 +39,26 @@ def code_version() -> str:
     return f"{octtrain.__version__}+g{described}" if described else octtrain.__version__
 
 
-def holds_run(path: Path) -> bool:
-    """Whether ``path`` holds what an earlier run left there."""
-    return any((path / marker).exists() for marker in RUN_MARKERS)
-
-
-def claim_run_dir(path: Path, resume: bool, overwrite: bool) -> Path:
-    """The explicit run folder ``path``, made; ConfigError when it holds a run and neither
-    ``resume`` nor ``overwrite`` says what to do with it (``overwrite`` renames it aside)."""
-    if resume and overwrite:
-        raise ConfigError(
-            "train.overwrite=true and checkpoint.resume contradict each other: choose one"
-        )
-    if path.is_dir() and holds_run(path) and not resume:
-        if not overwrite:
-            raise ConfigError(
-                f"train.run_dir {str(path)!r} already holds a run; continue it with "
-                "checkpoint.resume=auto, or start a new run there with train.overwrite=true "
-                "(the old run is moved to <run_dir>.replaced-<timestamp>)"
-            )
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        aside = path.with_name(f"{path.name}.replaced-{stamp}")
-        path.rename(aside)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"train.run_dir {str(path)!r}: cannot create: {exc.strerror}") from None
-    return path
+def claim_run_dir(
+    path: Path, resume: bool, overwrite: bool, checkpoints: str | None = None
+) -> Path:
+    """The explicit run folder ``path``, made (see ``octstage.manifest.claim_run_folder``);
+    ``checkpoints``: ``checkpoint.dir`` when it is set."""
+    return claim_run_folder(path, resume, overwrite, ConfigError, checkpoints)
 
 
 def new_run_dir(
-    output_dir: str, name: str, explicit: str | None, resume: bool = False, overwrite: bool = False
+    output_dir: str,
+    name: str,
+    explicit: str | None,
+    resume: bool = False,
+    overwrite: bool = False,
+    checkpoints: str | None = None,
 ) -> Path:
     """``explicit`` if given (see ``claim_run_dir``), else ``output_dir/name-YYYYmmdd-HHMMSS``
     (suffixed if taken)."""
     if explicit is not None:
-        return claim_run_dir(Path(explicit), resume, overwrite)
+        return claim_run_dir(Path(explicit), resume, overwrite, checkpoints)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(output_dir) / f"{name}-{stamp}"
     path, n = base, 1

@@ -392,7 +392,7 @@ class DinoJob:
 
 def run_dino(cfg: DinoConfig) -> RunResult:
     """DINOv2 pretraining as configured; raises OcttrainError subclasses."""
-    manifest = read_manifest(cfg.data.manifest)
+    manifest = read_manifest(cfg.data.manifest, "pretrain", "cellpainting")
     backend = make_backend(cfg.train.device, cfg.train.precision)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from octstage.manifest import Manifest
 from octtrain.config.finetune import FinetuneConfig
 from octtrain.config.loader import to_dict
+from octtrain.config.sections import ModelConfig
 from octtrain.data.dataset import (
     ManifestDataset,
     Transform,
@@ -159,6 +160,7 @@ class FinetuneJob:
         shape = cfg.model.input_shape
         assert shape is not None and d.manifest is not None
         cached = volume_shape(manifest.split(d.train_split) + manifest.split(d.val_split))
+        self.cache_shape = list(cached)  # in the checkpoint: evaluate compares its cache's
         if any(w > s for w, s in zip(shape, cached, strict=True)):
             raise DataError(f"model input {list(shape)} exceeds the cached volumes {list(cached)}")
         root = Path(d.cache) if d.cache else Path(d.manifest).parent
@@ -205,6 +207,7 @@ class FinetuneJob:
             "classes": list(self.classes),
             "metrics": self._metrics_of(epoch),
             "regression": self.scale.as_dict() if self.regression else None,
+            "cache_shape": self.cache_shape,
             "init": self.init_info,
             "rng": ckpt.rng_state(),
         }
@@ -378,11 +381,24 @@ class FinetuneJob:
         return Evaluation(metrics, -vm.mae, None, {})
 
 
+def check_kernel_lengths(kernel: str, model: ModelConfig) -> None:
+    """ConfigError before any compile when ``kernel`` is flash and the encoder's token count
+    (it sees every patch) does not fit flash's blocks."""
+    shape = model.input_shape
+    if kernel == "flash" and shape is not None:
+        n = math.prod(d // p for d, p in zip(shape, model.patch, strict=True))
+        flash_blocks.check_lengths({"encoder": n})
+
+
 def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
     """Finetune from the pretraining checkpoint ``init`` (None with ``init_encoder: random``)."""
     d = cfg.data
     manifest, selection = prepare(
-        read_manifest(d.manifest), d.select, d.label, [d.train_split, d.val_split], d.train_split
+        read_manifest(d.manifest, "finetune"),
+        d.select,
+        d.label,
+        [d.train_split, d.val_split],
+        d.train_split,
     )
     backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":
@@ -391,10 +407,7 @@ def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
         kernel, why = choose(cfg.model.attention, backend.device)
         log.info("attention: %s (%s)", kernel, why)
         job = FinetuneJob(cfg, manifest, init, backend, selection)
-        shape = job.cfg.model.input_shape
-        if kernel == "flash" and shape is not None:  # the encoder sees every patch
-            n = math.prod(d // p for d, p in zip(shape, job.cfg.model.patch, strict=True))
-            flash_blocks.check_lengths({"encoder": n})
+        check_kernel_lengths(kernel, job.cfg.model)
         trainer = Trainer(job, settings(job.cfg), backend)
         if backend.is_main:
             _print_start(job, trainer)

@@ -102,7 +102,9 @@ class Trainer:
             t, resume = settings.train, settings.checkpoint.resume is not None
             try:
                 ckpt.refuse_foreign_checkpoints(settings.checkpoint, resume)  # before any folder
-                self.run_dir = new_run_dir(t.output_dir, name, t.run_dir, resume, t.overwrite)
+                self.run_dir = new_run_dir(
+                    t.output_dir, name, t.run_dir, resume, t.overwrite, settings.checkpoint.dir
+                )
             except OcttrainError as exc:
                 refused = exc
         # A refusal here is process 0's alone: the others would wait for it in their first

@@ -313,7 +313,7 @@ def run_pretrain(cfg: PretrainConfig) -> RunResult:
             "study group); set data.label in the finetuning config"
         )
     # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
-    manifest = select(read_manifest(cfg.data.manifest), cfg.data.select)
+    manifest = select(read_manifest(cfg.data.manifest, "pretrain"), cfg.data.select)
     cfg = resolve(cfg, manifest)
     backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":

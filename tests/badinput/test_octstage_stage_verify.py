@@ -161,3 +161,20 @@ def test_verify_refuses_a_manifest_that_contradicts_itself(
     path.write_text(json.dumps(doc))
     ran = octstage_cli("verify", path)
     assert_clean(ran, 1, f"manifest {path}: ", says)
+
+
+def test_a_failed_stage_replace_never_leaves_the_old_manifest_over_new_bytes(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    a, b = two_caches
+    dst = tmp_path / "ssd"
+    assert octstage_cli("stage", a, dst).code == 0
+    broken = Path(shutil.copytree(b, tmp_path / "b"))
+    shard = sorted(broken.glob("volumes/*/*.ome.zarr/0/c/0/0/0"))[-1]
+    shard.write_bytes(shard.read_bytes()[:-7] + b"\x00" * 7)  # fails its checksum
+    ran = octstage_cli("stage", broken, dst, "--replace")
+    assert ran.code == 1, ran.text
+    # B's bytes are partly in; A's manifest must not describe them (nor B's, unverified).
+    assert not (dst / "manifest.json").exists()

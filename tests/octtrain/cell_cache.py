@@ -87,7 +87,7 @@ def write_cell_cache(
         plate, well_index, site = i // 8, (i % 8) // 2, i % 2 + 1
         label = well_index % 2
         data = synth_field(rng, label, channels, size, radii, noise)
-        path = f"fields/f{i:03d}"
+        path = f"fields/P{plate}/f{i:03d}.ome.zarr"  # the layout build-cache writes
         # Written as build-cache writes a field (sharded, blosc): the trainer reads that layout.
         write_field(root, path, data, manifest.CELLPAINTING_CHANNELS[:channels], {}, chunk=chunk)
         checksums.append("sha256:" + hashlib.sha256(data.tobytes()).hexdigest())
@@ -126,7 +126,7 @@ def write_manifest(root: Path, records: list[CellField], checksums: list[str]) -
                 manifest.ChannelSource(
                     c, f"images/{r.plate}/{r.well}-{r.site}-{c}.tiff", "0" * 40, 1
                 )
-                for c in channels
+                for c in channels[: r.shape[0]]
             ),
             source="source_0",
             batch="B1",

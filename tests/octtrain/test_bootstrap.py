@@ -11,7 +11,7 @@ import pytest
 
 from octstage import manifest as mf
 from octtrain.errors import ConfigError
-from octtrain.eval.bootstrap import bootstrap
+from octtrain.eval.bootstrap import Interval, bootstrap
 from octtrain.eval.breakdown import (
     INTERVAL_METRICS,
     BootstrapSpec,
@@ -187,3 +187,25 @@ def test_site_from_the_first_digit_and_spec_checks() -> None:
     ]
     with pytest.raises(ConfigError, match="--bootstrap"):
         BootstrapSpec(resamples=0)
+
+
+def test_evaluates_breakdown_resamples_participants_not_volumes() -> None:
+    """The report's groups (what evaluate and probe write): five copies of every participant's
+    volumes give the very same intervals, as whole participants are drawn."""
+    pids, y, p4 = predictions(40)
+    p = p4[:, :2] / p4[:, :2].sum(axis=1, keepdims=True)  # two classes, as ``volume`` labels
+    y = y % 2
+    spec = BootstrapSpec(resamples=200, seed=2, min_participants=5)
+
+    def overall(
+        ids: list[str], labels: npt.NDArray[np.int64], probs: npt.NDArray[np.float64]
+    ) -> Interval:
+        pairs = zip(ids, labels, strict=True)
+        vols = [volume(pid, "zeiss_cirrus", int(label)) for pid, label in pairs]
+        rows = {(r.grouping, r.name): r for r in breakdown(vols, labels, probs, 2, spec)}
+        return rows["overall", "all volumes"].metrics["balanced_accuracy"]
+
+    once = overall(pids, y, p)
+    copies = overall(*duplicated(pids, y, p, 5))
+    assert once.high - once.low > 0.05
+    assert (copies.low, copies.high) == pytest.approx((once.low, once.high))

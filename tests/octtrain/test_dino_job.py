@@ -139,8 +139,9 @@ def test_cli_dino_on_an_oct_manifest_is_a_data_error_exit_4(
         ]
     )
     assert code == 4  # a manifest that cannot feed the run: a data error
-    assert "lists no Cell Painting fields" in caplog.text
-    assert "octstage build-cache" in caplog.text
+    # Both sides named: the kind the job reads and the kind found, and the file.
+    assert "expected a manifest of kind 'cellpainting', found kind 'oct'" in caplog.text
+    assert str(tiny_cache[0]) in caplog.text and "octstage build-cache" in caplog.text
 
 
 def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -> None:

@@ -99,8 +99,13 @@ def test_evaluate_refuses_other_classes_and_missing_checkpoints(
 ) -> None:
     original = mf.load(tiny_cache[0])
     swapped = (original.classes[1], original.classes[0], *original.classes[2:])
+    # A consistent manifest of another class order (labels follow their classes): only the
+    # comparison with the checkpoint's classes can tell.
+    relabelled = tuple(
+        dataclasses.replace(v, label={0: 1, 1: 0}.get(v.label, v.label)) for v in original.volumes
+    )
     path = tmp_path / "manifest.json"
-    mf.write(dataclasses.replace(original, classes=swapped), path)
+    mf.write(dataclasses.replace(original, classes=swapped, volumes=relabelled), path)
     assert tiny_finetuned.best_checkpoint is not None
     with pytest.raises(DataError, match="would permute the labels"):
         run_evaluate(tiny_finetuned.best_checkpoint, str(path), cache=str(tiny_cache[1]))
@@ -125,3 +130,43 @@ def test_evaluate_raises_the_collapse_alarm(
     assert result.collapse is not None and "prediction collapse" in result.collapse
     assert result.metrics_json is not None
     assert json.loads(result.metrics_json.read_text())["collapse"] == result.collapse
+
+
+def test_evaluate_replaces_an_older_report_of_the_split_whole(
+    tiny_cache: tuple[Path, Path], tiny_finetuned: RunResult, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    # An older regression report of the test split, and a classification table beside it.
+    (out / "metrics-test.json").write_text('{"task": "regression"}')
+    (out / "groups-test.md").write_text("| overall | 0.850 |")
+    (out / "metrics-val.json").write_text("{}")  # another split's report stays
+    assert tiny_finetuned.best_checkpoint is not None
+    args = ["--checkpoint", tiny_finetuned.best_checkpoint, "--manifest", str(tiny_cache[0])]
+    assert main(["evaluate", *args, "--out", str(out), "--bootstrap", "20"]) == 0
+    assert json.loads((out / "metrics-test.json").read_text())["split"] == "test"
+    assert "0.850" not in (out / "groups-test.md").read_text()
+    (aside,) = out.glob("replaced-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["groups-test.md", "metrics-test.json"]
+    assert (aside / "groups-test.md").read_text() == "| overall | 0.850 |"
+    assert (out / "metrics-val.json").read_text() == "{}"
+    assert not list(out.glob(".report-*"))
+
+
+def test_evaluate_on_a_cache_of_another_shape_names_both_shapes(
+    tiny_cache: tuple[Path, Path], tiny_finetuned: RunResult, tmp_path: Path
+) -> None:
+    original = mf.load(tiny_cache[0])
+    wider = tuple(
+        dataclasses.replace(v, shape=(v.shape[0], v.shape[1], v.shape[2] * 2))
+        for v in original.volumes
+    )
+    path = tmp_path / "manifest.json"
+    mf.write(dataclasses.replace(original, volumes=wider), path)
+    assert tiny_finetuned.best_checkpoint is not None
+    with pytest.raises(DataError) as refused:
+        run_evaluate(tiny_finetuned.best_checkpoint, str(path), cache=str(tiny_cache[1]))
+    message = str(refused.value)
+    shape = list(original.volumes[0].shape)
+    assert str(path) in message and tiny_finetuned.best_checkpoint in message
+    assert f"{[*shape[:2], shape[2] * 2]}" in message and f"{shape}" in message

@@ -201,7 +201,9 @@ _G2 = "oral_medication_and_or_non_insulin_injectable_medication_controlled"
 
 def _break_one_val_volume(vols: list[mf.Volume]) -> list[mf.Volume]:
     i = next(i for i, v in enumerate(vols) if v.split == "val")
-    vols[i] = dataclasses.replace(vols[i], zarr_path="volumes/missing/gone.ome.zarr")
+    # Gone from the cache, under its own participant's folder (the manifest check passes).
+    gone = f"volumes/{vols[i].participant_id}/gone.ome.zarr"
+    vols[i] = dataclasses.replace(vols[i], zarr_path=gone)
     return vols
 
 

@@ -174,3 +174,15 @@ def test_participant_in_two_splits_and_bad_labels_are_errors(
         check_splits(dataclasses.replace(manifest, volumes=tuple(relabel)), ["train"])
     with pytest.raises(DataError, match=r"\['holdout'\] have no volumes"):
         check_splits(manifest, ["train", "holdout"])
+
+
+def test_finetunes_flash_length_check_refuses_a_length_flash_cannot_take() -> None:
+    from octtrain.config.sections import ModelConfig
+    from octtrain.errors import ConfigError
+    from octtrain.train.finetune import check_kernel_lengths
+
+    odd = ModelConfig(input_shape=(10, 64, 72), patch=(2, 8, 8))  # 5 * 8 * 9 = 360 tokens
+    with pytest.raises(ConfigError, match="the encoder sees 360 tokens"):
+        check_kernel_lengths("flash", odd)
+    check_kernel_lengths("sdpa", odd)  # only flash has blocks
+    check_kernel_lengths("flash", ModelConfig(input_shape=(8, 64, 64), patch=(2, 8, 8)))  # 256

@@ -83,3 +83,26 @@ def test_exit_after_ends_a_stuck_process_through_its_callback() -> None:
     now[0] = 31.0
     assert dog.poll() is True
     assert ended == [("checkpoint", 7)] and seen.is_set()
+
+
+def test_no_stall_is_reported_or_exited_within_the_first_step_allowance() -> None:
+    clock = Clock()
+    reports: list[tuple[str, float, int]] = []
+    exits: list[tuple[str, float, int]] = []
+    dog = StallWatchdog(
+        10.0,
+        lambda *r: reports.append(r),
+        first_step_allowance_s=600.0,
+        exit_after_s=30.0,
+        on_exit=lambda *r: exits.append(r),
+        clock=clock,
+    )  # never started: polled here
+    clock.now = 300.0  # a slow first compile: neither a stall nor an exit
+    assert dog.poll() is False and reports == [] and exits == []
+    clock.now = 611.0
+    dog.poll()
+    assert len(reports) == 1 and exits == []
+    dog.step_done(1)
+    clock.now = 622.0  # after the first step, the timeout alone
+    dog.poll()
+    assert len(reports) == 2

@@ -1,0 +1,424 @@
+"""One rule for every output folder: what it may already hold, what is refused, what is moved aside.
+
+Every command that writes a folder asks this module first (the table is in
+docs/output-folders.md): a training run folder (``claim_run_folder``), a cache that build-cache
+writes (``check_cache_folder``), a ``stage`` destination (``check_destination``), a report of
+evaluate, probe or profile (``replace_report``) and a feature cache (``check_feature_cache``).
+Nothing a user made is ever deleted: what a new output replaces is renamed aside
+(``<name>.replaced-<timestamp>``), and a folder holding what the command cannot recognise as its
+own is refused. A refusal is raised through the caller's own error class (``refuse``), so each
+package keeps its own hierarchy and exit codes.
+
+It lives in octstage, re-exported by ``octstage.manifest`` (the one module octtrain may import
+from octstage), because the two packages share the folders: a cache is written by octstage and
+read by octtrain, and both packages' commands write into the same kinds of folders. It imports
+nothing but the standard library and ``octstage.errors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import json
+import os
+import shutil
+import signal
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from octstage.errors import MirrorError
+
+Refuse = Callable[[str], Exception]  # the caller's error class: ConfigError, MirrorError, ...
+
+MANIFEST = "manifest.json"
+VOLUMES = "volumes"
+# What a cache of each kind keeps its arrays under (a cache of the other kind is refused).
+DATA_FOLDERS = {"oct": "volumes", "cellpainting": "fields"}
+RUN_MARKERS = ("config.yaml", "code_version", "metrics.jsonl", "checkpoints")  # what a run leaves
+CHECKPOINT_INDEX = "index.json"
+
+
+def _stamp() -> str:
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def move_aside(path: Path) -> Path:
+    """Rename ``path`` to ``<path>.replaced-<timestamp>`` (suffixed if taken); returns the name."""
+    base = path.with_name(f"{path.name}.replaced-{_stamp()}")
+    aside, n = base, 1
+    while aside.exists():
+        n += 1
+        aside = base.with_name(f"{base.name}-{n}")
+    path.rename(aside)
+    return aside
+
+
+# --- run folders -------------------------------------------------------------------------------
+
+
+def holds_run(path: Path) -> bool:
+    """Whether ``path`` holds what an earlier run left there."""
+    return any((path / marker).exists() for marker in RUN_MARKERS)
+
+
+def _indexed_checkpoints(folder: Path) -> int:
+    """How many checkpoints ``folder/index.json`` lists (0: no index, unreadable or empty)."""
+    try:
+        data = json.loads((folder / CHECKPOINT_INDEX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0
+    entries = data.get("checkpoints") if isinstance(data, dict) else None
+    return len(entries) if isinstance(entries, list) else 0
+
+
+def _trained(path: Path, checkpoints: Path) -> list[str]:
+    """What says a run trained in the run folder ``path`` (checkpoints, logged metrics)."""
+    found = sorted(p.name for p in checkpoints.glob("step_*.pt"))[:3]
+    metrics = path / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append("metrics.jsonl")
+    return found
+
+
+def claim_run_folder(
+    path: Path,
+    resume: bool,
+    overwrite: bool,
+    refuse: Refuse,
+    checkpoints: str | None = None,
+) -> Path:
+    """The explicit run folder ``path``, made. A folder holding a run is refused unless the run
+    resumes (and then only when the index of its checkpoints, ``checkpoints`` or else
+    ``path/checkpoints``, lists one to resume from, or it never trained: restarting at step 1
+    would overwrite its checkpoints and append to its metrics) or ``overwrite`` asks for a new
+    run there (the old one is moved aside first). A ``checkpoints`` URL is not looked into."""
+    if resume and overwrite:
+        raise refuse("train.overwrite=true and checkpoint.resume contradict each other: choose one")
+    if path.exists() and not path.is_dir():
+        raise refuse(f"train.run_dir {str(path)!r}: exists and is not a folder")
+    if path.is_dir() and holds_run(path):
+        ckpts = path / "checkpoints" if checkpoints is None else Path(checkpoints)
+        if resume:
+            trained = [] if "://" in str(checkpoints) else _trained(path, ckpts)
+            if trained and not _indexed_checkpoints(ckpts):
+                raise refuse(
+                    f"train.run_dir {str(path)!r} holds a run that trained ({', '.join(trained)})"
+                    f" but {ckpts / CHECKPOINT_INDEX} is missing or lists no checkpoint: "
+                    "checkpoint.resume=auto would start again at step 1 over it; resume from a "
+                    "file with checkpoint.resume=<step_*.pt>, or start a new run there with "
+                    "train.overwrite=true (the old run is moved aside)"
+                )
+        elif not overwrite:
+            raise refuse(
+                f"train.run_dir {str(path)!r} already holds a run; continue it with "
+                "checkpoint.resume=auto, or start a new run there with train.overwrite=true "
+                "(the old run is moved to <run_dir>.replaced-<timestamp>)"
+            )
+        else:
+            move_aside(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise refuse(f"train.run_dir {str(path)!r}: cannot create: {exc.strerror}") from None
+    return path
+
+
+# --- caches (build-cache) ----------------------------------------------------------------------
+
+
+def _identity(manifest: Path) -> tuple[str, str, list[str]] | None:
+    """(kind, dataset, zarr paths) of the manifest file, or None when it is not a readable one."""
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        kind = str(data.get("kind", "oct"))
+        items = data.get("fields" if kind == "cellpainting" else "volumes", [])
+        return kind, str(data["header"]["dataset"]), [str(i["zarr_path"]) for i in items]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def check_cache_folder(
+    folder: Path | None, manifests: Iterable[Path], kind: str, refuse: Refuse
+) -> None:
+    """Refuse to build a ``kind`` cache where another cache lives. A manifest file the build
+    would write (``manifests``) is this cache's when it is of ``kind`` and lists no item or at
+    least one item that is in the local cache ``folder`` (a rebuild brings it up to date in
+    place, as build-cache always did, even from a moved source); it is another cache's when it
+    is of the other kind, is no manifest at all, or none of its items is in ``folder``. A
+    ``folder`` holding the other kind's arrays is refused too."""
+    for path in manifests:
+        if not path.exists():
+            continue
+        if path.is_dir():
+            raise refuse(f"{path}: is a folder, not a manifest file to write")
+        found = _identity(path)
+        if found is None:
+            raise refuse(
+                f"{path}: exists and is not a readable manifest; build-cache would replace it: "
+                "move it away or name another file"
+            )
+        old_kind, dataset, items = found
+        if old_kind != kind:
+            raise refuse(
+                f"{path}: holds the manifest of a {old_kind} cache of {dataset!r} "
+                f"({len(items)} items); this build writes a {kind} cache: choose another "
+                "--out / --manifest"
+            )
+        if folder is not None and items and not any((folder / p).exists() for p in items):
+            raise refuse(
+                f"{path}: holds the manifest of another cache ({kind}, of {dataset!r}, "
+                f"{len(items)} items, none of them in {folder}); building here would replace "
+                "it: choose another --out / --manifest"
+            )
+    if folder is None or not folder.is_dir():
+        return
+    for other, sub in DATA_FOLDERS.items():
+        if other != kind and (folder / sub).is_dir() and any((folder / sub).iterdir()):
+            raise refuse(
+                f"{folder}: holds a {other} cache ({sub}/), this build writes a {kind} cache; "
+                "choose an empty folder"
+            )
+
+
+# --- stage destinations ------------------------------------------------------------------------
+
+
+def _describe(manifest: Path) -> str:
+    """A short identity of the cache whose manifest this is (never raises)."""
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        header = data["header"]
+        kind = data.get("kind", "oct")
+        items = data["fields"] if kind == "cellpainting" else data["volumes"]
+        return (
+            f"a {kind} cache of {header['dataset']!r} built {header['created']} with "
+            f"{len(items)} items"
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a cache whose manifest.json cannot be read"
+
+
+def check_destination(dst: Path, manifest: bytes, replace: bool) -> bool:
+    """Whether the ``stage`` destination ``dst`` holds another cache that ``--replace`` allows to
+    be replaced (True); False when it is empty, absent or holds this cache (complete or not, so a
+    stage resumes). Raises MirrorError naming the folder and why when it may not be staged into.
+    A non-empty folder that holds no cache is never staged into: replacing it would delete files
+    octstage did not write."""
+    if not dst.exists():
+        return False
+    if not dst.is_dir():
+        raise MirrorError(f"{dst}: not a folder: stage needs a folder to write the cache into")
+    entries = {p.name for p in dst.iterdir()}
+    old = dst / MANIFEST
+    if MANIFEST in entries:
+        try:
+            same = old.read_bytes() == manifest
+        except OSError as exc:
+            raise MirrorError(f"{old}: cannot read: {exc.strerror or exc}") from None
+        if same:
+            return False
+        if not replace:
+            raise MirrorError(
+                f"{dst}: holds another cache ({_describe(old)}); staging here would mix two "
+                "caches: choose an empty folder, or pass --replace to replace it (files the new "
+                "manifest does not name are removed)"
+            )
+        return True
+    foreign = sorted(entries - set(DATA_FOLDERS.values()))
+    if foreign:
+        raise MirrorError(
+            f"{dst}: not empty and holds no cache manifest (found {', '.join(foreign[:5])}"
+            f"{' ...' if len(foreign) > 5 else ''}): stage writes only into an empty folder or "
+            "one that holds a cache, so nothing of yours is overwritten or removed"
+        )
+    return False
+
+
+def remove_unlisted(dst: Path, volumes: Iterable[str]) -> int:
+    """Remove every file under ``dst`` outside the listed volume folders (and the manifest),
+    then the folders left empty; returns how many files went. Kept volumes are not walked.
+    Only ``stage --replace`` calls it, on a folder ``check_destination`` found to hold a cache."""
+    keep = set(volumes)
+    ancestors = {str(Path(v).parents[i]) for v in keep for i in range(len(Path(v).parents) - 1)}
+    removed = 0
+    for top, dirs, files in os.walk(dst, topdown=False):
+        rel = Path(top).relative_to(dst).as_posix()
+        rel = "" if rel == "." else rel
+        if rel in keep or _inside(rel, keep):
+            continue
+        for name in files:
+            if rel or name != MANIFEST:
+                (Path(top) / name).unlink()
+                removed += 1
+        for name in dirs:
+            child = Path(top) / name
+            if child.is_symlink():
+                child.unlink()
+                removed += 1
+            elif f"{rel}/{name}".lstrip("/") not in keep | ancestors and not any(child.iterdir()):
+                child.rmdir()
+    return removed
+
+
+def _inside(rel: str, keep: set[str]) -> bool:
+    """Whether ``rel`` lies inside one of the kept volume folders."""
+    parts = rel.split("/")
+    return any("/".join(parts[:i]) in keep for i in range(1, len(parts)))
+
+
+def clear_manifest(dst: Path) -> None:
+    """The old cache's manifest goes first: the folder reads as incomplete while it changes."""
+    (dst / MANIFEST).unlink(missing_ok=True)
+
+
+# --- reports and feature caches ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C back until the block ends (a few renames), then raise it: the folder shows
+    the old report or the new one, never half of each."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # ignored: stays so
+        yield
+        return
+    caught: list[Any] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def check_output_folder(folder: Path, refuse: Refuse, what: str = "--out") -> None:
+    """``folder`` exists (made if absent) and can be written into; else refused, naming it."""
+    if folder.exists() and not folder.is_dir():
+        raise refuse(f"{what} {folder}: exists and is not a folder; name a folder to write into")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise refuse(f"{what} {folder}: cannot create the folder: {exc.strerror}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise refuse(f"{what} {folder}: the folder is not writable")
+
+
+def replace_report(
+    folder: Path,
+    belongs: Callable[[str], bool],
+    write: Callable[[Path], Any],
+    refuse: Refuse,
+    what: str = "--out",
+) -> Path | None:
+    """Write a report into ``folder`` whole or not at all; returns where the earlier report went.
+
+    ``write(tmp)`` writes the new report's files into a temporary folder inside ``folder`` (the
+    same disk, so renames are atomic); if it fails or is interrupted the temporary goes (it
+    holds only this run's partial files) and ``folder`` is untouched. Then, with Ctrl-C held
+    back, every entry of ``folder`` that ``belongs`` to an earlier report of the same kind is
+    moved into ``folder/replaced-<timestamp>/`` (never deleted) and the new files take their
+    places. Other files (a run's checkpoints, another split's report) stay where they are.
+    """
+    check_output_folder(folder, refuse, what)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=".report-", dir=folder))
+    except OSError as exc:
+        raise refuse(f"{what} {folder}: cannot write into the folder: {exc.strerror}") from None
+    try:
+        write(tmp)
+        with _ctrl_c_deferred():
+            old = sorted(p for p in folder.iterdir() if p != tmp and belongs(p.name))
+            aside = None
+            if old:
+                aside = folder / f"replaced-{_stamp()}"
+                n = 1
+                while aside.exists():
+                    n += 1
+                    aside = folder / f"replaced-{_stamp()}-{n}"
+                aside.mkdir()
+                for p in old:
+                    p.rename(aside / p.name)
+            for p in sorted(tmp.iterdir()):
+                p.rename(folder / p.name)
+            tmp.rmdir()
+        return aside
+    except OSError as exc:
+        raise refuse(f"{what} {folder}: cannot write the report: {exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # only this run's partial files
+
+
+def check_feature_cache(folder: Path, refuse: Refuse, what: str = "--feature-cache") -> None:
+    """A feature cache is a folder this command may write into; its files are written one by one,
+    each atomically, and named by their key, so an earlier cache's files are reused or ignored."""
+    check_output_folder(folder, refuse, what)
+
+
+# --- files written whole ------------------------------------------------------------------------
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) atomically, as ``atomic_write_bytes`` does."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the complete new one.
+
+    Only a regular file (or a name not yet taken) is written atomically: to a temporary file
+    beside it, fsynced, then renamed over it (the temporary is removed on any failure). A
+    symlink is followed and its target written the same way, so the link stays a link. Anything
+    else (a FIFO, ``/dev/stdout``, ``/dev/null``, a terminal) is written in place: renaming over
+    it would replace the pipe or device with a new regular file that nobody reads. A directory
+    is refused. Any OSError names the path it concerns.
+    """
+    target = Path(os.path.realpath(path))  # every link in the chain followed
+    try:
+        mode: int | None = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise _named(exc, path) from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
+    if mode is not None and not stat.S_ISREG(mode):
+        try:
+            with open(target, "wb") as fh:  # a FIFO blocks here until a reader opens it
+                fh.write(data)
+        except OSError as exc:
+            raise _named(exc, path) from None
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _named(exc, path) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _named(exc, path) from None
+        raise
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """The same error, naming ``path`` (a failed ``write`` or ``fsync`` names no file)."""
+    if exc.errno is None:  # raised by hand, with its own message
+        return exc
+    return OSError(exc.errno, exc.strerror, str(path))

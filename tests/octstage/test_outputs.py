@@ -1,0 +1,162 @@
+"""The one rule for output folders (octstage/outputs.py): what each kind of folder may hold, what
+is refused, what is moved aside, and reports replaced whole even on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from octstage.outputs import check_cache_folder, claim_run_folder, replace_report
+
+
+class Refused(Exception):
+    pass
+
+
+def _report(folder: Path, text: str) -> None:
+    (folder / "metrics-test.json").write_text(text)
+    (folder / "groups-test.md").write_text(text)
+
+
+def _belongs(name: str) -> bool:
+    return name in {"metrics-test.json", "groups-test.md"}
+
+
+def test_a_report_replaces_the_earlier_one_whole_and_moves_it_aside(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics-test.json").write_text("old")  # an older report: one file of it only
+    (out / "notes.txt").write_text("mine")
+    (out / "metrics-val.json").write_text("val")
+    aside = replace_report(out, _belongs, lambda tmp: _report(tmp, "new"), Refused)
+    assert aside is not None and aside.parent == out and aside.name.startswith("replaced-")
+    assert (aside / "metrics-test.json").read_text() == "old"
+    assert (out / "metrics-test.json").read_text() == "new"
+    assert (out / "groups-test.md").read_text() == "new"
+    assert (out / "notes.txt").read_text() == "mine" and (out / "metrics-val.json").exists()
+    assert not list(out.glob(".report-*"))
+
+
+def test_ctrl_c_while_writing_leaves_the_old_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    _report(out, "old")
+
+    def half(tmp: Path) -> None:
+        (tmp / "metrics-test.json").write_text("new")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        replace_report(out, _belongs, half, Refused)
+    assert sorted(p.name for p in out.iterdir()) == ["groups-test.md", "metrics-test.json"]
+    assert (out / "metrics-test.json").read_text() == "old"
+
+
+def test_ctrl_c_during_the_swap_is_held_until_the_new_report_is_whole(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    _report(out, "old")
+    interrupted: list[str] = []
+
+    def belongs(name: str) -> bool:
+        if not interrupted:  # the swap has begun: Ctrl-C now
+            interrupted.append(name)
+            os.kill(os.getpid(), signal.SIGINT)
+        return _belongs(name)
+
+    with pytest.raises(KeyboardInterrupt):
+        replace_report(out, belongs, lambda tmp: _report(tmp, "new"), Refused)
+    assert interrupted
+    assert (out / "metrics-test.json").read_text() == "new"
+    assert (out / "groups-test.md").read_text() == "new"
+    (aside,) = out.glob("replaced-*")
+    assert (aside / "groups-test.md").read_text() == "old"
+
+
+def test_a_report_path_that_is_a_file_or_cannot_be_made_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    for bad, words in ((tmp_path / "f", "not a folder"), (tmp_path / "f" / "sub", "cannot")):
+        with pytest.raises(Refused, match=words):
+            replace_report(bad, _belongs, lambda tmp: None, Refused)
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def _trained_run(run: Path, index: object | None) -> None:
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("x: 1\n")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "checkpoints" / "step_00000002.pt").write_bytes(b"weights")
+    if index is not None:
+        (run / "checkpoints" / "index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("index", [None, {"checkpoints": []}], ids=["index missing", "index empty"])
+def test_resume_of_a_run_that_trained_without_an_index_is_refused(
+    tmp_path: Path, index: object | None
+) -> None:
+    run = tmp_path / "run"
+    _trained_run(run, index)
+    with pytest.raises(Refused, match=r"index.json is missing or lists no checkpoint"):
+        claim_run_folder(run, resume=True, overwrite=False, refuse=Refused)
+    assert (run / "checkpoints" / "step_00000002.pt").read_bytes() == b"weights"
+
+
+def test_resume_goes_on_with_an_index_or_a_run_that_never_trained(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _trained_run(run, {"checkpoints": [{"name": "step_00000002.pt", "step": 2}]})
+    assert claim_run_folder(run, resume=True, overwrite=False, refuse=Refused) == run
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text("x: 1\n")  # stopped before its first step
+    assert claim_run_folder(fresh, resume=True, overwrite=False, refuse=Refused) == fresh
+    # checkpoint.dir elsewhere: its index is the one that counts
+    other = tmp_path / "ckpt"
+    other.mkdir()
+    with pytest.raises(Refused, match=str(other / "index.json")):
+        claim_run_folder(run, True, False, Refused, checkpoints=str(other))
+
+
+def test_overwrite_moves_the_run_aside(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _trained_run(run, None)
+    with pytest.raises(Refused, match="already holds a run"):
+        claim_run_folder(run, resume=False, overwrite=False, refuse=Refused)
+    claim_run_folder(run, resume=False, overwrite=True, refuse=Refused)
+    (aside,) = tmp_path.glob("run.replaced-*")
+    assert (aside / "checkpoints" / "step_00000002.pt").read_bytes() == b"weights"
+    assert run.is_dir() and not any(run.iterdir())
+
+
+def _manifest(path: Path, kind: str, items: list[str]) -> None:
+    key = "fields" if kind == "cellpainting" else "volumes"
+    data = {"kind": kind, "header": {"dataset": "src"}, key: [{"zarr_path": p} for p in items]}
+    path.write_text(json.dumps(data))
+
+
+def test_a_build_over_another_cache_is_refused_naming_what_it_holds(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "volumes" / "1001" / "a.ome.zarr").mkdir(parents=True)
+    _manifest(out / "manifest.json", "oct", ["volumes/1001/a.ome.zarr"])
+    check_cache_folder(out, [out / "manifest.json"], "oct", Refused)  # this cache: rebuilt
+    with pytest.raises(Refused, match=r"a oct cache of 'src' .1 items.; this build writes a cell"):
+        check_cache_folder(out, [out / "manifest.json"], "cellpainting", Refused)
+    elsewhere = tmp_path / "other.json"
+    _manifest(elsewhere, "oct", [f"volumes/{n}/b.ome.zarr" for n in range(114)])
+    with pytest.raises(Refused, match=r"another cache .oct, of 'src', 114 items, none of them in"):
+        check_cache_folder(out, [elsewhere], "oct", Refused)
+    (tmp_path / "junk.json").write_text("not json")
+    with pytest.raises(Refused, match="not a readable manifest"):
+        check_cache_folder(out, [tmp_path / "junk.json"], "oct", Refused)
+    with pytest.raises(Refused, match=r"holds a oct cache .volumes/."):
+        check_cache_folder(out, [], "cellpainting", Refused)
+
+
+def test_a_run_folder_that_is_a_file_is_refused_as_such(tmp_path: Path) -> None:
+    (tmp_path / "run").write_text("mine")
+    with pytest.raises(Refused, match="exists and is not a folder"):
+        claim_run_folder(tmp_path / "run", resume=True, overwrite=False, refuse=Refused)
+    assert (tmp_path / "run").read_text() == "mine"
