@@ -326,7 +326,7 @@ def test_an_input_blind_vjepa_run_logs_the_alarm_loudly(
     run = tmp_path / "run"
     overrides = [f"data.manifest={tiny_cache[0]}", f"train.run_dir={run}", "logging.log_every=1"]
     cfg = load_config(PretrainConfig, JEPA_TINY, [*overrides, "train.max_steps=2"])
-    manifest = read_manifest(cfg.data.manifest)
+    manifest = read_manifest(cfg.data.manifest, "pretrain")
     cfg = resolve(cfg, manifest)
     backend = make_backend("cpu")
     job = PretrainJob(cfg, manifest, backend)
