@@ -1,7 +1,7 @@
 # Two commands set up everything on a fresh machine:
 #   make demo   - the whole pipeline end to end on the embedded synthetic dataset
 #   make demo-cellpainting - Cell Painting (JUMP twin) staged from the S3 double, verified
-#   make test   - lint, type-check and the default test suite
+#   make test   - lint, type-check, the docs site (strict) and the default test suite
 # Heavier tiers: make test-slow, make test-xla (own environment: torch 2.9.0 + torch-xla 2.9.0),
 # make test-py312 (the default suite on Python 3.12, in its own environment).
 PYTHON ?= python3
@@ -18,7 +18,7 @@ XLA_STAMP := $(XLA_VENV)/.installed
 PY312_STAMP := $(PY312_VENV)/.installed
 DEMO_DIR ?= demo-output
 
-.PHONY: demo demo-hba1c demo-cellpainting test test-slow test-xla test-py312 lint bench clean
+.PHONY: demo demo-hba1c demo-cellpainting test test-slow test-xla test-py312 lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check octstage octtrain tests bench scripts
 	$(BIN)/mypy
 
-test: lint
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link or an unlisted page fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint docs
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -m "not slow and not xla"
 
 test-slow: $(STAMP)
@@ -72,4 +76,4 @@ bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash scripts/bench.sh
 
 clean:
-	rm -rf $(VENV) $(XLA_VENV) $(PY312_VENV) $(DEMO_DIR) demo-cellpainting .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(XLA_VENV) $(PY312_VENV) $(DEMO_DIR) demo-cellpainting site .mypy_cache .ruff_cache .pytest_cache

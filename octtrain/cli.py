@@ -5,12 +5,9 @@ Every subcommand takes ``--config FILE`` and any number of ``dotted.key=value`` 
 Adding a subcommand: write ``_add_<name>(subparsers)`` that registers its parser and sets
 ``func``, and list it in ``SUBCOMMANDS``.
 
-Overrides may come anywhere among the options. Exit codes (``EXIT``, listed in every --help):
-0 success, 2 refused (bad flags, config, checkpoint or backend; the message says why), 3 stopped
-on a non-finite loss (the checkpoints written before it stay), 4 a data error (the manifest or a
-cached volume cannot feed the run; the message names the volume and path), 5 ended by the stall
-watchdog (``train.stall_exit_s``: a host stuck in a collective), 130 interrupted (Ctrl-C;
-checkpoints already written stay). Config errors are reported before torch is imported.
+Overrides may come anywhere among the options. Exit codes come from ``octtrain/exitcodes.py``
+(listed in every --help and in docs/exit-codes.md). Config errors are reported before torch is
+imported.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from octtrain import exitcodes
 from octtrain.errors import ConfigError, DataError, NonFiniteLossError, OcttrainError
 
 if TYPE_CHECKING:
@@ -28,19 +26,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("octtrain")
 
-EXIT_OK, EXIT_REFUSED, EXIT_NONFINITE, EXIT_DATA = 0, 2, 3, 4
-EXIT_STALLED, EXIT_INTERRUPTED = 5, 130  # 5: runtime/watchdog.py's STALL_EXIT_CODE (os._exit)
-EXIT_CODES = f"""exit codes:
-  {EXIT_OK}    finished
-  {EXIT_REFUSED}    refused or failed: bad flags, config, checkpoint or backend (the message names
-       the file, key or value)
-  {EXIT_NONFINITE}    stopped on a non-finite loss or gradient norm (checkpoints written before
-       it stay)
-  {EXIT_DATA}    data error: the manifest or a cached volume cannot feed the run (missing,
-       short or corrupt; the message names the volume and its path)
-  {EXIT_STALLED}    ended by the stall watchdog: no step for train.stall_exit_s (a host stuck in
-       a collective)
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C); checkpoints written before it stay"""
+EXIT_OK, EXIT_REFUSED = exitcodes.OK.code, exitcodes.REFUSED.code
+EXIT_NONFINITE, EXIT_DATA = exitcodes.NONFINITE.code, exitcodes.DATA.code
+EXIT_INTERRUPTED = exitcodes.INTERRUPTED.code
+EXIT_STALLED = exitcodes.STALLED.code  # runtime/watchdog.py's exit (os._exit)
+EXIT_CODES = exitcodes.help_text()
 
 
 def add_subcommand(

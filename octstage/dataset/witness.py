@@ -43,6 +43,9 @@ def check_row(
     eye = laterality
     if row.laterality != eye:
         return LATERALITY, f"{ref} says eye {row.laterality!r}; the file's header says {eye!r}"
+    # Two device checks, each the only one to see its case: the row's model against the folder
+    # (build-cache has no header model), then the header's model against both (a file in the
+    # folder and row of one device whose header names another).
     if row.device != device:
         return DEVICE, (
             f"{ref} says {row.manufacturer} {row.model!r}; the file lies under {device}/"

@@ -49,8 +49,10 @@ VIT2D_PRESETS: dict[str, Vit2dPreset] = {
 
 
 CENTERINGS = ("center", "sinkhorn_knopp")
+SCALE_UNITS = ("field", "crop")
 JOBS = ("jepa", "dino")  # what ``octtrain pretrain`` can run; a YAML without ``job`` is jepa
 PARALLEL = ("ddp", "fsdp")
+COMPILES = ("none", "inductor", "aot_eager")
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,13 @@ class CropConfig:
     n_local: int = 8
     global_scale: tuple[float, float] = (0.32, 1.0)
     local_scale: tuple[float, float] = (0.05, 0.32)
+    # What the scales are fractions of: "field" (DINOv2: the whole image's area) or "crop" (the
+    # output crop's area: 1.0 reads native pixels, the scale `octtrain profile`'s tiles show).
+    scale_unit: str = "field"
+    # Local crops drawn inside one of the global crops (centred on it when larger), alternating
+    # between the two: on a large field, field-wide local crops at native scale almost never
+    # fall inside a global crop, and the local-to-global pairs then compare unrelated cells.
+    local_in_global: bool = True
     ratio: tuple[float, float] = (0.75, 1.333)
     flip: float = 0.5
     rot90: bool = True
@@ -121,7 +130,9 @@ class CropConfig:
         for name in ("global_scale", "local_scale", "ratio"):
             lo, hi = getattr(self, name)
             check(0 < lo <= hi, f"{name} must be 0 < low <= high")
-        check(self.global_scale[1] <= 1 and self.local_scale[1] <= 1, "scales must be <= 1")
+        check(self.scale_unit in SCALE_UNITS, f"scale_unit must be one of {SCALE_UNITS}")
+        if self.scale_unit == "field":
+            check(self.global_scale[1] <= 1 and self.local_scale[1] <= 1, "scales must be <= 1")
         check(0.0 <= self.flip <= 1.0, "flip must be a probability")
         check(0.0 <= self.channel_drop < 1.0, "channel_drop must be in [0, 1)")
         check(self.brightness >= 0 and 0 <= self.contrast < 1, "brightness/contrast out of range")
@@ -148,7 +159,9 @@ class DinoObjectiveConfig:
     centering: str = "center"  # the teacher: "center" (EMA centring) or "sinkhorn_knopp"
     mask_probability: float = 0.5  # share of global crops that get iBOT masks
     mask_ratio: tuple[float, float] = (0.1, 0.5)  # share of a masked crop's patches
-    freeze_last_layer_steps: int = 0  # the prototypes stay fixed this long (DINO's trick)
+    # The prototypes (the heads' last layers) stay fixed this long: DINOv2's first epoch
+    # (1,250 iterations); set it to about one pass over the training fields.
+    freeze_last_layer_steps: int = 1250
 
     def __post_init__(self) -> None:
         for name in ("dino_prototypes", "ibot_prototypes", "head_hidden", "head_bottleneck"):
@@ -168,6 +181,21 @@ class DinoObjectiveConfig:
 
 
 @dataclass(frozen=True)
+class DinoOptimConfig(OptimConfig):
+    """Pretraining's AdamW plus DINOv2's per-layer learning rates: block ``i`` of ``L`` at
+    ``layer_decay ** (L - i)`` of the lr, the patch embedding, CLS and mask tokens at
+    ``layer_decay ** (L + 1)`` times ``patch_embed_lr_mult``, the final norm and heads at 1."""
+
+    layer_decay: float = 0.9
+    patch_embed_lr_mult: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(0 < self.layer_decay <= 1, "optim.layer_decay must be in (0, 1]")
+        check(self.patch_embed_lr_mult > 0, "optim.patch_embed_lr_mult must be positive")
+
+
+@dataclass(frozen=True)
 class DinoConfig:
     """Everything ``octtrain pretrain`` needs for DINOv2 on Cell Painting (``job: dino``)."""
 
@@ -176,8 +204,8 @@ class DinoConfig:
     data: DataConfig = field(default_factory=DataConfig)
     crops: CropConfig = field(default_factory=CropConfig)
     dino: DinoObjectiveConfig = field(default_factory=DinoObjectiveConfig)
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=5e-4, betas=(0.9, 0.999), grad_clip=3.0)
+    optim: DinoOptimConfig = field(
+        default_factory=lambda: DinoOptimConfig(lr=5e-4, betas=(0.9, 0.999), grad_clip=3.0)
     )
     schedule: ScheduleConfig = field(
         default_factory=lambda: ScheduleConfig(ema_start=0.992, ema_end=0.9999)
@@ -187,6 +215,9 @@ class DinoConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: str = "ddp"  # across processes: ddp, or fsdp (sharded student and teacher)
+    # torch.compile the student's and the teacher's forwards: "none", "inductor" (the GPU's
+    # choice: fused kernels) or "aot_eager" (traced, not code-generated: checks on a CPU).
+    compile: str = "none"
 
     def __post_init__(self) -> None:
         check(self.job == "dino", f"job must be 'dino' for this config, got {self.job!r}")
@@ -196,6 +227,7 @@ class DinoConfig:
         check(self.train.epochs is None, "train.epochs is for finetuning; use train.max_steps")
         check(not self.data.balanced_sampling, "data.balanced_sampling is for finetuning only")
         check(self.parallel in PARALLEL, f"parallel must be one of {PARALLEL}")
+        check(self.compile in COMPILES, f"compile must be one of {COMPILES}")
         p = self.model.patch_size
         for name in ("global_size", "local_size"):
             size = getattr(self.crops, name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from octtrain.config.acquisition import AcquisitionConfig
 from octtrain.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -148,6 +149,7 @@ class FinetuneConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    acquisition: AcquisitionConfig = field(default_factory=AcquisitionConfig)  # training split
     head: HeadConfig = field(default_factory=HeadConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
@@ -170,6 +172,10 @@ class FinetuneConfig:
         assert epochs is not None
         check(self.schedule.warmup_epochs <= epochs, "schedule.warmup_epochs exceeds train.epochs")
         check(self.init_encoder in INIT_ENCODERS, f"init_encoder must be one of {INIT_ENCODERS}")
+        check(
+            not self.acquisition.two_looks,
+            "acquisition.two_looks is for pretraining (the target encoder's view); unset it here",
+        )
         eff = self.optim.effective_batch_size
         check(
             eff is None or eff % self.data.batch_size == 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from octtrain.config.acquisition import AcquisitionConfig
 from octtrain.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -99,6 +100,7 @@ class PretrainConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    acquisition: AcquisitionConfig = field(default_factory=AcquisitionConfig)  # training views
     mask: MaskConfig = field(default_factory=MaskConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

@@ -11,7 +11,10 @@ intensity jitter (a gain and a shift per channel) and channel drop travel as sma
 tensors; ``to_views`` applies them with the scaling to [-1, 1] on the device, inside the step,
 so a batch crosses the worker pipe and the host-to-device link at a quarter of float32's bytes.
 Channels are never mixed (no colour jitter: a Cell Painting channel is a stain, not a colour).
-Each global crop also carries its iBOT mask ``[N]`` (True: masked), drawn in the worker.
+Crop sizes are fractions of the field (``crops.scale_unit: field``, DINOv2) or of the output
+crop (``crop``: 1.0 reads native pixels, the scale ``octtrain profile`` tiles at); local crops
+fall inside a global crop (``crops.local_in_global``). The batch's iBOT block masks are drawn by
+the loader's ``collate_fn`` (``data/ibot_masks.py``), seeded from each item's ``mask_seed``.
 
 A deterministic item (``dataset[index]``) is the centre crop of ``global_size`` (evaluation).
 """
@@ -31,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from octtrain.config.dino import CropConfig
 from octtrain.config.sections import DataConfig
 from octtrain.data.arrayread import CachedArray, open_array
+from octtrain.data.ibot_masks import IbotCollate
 from octtrain.data.loaders import loader_kwargs
 from octtrain.data.samplers import EpochSampler
 from octtrain.errors import DataError
@@ -51,25 +55,69 @@ class FieldRecord(Protocol):
     def split(self) -> str: ...
 
 
+def _shape(
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+    area: tuple[float, float],
+    ratio: tuple[float, float],
+) -> tuple[int, int] | None:
+    """A region's ``(h, w)``: area in ``area`` pixels, aspect ``ratio`` (h/w), fitting the
+    field (torchvision's RandomResizedCrop sampling; None after 10 misses)."""
+    for _ in range(10):
+        target = rng.uniform(*area)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        h = round(math.sqrt(target * aspect))
+        w = round(math.sqrt(target / aspect))
+        if 0 < h <= height and 0 < w <= width:
+            return h, w
+    return None
+
+
 def sample_region(
     rng: np.random.Generator,
     height: int,
     width: int,
     scale: tuple[float, float],
     ratio: tuple[float, float],
+    unit: float | None = None,
 ) -> Region:
-    """A random region of ``scale`` x the area and aspect ``ratio`` (h/w), inside the field
-    (torchvision's RandomResizedCrop sampling; after 10 misses, the largest centred square)."""
-    area = height * width
-    for _ in range(10):
-        target = area * rng.uniform(*scale)
-        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
-        h = round(math.sqrt(target * aspect))
-        w = round(math.sqrt(target / aspect))
-        if 0 < h <= height and 0 < w <= width:
-            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
-    side = min(height, width)
-    return (height - side) // 2, (width - side) // 2, side, side
+    """A random region of ``scale`` x ``unit`` pixels (None: the field's area) and aspect
+    ``ratio`` (h/w), inside the field (after 10 misses, the largest centred square)."""
+    unit = float(height * width) if unit is None else unit
+    shape = _shape(rng, height, width, (scale[0] * unit, scale[1] * unit), ratio)
+    if shape is None:
+        side = min(height, width)
+        return (height - side) // 2, (width - side) // 2, side, side
+    h, w = shape
+    return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+
+
+def _place(rng: np.random.Generator, start: int, outer: int, size: int, limit: int) -> int:
+    """One axis of a region of ``size`` inside ``[start, start + outer)`` when it fits, else
+    centred on it, kept inside ``[0, limit)``."""
+    if size <= outer:
+        return start + int(rng.integers(0, outer - size + 1))
+    return min(max(0, start - (size - outer) // 2), limit - size)
+
+
+def sample_region_in(
+    rng: np.random.Generator,
+    outer: Region,
+    height: int,
+    width: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    unit: float | None = None,
+) -> Region:
+    """``sample_region``'s region, placed inside ``outer`` (centred on it along an axis where it
+    is larger): a local crop that sees part of its global crop, as DINO's local-to-global
+    correspondence assumes."""
+    unit = float(height * width) if unit is None else unit
+    shape = _shape(rng, height, width, (scale[0] * unit, scale[1] * unit), ratio)
+    oy, ox, oh, ow = outer
+    h, w = shape if shape is not None else (oh, ow)
+    return _place(rng, oy, oh, h, height), _place(rng, ox, ow, w, width), h, w
 
 
 def read_region(array: CachedArray, region: Region) -> np.ndarray:
@@ -108,24 +156,13 @@ def channel_jitter(
     return gain.astype(np.float32), shift.astype(np.float32), keep
 
 
-def sample_mask(
-    rng: np.random.Generator, patches: int, probability: float, ratio: tuple[float, float]
-) -> np.ndarray:
-    """iBOT mask ``[patches]`` bool: with ``probability`` a random share in ``ratio`` of the
-    patches (at least one) is masked, else none."""
-    mask = np.zeros(patches, dtype=bool)
-    if rng.random() < probability:
-        n = max(1, round(patches * rng.uniform(*ratio)))
-        mask[rng.choice(patches, size=min(n, patches), replace=False)] = True
-    return mask
-
-
 class CellPaintingDataset(Dataset[dict[str, Any]]):
     """The fields of one split, multi-cropped for DINOv2 (see the module docstring).
 
     Items: ``global`` uint8 ``[2, C, G, G]``, ``local`` uint8 ``[L, C, l, l]``, ``gain``,
-    ``shift``, ``keep`` float32 ``[2 + L, C]``, ``masks`` bool ``[2, N]``, ``label`` int (-1: none),
-    ``index``; deterministic items: ``image`` uint8 ``[C, G, G]``, ``label``, ``index``.
+    ``shift``, ``keep`` float32 ``[2 + L, C]``, ``mask_seed`` int, ``label`` int (-1: none),
+    ``index`` (collated: plus ``masks [B, 2, N]``, ``mask_index``, ``mask_weight``);
+    deterministic items: ``image`` uint8 ``[C, G, G]``, ``label``, ``index``.
     """
 
     def __init__(
@@ -160,12 +197,26 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
         return open_array(path, f"field {f.zarr_path} at {path}")
 
     def _crop(
-        self, array: CachedArray, rng: np.random.Generator, size: int, scale: tuple[float, float]
+        self, array: CachedArray, rng: np.random.Generator, region: Region, size: int
     ) -> np.ndarray:
-        _, h, w = array.shape
-        region = sample_region(rng, h, w, scale, self.crops.ratio)
         crop = resize(read_region(array, region), size)
         return flip_rotate(crop, rng, self.crops.flip, self.crops.rot90)
+
+    def regions(self, rng: np.random.Generator, height: int, width: int) -> list[Region]:
+        """The 2 global crops' regions, then the local crops' (each inside global crop
+        ``i % 2`` with ``crops.local_in_global``), in pixels of a ``height x width`` field."""
+        c = self.crops
+        field = c.scale_unit == "field"
+        unit_g, unit_l = (None, None) if field else (c.global_size**2, c.local_size**2)
+        out = [sample_region(rng, height, width, c.global_scale, c.ratio, unit_g) for _ in "gg"]
+        for i in range(c.n_local):
+            if c.local_in_global:
+                out.append(
+                    sample_region_in(rng, out[i % 2], height, width, c.local_scale, c.ratio, unit_l)
+                )
+            else:
+                out.append(sample_region(rng, height, width, c.local_scale, c.ratio, unit_l))
+        return out
 
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
         index, seed = (key, None) if isinstance(key, int) else key
@@ -183,13 +234,10 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
             image = read_region(array, ((h - g) // 2, (w - g) // 2, g, g))
             return {"image": torch.from_numpy(image), "label": label, "index": index}
         rng = np.random.default_rng(seed)
-        globals_ = [self._crop(array, rng, c.global_size, c.global_scale) for _ in range(2)]
-        locals_ = [self._crop(array, rng, c.local_size, c.local_scale) for _ in range(c.n_local)]
+        regions = self.regions(rng, array.shape[1], array.shape[2])
+        globals_ = [self._crop(array, rng, r, c.global_size) for r in regions[:2]]
+        locals_ = [self._crop(array, rng, r, c.local_size) for r in regions[2:]]
         jitter = [channel_jitter(rng, array.shape[0], c) for _ in range(2 + c.n_local)]
-        patches = (c.global_size // self.patch) ** 2
-        masks = [
-            sample_mask(rng, patches, self.mask_probability, self.mask_ratio) for _ in range(2)
-        ]
         size = c.local_size
         empty = np.zeros((0, array.shape[0], size, size), np.uint8)
         local = np.stack(locals_) if locals_ else empty
@@ -199,10 +247,15 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
             "gain": torch.from_numpy(np.stack([j[0] for j in jitter])),
             "shift": torch.from_numpy(np.stack([j[1] for j in jitter])),
             "keep": torch.from_numpy(np.stack([j[2] for j in jitter])),
-            "masks": torch.from_numpy(np.stack(masks)),
+            "mask_seed": int(rng.integers(2**62)),  # the batch's iBOT masks (``collate``)
             "label": label,
             "index": index,
         }
+
+    def collate(self) -> IbotCollate:
+        """The training loader's ``collate_fn``: the batch's iBOT masks (``data/ibot_masks``)."""
+        grid = self.crops.global_size // self.patch
+        return IbotCollate((grid, grid), self.mask_probability, self.mask_ratio)
 
 
 def scale(images: torch.Tensor) -> torch.Tensor:
@@ -244,5 +297,10 @@ def fields_loader(
         len(dataset), process_index, process_count, seed, start=start_step * batch_size
     )
     return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, drop_last=True, **loader_kwargs(cfg)
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        collate_fn=dataset.collate(),
+        **loader_kwargs(cfg),
     )

@@ -20,7 +20,9 @@ What this module does instead (with ``data/loaders.py``'s padded shards):
   process hangs and all of them raise the same ``ValidationError`` with its message. Under
   SPMD (``Backend.step_is_global``) every batch's forward is one program across the hosts, so
   a host whose loader fails cannot skip to the reductions: the hosts agree before each batch
-  (one host sum per validation batch) and all stop together at the batch that failed.
+  (one host sum per validation batch) and all stop together at the batch that failed. On XLA
+  the loader's error crosses torch_xla's loader thread as an item (``runtime/handoff.py``), so
+  it arrives here with its cause instead of as a quietly shorter pass.
 
 No ``.item()`` runs inside the loop; batches arrive through ``Backend.wrap_loader`` like training
 batches, so under SPMD they are global arrays sharded over the devices.

@@ -3,9 +3,10 @@
 ``DinoStudent.forward(global_crops, local_crops, masks)`` runs the backbone once over the global
 crops (masked patches replaced by the mask token) and once over the local crops, and returns the
 head logits the losses need: one call, so a DDP wrapper sees every parameter used in one forward.
-The teacher is a copy of the student updated by EMA (``models/jepa.ema_update``); it sees the
-global crops unmasked. Heads follow DINOv2: an MLP to a bottleneck, L2-normalised, then a
-weight-normalised linear layer onto the prototypes whose norm is fixed at 1.
+The teacher is a copy of the student updated by EMA (``models/jepa.ema_update``), in eval mode
+and without drop path; it sees the global crops unmasked. Heads follow DINOv2: an MLP to a
+bottleneck, L2-normalised, then a weight-normalised linear layer onto the prototypes whose norm
+is fixed at 1.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 
 from octtrain.config.dino import DinoConfig
 from octtrain.models.vit2d import ViT2D, build_vit2d
+from octtrain.models.vit3d import DropPath
 
 
 class DinoHead(nn.Module):
@@ -87,17 +89,24 @@ class DinoStudent(nn.Module):
         local_crops: torch.Tensor | None = None,
         masks: torch.Tensor | None = None,
         mask_input: bool = True,
+        mask_index: torch.Tensor | None = None,
     ) -> StudentOutput:
-        """``mask_input`` False (the teacher): the crops are seen whole and ``masks`` only
-        chooses the patch tokens the iBOT head scores."""
+        """``mask_input`` False (the teacher): the crops are seen whole and the masks only
+        choose the patch tokens the iBOT head scores. ``mask_index [M]`` (flat positions in the
+        ``[2B * N]`` patch tokens, ``data/ibot_masks.py``) picks them at a fixed size; without
+        it they come from ``masks`` (a data-dependent size: tests and one-off forwards)."""
         g_cls, g_patches = self.backbone(global_crops, masks if mask_input else None)
         if local_crops is not None and local_crops.shape[0]:
             local_logits = self.dino_head(self.backbone(local_crops)[0])
         else:
             local_logits = g_cls.new_zeros((0, self.dino_head.out_dim))
-        if masks is None:  # no iBOT (the pictures' forward)
-            masks = torch.zeros(g_patches.shape[:2], dtype=torch.bool, device=g_patches.device)
-        masked = g_patches[masks]  # [M, D]: dynamic, like DINOv2's gather
+        tokens = g_patches.flatten(0, 1)
+        if mask_index is not None:
+            masked = tokens.index_select(0, mask_index)  # [M, D], M fixed by the batch size
+        elif masks is not None:
+            masked = tokens[masks.flatten()]
+        else:  # no iBOT (the pictures' forward)
+            masked = tokens[:0]
         return StudentOutput(
             global_logits=self.dino_head(g_cls),
             local_logits=local_logits,
@@ -108,21 +117,29 @@ class DinoStudent(nn.Module):
 
 
 def make_teacher(student: DinoStudent) -> DinoStudent:
-    """A frozen copy of the student (EMA-updated, never back-propagated)."""
+    """A frozen copy of the student (EMA-updated, never back-propagated), built without drop
+    path and in eval mode for good, as DINOv2's teacher: its outputs are the targets, and a
+    target that drops residual branches at random is noise the student is asked to match."""
     teacher = copy.deepcopy(student)
     for p in teacher.parameters():
         p.requires_grad = False
-    return teacher
+    for module in teacher.modules():
+        if isinstance(module, DropPath):
+            module.p = 0.0
+    return teacher.eval()
 
 
 def teacher_outputs(
-    teacher: DinoStudent, global_crops: torch.Tensor, masks: torch.Tensor
+    teacher: DinoStudent,
+    global_crops: torch.Tensor,
+    masks: torch.Tensor,
+    mask_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The teacher's DINO logits ``[2B, K]``, iBOT logits on the student's masked positions
     ``[M, K_ibot]`` and its CLS tokens ``[2B, D]`` (unmasked global crops, no graph)."""
     # Through the module's own forward, so a wrapper's hooks (FSDP's all-gather) run.
     with torch.no_grad():
-        out = teacher(global_crops, None, masks, mask_input=False)
+        out = teacher(global_crops, None, masks, mask_input=False, mask_index=mask_index)
     return out.global_logits, out.masked_logits, out.global_cls
 
 

@@ -34,15 +34,21 @@ def sinkhorn_knopp(
     temp: float,
     iterations: int = 3,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Teacher targets ``[N, K]`` with equal prototype shares over the batch (DINOv2's
-    ``sinkhorn_knopp_teacher``); ``reduce_sum`` sums a tensor over replicas (None: one)."""
+    ``sinkhorn_knopp_teacher``); ``reduce_sum`` sums a tensor over replicas (None: one);
+    ``valid [N]`` (None: every row) leaves padding rows out of the shares (their rows are 0)."""
     total = reduce_sum or (lambda t: t)
     # The heads' logits are cosines (|l| <= 1): exp(l / temp) stays finite for temp >= 0.012.
     q = torch.exp(logits.float() / temp).t()  # [K, N]
-    n = total(torch.tensor([float(q.shape[1])], device=q.device))
+    if valid is None:
+        n = total(torch.tensor([float(q.shape[1])], device=q.device))
+    else:
+        q = q * valid.float()[None, :]
+        n = total(valid.float().sum().reshape(1))
     k = q.shape[0]
-    q = q / total(q.sum().reshape(1))
+    q = q / total(q.sum().reshape(1)).clamp_min(1e-30)
     for _ in range(iterations):
         q = q / total(q.sum(dim=1, keepdim=True)).clamp_min(1e-30) / k  # each prototype: 1/K
         q = q / q.sum(dim=0, keepdim=True).clamp_min(1e-30) / n  # each row: 1/N
@@ -74,16 +80,16 @@ def dino_loss(
 def ibot_loss(
     student_logits: torch.Tensor,
     teacher_probs_: torch.Tensor,
-    masks: torch.Tensor,
+    weights: torch.Tensor,
+    images: int,
     student_temp: float,
 ) -> torch.Tensor:
-    """iBOT on the masked tokens (rows of ``student_logits`` follow ``masks [I, N]``'s True
-    entries in row-major order); images without masked tokens count in the denominator."""
+    """iBOT on the masked tokens ``[M, K]``, token ``m`` weighted ``weights[m]`` (``1 / masked
+    tokens of its image``, 0 on padding: ``data/ibot_masks.mask_index``), summed and divided by
+    the ``images`` (global crops), those without masked tokens included."""
     log_p = F.log_softmax(student_logits.float() / student_temp, dim=-1)
     per_token = -(teacher_probs_ * log_p).sum(dim=-1)
-    counts = masks.sum(dim=1).clamp(min=1).float()  # [I]
-    weights = (1.0 / counts)[:, None].expand_as(masks)[masks]  # [M]
-    return (per_token * weights).sum() / masks.shape[0]
+    return (per_token * weights).sum() / images
 
 
 def koleo_loss(features: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

@@ -16,9 +16,10 @@
   checkpoint is read there and broadcast, so no process can start fresh while another resumes,
   even when only process 0 can see the checkpoint folder.
 * **Failures.** A failure on one host must not leave the others waiting in a collective.
-  Where hosts must agree (each step's batch, a validation, a checkpoint write, the resume
-  decision) every process calls ``agree`` with its own failure or None: a host sum of one flag
-  per process (and, only when one is set, of the first failing host's message), after which
+  Where hosts must agree (setting up the job, each step's batch, a validation, a checkpoint
+  write, the resume decision) every process calls ``agree`` with its own failure or None: a
+  host sum of one flag per process (and, only when one is set, of the first failing host's
+  message), after which
   every process raises the same kind of error with that host's message, or all go on.
 """
 
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import Any
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +60,7 @@ AGREED_KINDS: tuple[type[OcttrainError], ...] = (
     NonFiniteLossError,
 )
 MESSAGE_BYTES = 1000  # of the failing host's message sent to the others
+T = TypeVar("T")
 
 
 def agree(
@@ -94,6 +98,26 @@ def agree(
     message = bytes(int(b) for b in text.tolist()).rstrip(b"\0").decode("utf-8", "replace")
     raised = kind or AGREED_KINDS[int(flags[first]) - 1]
     raise raised(f"host {first} failed {where}: {message}")
+
+
+def agreed(backend: Backend, where: str, build: Callable[[], T]) -> T:
+    """``build()`` on every process, agreed: an ``OcttrainError`` on any host (a manifest or a
+    cache that host alone cannot read, a kernel refusal) stops every host here, with its
+    message, instead of leaving the others to wait for it in their first collective."""
+    result: T | None = None
+    failure: OcttrainError | None = None
+    try:
+        result = build()
+    except OcttrainError as exc:
+        failure = exc
+    except Exception as exc:  # a bug too must not leave the other hosts waiting
+        if backend.process_count == 1:
+            raise  # no other host to tell: the bug keeps its own class and traceback
+        log.error("%s failed:\n%s", where, traceback.format_exc())
+        failure = OcttrainError(f"{where}: {type(exc).__name__}: {exc}")
+    agree(backend, failure, where)
+    assert result is not None
+    return result
 
 
 def local_batch(global_batch: int, backend: Backend) -> int:

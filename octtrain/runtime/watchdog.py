@@ -16,8 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 
-STALL_EXIT_CODE = 5  # the CLI's exit code for a run ended by the watchdog
+from octtrain import exitcodes
 
+STALL_EXIT_CODE = exitcodes.STALLED.code  # the CLI's exit code for a run ended by the watchdog
+
+ALLOWED_STEPS = 2  # steps that compile their own program before the step's graph is steady
 Report = Callable[[str, float, int], None]
 
 
@@ -39,7 +42,7 @@ class StallWatchdog:
         self.exit_after_s = exit_after_s
         self.on_exit = on_exit
         self.clock = clock
-        self._stepped = False
+        self._done: set[int] = set()  # the first steps finished (up to ALLOWED_STEPS)
         self.phase = "startup"
         self.step = 0
         self._last = clock()
@@ -57,12 +60,15 @@ class StallWatchdog:
         self.phase = phase
 
     def allowance(self) -> float:
-        """Seconds added to every limit now: the first-step allowance until a step finished."""
-        return 0.0 if self._stepped else self.first_step_allowance_s
+        """Seconds added to every limit now: the first-step allowance until ``ALLOWED_STEPS``
+        steps finished (on XLA the second step compiles a program of its own: the one that
+        carries the optimizer's state, which the first step created)."""
+        return 0.0 if len(self._done) >= ALLOWED_STEPS else self.first_step_allowance_s
 
     def step_done(self, step: int) -> None:
         with self._lock:
-            self._stepped = True
+            if len(self._done) < ALLOWED_STEPS:
+                self._done.add(step)
             self.step = step
             self._last = self.clock()
             self._reported = False
@@ -70,7 +76,7 @@ class StallWatchdog:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout=10)  # a daemon: one wait of its poll at most, never more
 
     def poll(self) -> bool:
         """Report the current phase if no step finished for ``timeout_s`` (once per stall);

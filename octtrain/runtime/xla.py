@@ -39,8 +39,11 @@ import torch_xla.runtime as xr
 from torch import nn
 from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla://" for gloo)
 
+from octtrain.runtime.handoff import carry_errors, raise_carried, run_within
+
 MESH_AXIS = "data"
 AUTO_COMPILE_CACHE = "~/.cache/octtrain/xla"  # train.xla_cache_dir=auto on a TPU
+CLOSE_TIMEOUT_S = 30.0  # for each loader thread to stop at close (a batch in flight may finish)
 
 
 class BatchDimSharding:
@@ -77,9 +80,14 @@ class DeviceLoader:
     torch_xla's loader keeps a background thread prefetching from the wrapped loader; on an
     endless training loader that thread outlives the loop (and dies noisily at interpreter exit,
     inside zarr's event loop). Each iteration's ``ParallelLoader`` is therefore registered with
-    the backend, whose ``close()`` stops it. The prefetch depths are small on purpose: a batch of
-    full-size volumes is ~1 GB on the host, and torch_xla's defaults queue 16 of them on the host
-    and 8 on the device.
+    the backend, whose ``close()`` stops it (within ``CLOSE_TIMEOUT_S``: its own ``close`` joins
+    the thread with no limit). The prefetch depths are small on purpose: a batch of full-size
+    volumes is ~1 GB on the host, and torch_xla's defaults queue 16 of them on the host and 8 on
+    the device.
+
+    That thread turns the wrapped loader's exception into a quiet end of the pass in the main
+    thread; the loader is therefore wrapped in ``carry_errors`` and the error item re-raised
+    here, in the main thread, with its class and message (a ``DataError`` stays exit 4).
     """
 
     HOST_PREFETCH = 2
@@ -101,15 +109,20 @@ class DeviceLoader:
             self._current.close()
             self._registry.remove(self._current)
         self._current = pl.ParallelLoader(
-            self.loader,
+            carry_errors(self.loader),
             [self.device],
             loader_prefetch_size=self.HOST_PREFETCH,
             device_prefetch_size=self.DEVICE_PREFETCH,
             input_sharding=self.sharding,
         )
         self._registry.append(self._current)
-        batches: Iterator[dict[str, Any]] = self._current.per_device_loader(self.device)
-        return batches
+        return self._batches(self._current.per_device_loader(self.device))
+
+    @staticmethod
+    def _batches(device_batches: Iterator[Any]) -> Iterator[dict[str, Any]]:
+        for item in device_batches:
+            batch: dict[str, Any] = raise_carried(item)
+            yield batch
 
 
 class XlaBackend:
@@ -216,7 +229,7 @@ class XlaBackend:
 
     def close(self) -> None:
         for loader in self._loaders:
-            loader.close()
+            run_within(loader.close, CLOSE_TIMEOUT_S, "torch_xla's loader thread")
         self._loaders.clear()
         xm.wait_device_ops()
         if self._gloo_ready and dist.is_initialized():

@@ -1,12 +1,15 @@
 """``octtrain pretrain`` with ``job: dino``: DINOv2 (DINO + iBOT + KoLeo) on Cell Painting
 fields, as a job of the one training skeleton (``train/loop.py``).
 
-What is DINO's own: the student (2D ViT + DINO head + iBOT head) and its EMA teacher; the
-centres of the teacher's logits (EMA over replicas) and the teacher temperature schedule; the
-step (multi-crop views built on the device from uint8, the three losses, AdamW with the
-scheduled lr and weight decay, the prototypes frozen for the first steps, grad norm before
-clipping, then the EMA and centre updates); and the pictures: the last block's attention and
-the patch features, read through the student's wrapper (DDP or FSDP) at the first image step.
+What is DINO's own: the student (2D ViT + DINO head + iBOT head) and its EMA teacher (eval
+mode, no drop path, momentum on DINOv2's cosine); the centres of the teacher's logits (EMA over
+replicas) and the teacher temperature warm-up; the step (multi-crop views built on the device
+from uint8, the iBOT tokens gathered through the batch's fixed-size index list, the three
+losses, AdamW with the scheduled lr times DINOv2's per-layer scales and weight decay, the
+prototypes at lr 0 for the first steps, grad norm before clipping, then the EMA and centre
+updates; no host read between logged steps: ``docs/dinov2-recipe.md``); and the pictures:
+the last block's attention and the patch features, read through the student's wrapper (DDP or
+FSDP) at the first image step.
 Everything else (run folder, resume, checkpoints, watchdog, data wait, non-finite and collapse
 guards) is the skeleton's.
 """
@@ -53,10 +56,10 @@ from octtrain.models.jepa import ema_update
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
+from octtrain.train import schedules
 from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, monitor_rows
 from octtrain.train.loop import Trainer
-from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
-from octtrain.train.schedules import ema_pretraining
+from octtrain.train.optim import dino_optimizer, set_hyperparameters
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on the CPU
 FULL_IN = StateDictOptions(full_state_dict=True)
@@ -81,12 +84,14 @@ def collapse_entropies(probs: torch.Tensor) -> dict[str, float]:
 
 
 def teacher_temperature(step: int, cfg: DinoConfig) -> float:
-    """Linear warmup of the teacher temperature (sharper targets early), then constant."""
+    """The configured teacher temperature warm-up (``schedules.teacher_temperature``)."""
     d = cfg.dino
-    if step >= d.warmup_teacher_temp_steps:
-        return d.teacher_temp
-    frac = step / d.warmup_teacher_temp_steps
-    return d.warmup_teacher_temp + (d.teacher_temp - d.warmup_teacher_temp) * frac
+    return schedules.teacher_temperature(
+        step,
+        warmup_steps=d.warmup_teacher_temp_steps,
+        start=d.warmup_teacher_temp,
+        end=d.teacher_temp,
+    )
 
 
 class DinoJob:
@@ -123,7 +128,9 @@ class DinoJob:
         self.raw.backbone.input_norm.set_stats(*pooled(train, in_chans).to_input())
         self.student: nn.Module = self.raw
         self.teacher = make_teacher(self.raw)
-        self.optimizer = pretrain_optimizer(self.raw, cfg.optim)
+        self.teacher_forward: nn.Module = self.teacher  # compiled in start() with ``compile``
+        self.depth = len(self.raw.backbone.blocks)
+        self.optimizer = dino_optimizer(self.raw, cfg.optim, self.depth)
         self._trainable()
         # FSDP only across processes (one process has nothing to shard over).
         self.fsdp = cfg.parallel == "fsdp" and backend.process_count > 1
@@ -213,14 +220,11 @@ class DinoJob:
             for block in model.backbone.blocks:
                 fully_shard(block)
             fully_shard(model, reshard_after_forward=True)  # the root too: the EMA needs shards
-        self.optimizer = pretrain_optimizer(self.raw, self.cfg.optim)
+        self.optimizer = dino_optimizer(self.raw, self.cfg.optim, self.depth)
         self._trainable()
 
     def _trainable(self) -> None:
         self.params = [p for p in self.raw.parameters() if p.requires_grad]
-        self.last_layers = [
-            p for n, p in self.raw.named_parameters() if "last_layer" in n and p.requires_grad
-        ]
 
     def _will_save(self, unit: int) -> bool:
         """Whether the skeleton saves after ``unit`` (its rule in ``loop._unit_end``)."""
@@ -237,6 +241,12 @@ class DinoJob:
             self.student = self.raw
         else:
             self.student = self.backend.wrap_model(self.raw)
+        if self.cfg.compile != "none":
+            # The wrapper's forward compiled (DDP's hooks stay outside the graph); the step's
+            # shapes never change (fixed crops, fixed iBOT index list): one graph each.
+            backend = self.cfg.compile
+            self.student = torch.compile(self.student, backend=backend)  # type: ignore[assignment]
+            self.teacher_forward = torch.compile(self.teacher, backend=backend)  # type: ignore[assignment]
         if self._optimizer_state is not None:
             set_optimizer_state_dict(
                 self.raw, self.optimizer, self._optimizer_state, options=FULL_IN
@@ -257,24 +267,38 @@ class DinoJob:
         pass
 
     def hyperparameters(self, step: int) -> dict[str, float]:
+        """lr and weight decay as pretraining's; DINOv2's cosine teacher momentum and teacher
+        temperature warm-up."""
         cfg, total = self.cfg, self.schedule_steps
+        s = cfg.schedule
         return {
-            **ema_pretraining(step, cfg.optim, cfg.schedule, total),
+            **schedules.ema_pretraining(step, cfg.optim, s, total),
+            "train/ema_momentum": schedules.ema_cosine(
+                step, total_steps=total, start=s.ema_start, end=s.ema_end
+            ),
             "train/teacher_temp": teacher_temperature(step, cfg),
         }
 
     def train_step(self, batch: dict[str, Any], step: int) -> StepResult:
         d = self.cfg.dino
         hyper = self.hyperparameters(step)
-        set_hyperparameters(self.optimizer, hyper["train/lr"], hyper["train/weight_decay"])
+        frozen = step < d.freeze_last_layer_steps  # the prototypes: DINOv2's first epoch
+        set_hyperparameters(self.optimizer, hyper["train/lr"], hyper["train/weight_decay"], frozen)
         global_views, local_views, masks = to_views(batch)
+        mask_index, mask_weight = batch["mask_index"], batch["mask_weight"]
         self.student.train()
         self.optimizer.zero_grad(set_to_none=True)
         with self.backend.autocast():
-            out = self.student(global_views, local_views, masks)
-            t_logits, t_masked, _ = teacher_outputs(self.teacher, global_views, masks)
+            out = self.student(global_views, local_views, masks, mask_index=mask_index)
+            t_logits, t_masked, _ = teacher_outputs(
+                self.teacher_forward,  # type: ignore[arg-type]
+                global_views,
+                masks,
+                mask_index,
+            )
         temp = hyper["train/teacher_temp"]
         probs = self._targets(t_logits, self.center, temp)
+        valid = mask_weight > 0
         n_local = local_views.shape[0] // max(1, global_views.shape[0] // 2)
         students = list(out.global_logits.chunk(2))
         if n_local:
@@ -283,8 +307,9 @@ class DinoJob:
             "dino": dino_loss(students, list(probs.chunk(2)), d.student_temp),
             "ibot": ibot_loss(
                 out.masked_logits,
-                self._targets(t_masked, self.ibot_center, temp),
-                masks,
+                self._targets(t_masked, self.ibot_center, temp, valid),
+                mask_weight,
+                masks.shape[0],
                 d.student_temp,
             ),
             "koleo": sum(
@@ -298,9 +323,6 @@ class DinoJob:
             + d.koleo_weight * parts["koleo"]
         )
         loss.backward()  # type: ignore[no-untyped-call]
-        if step < d.freeze_last_layer_steps:
-            for p in self.last_layers:
-                p.grad = None
         grads = [p.grad for p in self.params if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping, before zeroing
         if isinstance(grad_norm, DTensor):  # FSDP: the norm over every shard
@@ -309,7 +331,7 @@ class DinoJob:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
         self.optimizer.step()
         ema_update(self.teacher, self.raw, hyper["train/ema_momentum"])
-        self._update_centers(t_logits, t_masked)
+        self._update_centers(t_logits, t_masked, valid)
         host = dict(hyper)
         done = step + 1
         if done % self.cfg.logging.log_every == 0 or done == self.total_steps or step == 0:
@@ -320,20 +342,31 @@ class DinoJob:
         monitors = target_entropies(probs)
         return StepResult(loss.detach(), grad_norm.detach(), rows, host, monitors)
 
-    def _targets(self, logits: torch.Tensor, center: torch.Tensor, temp: float) -> torch.Tensor:
+    def _targets(
+        self,
+        logits: torch.Tensor,
+        center: torch.Tensor,
+        temp: float,
+        valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The teacher's targets: centred and sharpened, or Sinkhorn-Knopp over every replica's
-        batch (``dino.centering``)."""
+        batch (``dino.centering``); ``valid`` leaves the iBOT index list's padding out."""
         if self.cfg.dino.centering == "sinkhorn_knopp":
-            return sinkhorn_knopp(logits, temp, reduce_sum=self.backend.reduce_step_sum)
+            reduce = self.backend.reduce_step_sum
+            return sinkhorn_knopp(logits, temp, reduce_sum=reduce, valid=valid)
         return teacher_probs(logits, center, temp)
 
-    def _update_centers(self, t_logits: torch.Tensor, t_masked: torch.Tensor) -> None:
-        """Centres <- EMA of the teacher's mean logits over every replica's batch."""
+    def _update_centers(
+        self, t_logits: torch.Tensor, t_masked: torch.Tensor, valid: torch.Tensor
+    ) -> None:
+        """Centres <- EMA of the teacher's mean logits over every replica's batch (the iBOT
+        centre over the masked tokens alone, not the padding)."""
         m, world = self.cfg.dino.center_momentum, self.backend.process_count
         dino_mean = self.backend.reduce_step_sum(t_logits.float().mean(dim=0)) / world
         self.center = update_center(self.center, dino_mean, m)
-        count = torch.tensor([float(t_masked.shape[0])], device=t_masked.device)
-        total = torch.cat([t_masked.float().sum(dim=0), count])
+        keep = valid.float()
+        count = keep.sum().reshape(1)
+        total = torch.cat([(t_masked.float() * keep[:, None]).sum(dim=0), count])
         total = self.backend.reduce_step_sum(total)
         ibot_mean = total[:-1] / total[-1].clamp(min=1.0)
         self.ibot_center = torch.where(
@@ -392,16 +425,21 @@ class DinoJob:
 
 def run_dino(cfg: DinoConfig) -> RunResult:
     """DINOv2 pretraining as configured; raises OcttrainError subclasses."""
-    manifest = read_manifest(cfg.data.manifest, "pretrain", "cellpainting")
     backend = make_backend(cfg.train.device, cfg.train.precision)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
-    try:
+
+    def build() -> DinoJob:
+        manifest = read_manifest(cfg.data.manifest, "pretrain", "cellpainting")
         assert cfg.data.manifest is not None
         root = Path(cfg.data.cache) if cfg.data.cache else Path(cfg.data.manifest).parent
         train = manifest_fields(manifest, cfg.data.train_split)
         val = manifest.split_fields(cfg.data.val_split) if cfg.validation.every else ()
-        job = DinoJob(cfg, train, root, backend, val)
+        return DinoJob(cfg, train, root, backend, val)
+
+    try:
+        # A manifest or cache one host cannot read stops every host here, with its message.
+        job = hosts.agreed(backend, "setting up the job", build)
         return Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
     finally:
         backend.close()

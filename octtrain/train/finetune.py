@@ -34,6 +34,7 @@ from octstage.manifest import Manifest
 from octtrain.config.finetune import FinetuneConfig
 from octtrain.config.loader import to_dict
 from octtrain.config.sections import ModelConfig
+from octtrain.data.acquisition import make_transform
 from octtrain.data.dataset import (
     ManifestDataset,
     Transform,
@@ -164,7 +165,7 @@ class FinetuneJob:
         if any(w > s for w, s in zip(shape, cached, strict=True)):
             raise DataError(f"model input {list(shape)} exceeds the cached volumes {list(cached)}")
         root = Path(d.cache) if d.cache else Path(d.manifest).parent
-        aug = Transform(shape, d.augment)
+        aug = make_transform(shape, d.augment, cfg.acquisition)
         concept = d.label.concept if self.regression else None
         self.train_set = ManifestDataset(
             manifest, root, d.train_split, aug, d.max_samples, target_concept=concept

@@ -98,7 +98,8 @@ class Job(Protocol):
         ...
 
     def state(self, step: int) -> dict[str, Any]:
-        """Everything a resume needs (CPU tensors)."""
+        """Everything a resume needs; called on every process at each save (process 0 alone
+        writes), so copying a sharded tensor runs on every host."""
         ...
 
     def start(self, start_step: int) -> Iterable[dict[str, Any]]:

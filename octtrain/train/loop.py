@@ -30,6 +30,7 @@ import collections
 import logging
 import os
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,7 @@ class Trainer:
         self._blind: str | None = None  # the last judged step's no-image alarm, if any
         self._window = {"wait": 0.0, "time": 0.0, "n": 0.0}  # since the last logged step
         self._unit = {"wait": 0.0, "time": 0.0}  # since the last unit's end
+        self._read_compiles = 0  # programs compiled to copy monitor rows to the host (XLA)
 
     # --- resume and checkpoints ----------------------------------------------------------------
 
@@ -157,18 +159,24 @@ class Trainer:
         log.info("resumed from %s at step %d", url, self.start_step)
 
     def _save(self, step: int, score: float | None, is_best: bool) -> None:
-        failure = None
+        failure: OcttrainError | None = None
         try:
             self._write(step, score, is_best)
-        except CheckpointError as exc:
+        except OcttrainError as exc:
             failure = exc
+        except Exception as exc:  # noqa: BLE001 - a storage HTTP 401/5xx, an auth error, a copy
+            log.error("the checkpoint of step %d failed:\n%s", step, traceback.format_exc())
+            failure = CheckpointError(f"checkpoint of step {step}: {type(exc).__name__}: {exc}")
         # Only process 0 writes: the others must learn of its failure, not wait in the barrier.
         hosts.agree(self.backend, failure, f"writing the checkpoint of step {step}")
         self.backend.barrier()
 
     def _write(self, step: int, score: float | None, is_best: bool) -> None:
+        # Every process makes the CPU copy, process 0 alone writes it: copying a tensor that is
+        # sharded over the pod's chips runs a program on every host, which one host alone
+        # would wait in forever (today's state is replicated; this stays right if it is not).
+        state = ckpt.to_cpu(self.job.state(step))
         if self.ckpt is not None:
-            state = self.job.state(step)
             state["step"] = step
             state["code_version"] = code_version()
             state["loop"] = {
@@ -177,7 +185,7 @@ class Trainer:
                 "best_unit": self.result.best_unit,
                 "best_score": self.result.best_score,
             }
-            self.result.last_checkpoint = self.ckpt.save(ckpt.to_cpu(state), step, score, is_best)
+            self.result.last_checkpoint = self.ckpt.save(state, step, score, is_best)
             log.info("checkpoint %s", self.result.last_checkpoint)
 
     # --- the loop ------------------------------------------------------------------------------
@@ -228,6 +236,9 @@ class Trainer:
                 failure = exc
             except StopIteration:
                 failure = DataError(f"the training loader ended before step {done}")
+            except Exception as exc:  # noqa: BLE001 - any loader failure is agreed, with its cause
+                log.error("loading the batch of step %d failed:\n%s", done, traceback.format_exc())
+                failure = DataError(f"the training loader failed: {type(exc).__name__}: {exc}")
             # One host's bad volume must not leave the others in the step's collectives.
             hosts.agree(self.backend, failure, f"loading the batch of step {done}")
             assert batch is not None
@@ -379,7 +390,14 @@ class Trainer:
         metrics = {"train/loss": loss, "train/grad_norm": norm, **p.result.host, **p.host}
         metrics |= monitors
         if p.result.features is not None:
-            rows = p.result.features.cpu().float()  # a transfer; selecting here would be a graph
+            # A transfer (selecting here would be a graph). Under SPMD the rows are sharded over
+            # the batch and their copy compiles a replication program of its own: counted
+            # apart, so train/compile_count counts the step's programs only.
+            before = self.backend.compile_count()
+            rows = p.result.features.cpu().float()
+            after = self.backend.compile_count()
+            if before is not None and after is not None:
+                self._read_compiles += after - before
             metrics["train/feat_std"] = feature_std(rows)
             metrics["train/feat_erank"] = effective_rank(rows)
             alarm = representation_alarm(
@@ -410,7 +428,8 @@ class Trainer:
         }
         compiles = self.backend.compile_count()
         if compiles is not None:
-            host["train/compile_count"] = float(compiles)
+            host["train/compile_count"] = float(compiles - self._read_compiles)
+            host["train/read_compile_count"] = float(self._read_compiles)
         peak = self.backend.peak_memory_gib()
         if peak is not None:
             host["train/peak_memory_gib"] = peak

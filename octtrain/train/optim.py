@@ -1,6 +1,8 @@
 """Optimizers: AdamW groups and the per-step hyperparameters of both jobs.
 
-Pretraining: two groups (decayed / not), the scheduled lr and weight decay set every step.
+Pretraining: two groups (decayed / not), the scheduled lr and weight decay set every step;
+DINO: DINOv2's layer-wise lr decay and patch-embedding multiplier on top (``dino_optimizer``),
+with AdamW's fused kernel where torch has one.
 Finetuning: the head at ``head_lr``; encoder layer ``l`` of ``L = depth + 1`` at
 ``encoder_lr * layer_decay ** (L - l)`` (patch embedding ``l = 0``, block ``i`` is ``l = i + 1``,
 the final norm ``l = L``); no weight decay on biases, norms and 1-D tensors. While the encoder is
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from octtrain.config.dino import DinoOptimConfig
 from octtrain.config.finetune import FinetuneOptimConfig, FinetuneScheduleConfig
 from octtrain.config.pretrain import OptimConfig
 from octtrain.models.heads import Classifier
@@ -40,10 +43,68 @@ def pretrain_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
-def set_hyperparameters(optimizer: torch.optim.Optimizer, lr: float, weight_decay: float) -> None:
-    """Apply this step's scheduled learning rate and weight decay."""
+def fast_kwargs(params: list[nn.Parameter]) -> dict[str, bool]:
+    """AdamW's fused kernel (one launch for every tensor, no host read of the step count) where
+    torch has one for these parameters; else the foreach kernels (sharded DTensors, XLA)."""
+    plain = all(type(p) is nn.Parameter and p.device.type in ("cpu", "cuda") for p in params)
+    return {"fused": True} if plain and params else {"foreach": True}
+
+
+def dino_layer(name: str, depth: int) -> int:
+    """DINOv2's layer id of a student parameter (``param_groups.get_vit_lr_decay_rate``): the
+    patch embedding, positions, CLS and mask tokens 0, block ``i`` ``i + 1``, the rest (final
+    norm, heads) ``depth + 1``."""
+    if name.startswith("backbone."):
+        part = name.split(".")[1]
+        if part in ("patch_embed", "pos_embed", "cls_token", "mask_token"):
+            return 0
+        if part == "blocks":
+            return int(name.split(".")[2]) + 1
+    return depth + 1
+
+
+def dino_optimizer(module: nn.Module, cfg: DinoOptimConfig, depth: int) -> torch.optim.AdamW:
+    """AdamW over the DINO student with DINOv2's per-layer learning rates: each group's
+    ``lr_scale`` is ``layer_decay ** (depth + 1 - layer)``, times ``patch_embed_lr_mult`` for the
+    patch embedding; ``apply_wd`` as in ``pretrain_optimizer``."""
+    groups: dict[tuple[float, bool, bool], list[nn.Parameter]] = {}
+    for name, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        scale = cfg.layer_decay ** (depth + 1 - dino_layer(name, depth))
+        if ".patch_embed." in f".{name}":
+            scale *= cfg.patch_embed_lr_mult
+        key = (scale, not no_weight_decay(name, param), ".last_layer." in name)
+        groups.setdefault(key, []).append(param)
+    params = [p for ps in groups.values() for p in ps]
+    return torch.optim.AdamW(
+        [
+            {
+                "params": ps,
+                "weight_decay": cfg.weight_decay if decay else 0.0,
+                "apply_wd": decay,
+                "lr_scale": scale,
+                "last_layer": last,
+            }
+            for (scale, decay, last), ps in sorted(groups.items())
+        ],
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        **fast_kwargs(params),
+    )
+
+
+def set_hyperparameters(
+    optimizer: torch.optim.Optimizer, lr: float, weight_decay: float, freeze_last: bool = False
+) -> None:
+    """Apply this step's scheduled learning rate (times a group's ``lr_scale``; 0 for the
+    groups tagged ``last_layer`` while ``freeze_last``: DINOv2's ``last_layer_lr``) and weight
+    decay. A zero lr keeps the parameters exactly (AdamW's decay is scaled by the lr too) while
+    their moments still accumulate, so a checkpoint of a frozen step resumes like any other."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        frozen = freeze_last and group.get("last_layer", False)
+        group["lr"] = 0.0 if frozen else lr * group.get("lr_scale", 1.0)
         if group.get("apply_wd"):
             group["weight_decay"] = weight_decay
 
@@ -153,12 +214,12 @@ def lr_factors(
     do not hit pretrained weights at the full rate.
     """
     warm = max(warmup_steps, 1)
-    factor = warmup_cosine(
+    factor = warmup_cosine(  # its warmup's step 0 is already 1 / warmup_steps of the way
         step,
         peak=1.0,
         warmup_steps=warmup_steps,
         total_steps=total_steps,
-        start=1.0 / warm,
+        start=0.0,
         final=cfg.min_lr_ratio,
     )
     encoder = factor

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from octstage.manifest import Manifest
 from octtrain.config.loader import to_dict
 from octtrain.config.pretrain import PretrainConfig
+from octtrain.data.acquisition import TwoLookDataset, make_transform
 from octtrain.data.dataset import (
     ManifestDataset,
     Transform,
@@ -135,11 +136,12 @@ class PretrainJob:
 
         root = Path(cfg.data.cache) if cfg.data.cache else Path(cfg.data.manifest).parent
         shape, masker = cfg.model.input_shape, SampleMasker(self.grid, cfg.mask)
-        self.train_set = ManifestDataset(
+        two = TwoLookDataset if cfg.acquisition.two_looks else ManifestDataset
+        self.train_set = two(
             manifest,
             root,
             cfg.data.train_split,
-            Transform(shape, cfg.data.augment),
+            make_transform(shape, cfg.data.augment, cfg.acquisition),
             cfg.data.max_samples,
             masker=masker,
         )
@@ -204,12 +206,16 @@ class PretrainJob:
         hyper = self.hyperparameters(step)
         set_hyperparameters(self.optimizer, hyper["train/lr"], hyper["train/weight_decay"])
         x = to_model_input(batch)  # uint8 -> [-1, 1] with the intensity jitter, on the device
+        # acquisition.two_looks: the target encoder sees another intensity look of the same
+        # voxels; otherwise the context's own view.
+        seen = batch.get("target_image")
+        xt = x if seen is None else to_model_input({**batch, "image": seen})
         context_idx, target_idx = batch["context_idx"].long(), batch["target_idx"].long()
         self.student.train()
         self.optimizer.zero_grad(set_to_none=True)
         with self.backend.autocast():
             prediction = self.student(x, context_idx, target_idx)
-            target, tokens = target_features(self.target, x, target_idx)
+            target, tokens = target_features(self.target, xt, target_idx)
         loss = jepa_loss(prediction, target, self.cfg.optim.loss).mean()
         loss.backward()  # type: ignore[no-untyped-call]
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -312,15 +318,21 @@ def run_pretrain(cfg: PretrainConfig) -> RunResult:
             "data.label.concept: pretraining learns without labels (its kNN monitor uses the "
             "study group); set data.label in the finetuning config"
         )
-    # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
-    manifest = select(read_manifest(cfg.data.manifest, "pretrain"), cfg.data.select)
-    cfg = resolve(cfg, manifest)
     backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
-    try:
-        kernel, why = check_kernel(cfg, backend.device)
+
+    def build() -> PretrainJob:
+        # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
+        manifest = select(read_manifest(cfg.data.manifest, "pretrain"), cfg.data.select)
+        resolved = resolve(cfg, manifest)
+        kernel, why = check_kernel(resolved, backend.device)
         log.info("attention: %s (%s)", kernel, why)
-        return Trainer(PretrainJob(cfg, manifest, backend), settings(cfg), backend).run()
+        return PretrainJob(resolved, manifest, backend)
+
+    try:
+        # A manifest or cache one host cannot read stops every host here, with its message.
+        job = hosts.agreed(backend, "setting up the job", build)
+        return Trainer(job, settings(job.cfg), backend).run()
     finally:
         backend.close()

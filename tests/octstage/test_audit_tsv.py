@@ -14,6 +14,7 @@ from octstage.cli import main
 from octstage.dataset.labels import read_participants
 from octstage.dataset.release import TSV_NAME, TsvRow, parse_manifest_tsv, read_manifest_tsv
 from octstage.dataset.synth import SynthInfo
+from octstage.dataset.witness import check_row
 from octstage.errors import ReleaseError
 from octstage.storage import LocalStorage
 
@@ -52,8 +53,10 @@ def test_the_twin_agrees_with_its_own_manifest_tsv(
     assert report.tsv_unlisted == tuple(sorted(synth_info.unlisted))
     regions = {f: r for f, r in synth_info.regions.items() if f not in synth_info.unlisted}
     assert {f.name: f.region for f in report.files if f.region} == regions
-    without = audit(*read_participants(str(synth_info.root / "participants.tsv")), records)
+    participants, problems = read_participants(str(synth_info.root / "participants.tsv"))
+    without = audit(participants, records, problems)
     assert without.tsv_rows is None and without.tsv_unlisted == ()
+    assert {f.name for f in without.excluded} == set(synth_info.excluded)
 
 
 def test_a_row_naming_the_other_eye_excludes_the_file(
@@ -195,3 +198,45 @@ def test_a_selected_value_no_file_has_is_refused_naming_what_exists(
     err = "".join(capsys.readouterr().err.split())  # rich wraps lines to the terminal's width
     assert "--select-region:'Maculla'matchesnofile" in err and "'Macula'" in err
     assert "Traceback" not in err and not out.exists()
+
+
+def _with_header_model(records: list[FileRecord], name: str, model: str) -> list[FileRecord]:
+    out = []
+    for r in records:
+        if r.name == name:
+            assert r.header is not None
+            r = dataclasses.replace(r, header=dataclasses.replace(r.header, model=model))
+        out.append(r)
+    return out
+
+
+def test_a_header_model_other_than_the_folder_and_row_excludes_the_file(
+    synth_info: SynthInfo, records: list[FileRecord], tsv: dict[str, TsvRow]
+) -> None:
+    # Row and folder agree; only the header names another device: the header's check alone
+    # sees it (the test above trips the folder's check first).
+    name = _good_file(synth_info)
+    other = "Cirrus HD-OCT 5000" if tsv[name].model != "Cirrus" else "Spectralis"
+    report = _audit(synth_info, _with_header_model(records, name, other), tsv)
+    (bad,) = [f for f in report.excluded if f.name not in synth_info.excluded]
+    assert (bad.name, bad.kind) == (name, "tsv_device_disagrees")
+    assert f"the header says {other!r}" in (bad.reason or "")
+
+
+def test_a_row_and_header_naming_another_device_than_the_folder_exclude_the_file(
+    synth_info: SynthInfo, records: list[FileRecord], tsv: dict[str, TsvRow]
+) -> None:
+    # Header and row agree on a model of another folder: the folder's check alone sees it, as
+    # for build-cache, which has no header model to compare.
+    name = _good_file(synth_info)
+    other = "Cirrus" if tsv[name].model != "Cirrus" else "Triton"
+    tsv[name] = dataclasses.replace(tsv[name], model=other)
+    report = _audit(synth_info, _with_header_model(records, name, other), tsv)
+    (bad,) = [f for f in report.excluded if f.name not in synth_info.excluded]
+    assert (bad.name, bad.kind) == (name, "tsv_device_disagrees")
+    assert "the file lies under" in (bad.reason or "")
+    verdict = check_row(
+        tsv[name], device=name.split("/")[2], participant_id=tsv[name].participant_id,
+        laterality=tsv[name].laterality, shape=tsv[name].shape,
+    )  # fmt: skip
+    assert verdict is not None and verdict[0] == "tsv_device_disagrees"

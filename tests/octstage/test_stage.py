@@ -291,3 +291,33 @@ def test_b2_to_gcs_to_build_cache_to_stage_end_to_end(
     code, report = stage(f"gs://{gcs_bucket}/cache", staged, tmp_path)
     assert code == 0 and report["downloaded"] == len(built.volumes)
     assert run_verify(staged / "manifest.json", cache=None, json_out=False) == 0
+
+
+def _change_one_voxel(cache: Path, volume: mf.Volume) -> None:
+    """Rewrite one voxel through zarr: the shard still decodes, its values differ."""
+    import numpy as np
+    import zarr
+
+    arr = zarr.open_array(store=str(cache / volume.array_path), mode="r+")
+    arr[1, 2, 3] = (int(np.asarray(arr[1, 2, 3])) + 1) % 256
+
+
+def test_a_changed_but_decodable_volume_is_caught_at_the_source_and_on_the_ssd(
+    tiny_cache: Path, tmp_path: Path
+) -> None:
+    src = Path(shutil.copytree(tiny_cache, tmp_path / "src"))
+    bad = volumes(src)[2]
+    _change_one_voxel(src, bad)
+    dst = tmp_path / "ssd"
+    code, report = stage(str(src), dst, tmp_path)
+    assert code == 1 and [f["volume"] for f in report["failed"]] == [bad.zarr_path]
+    assert "checksum" in report["failed"][0]["reason"]
+    assert not (dst / "manifest.json").exists() and not (dst / bad.zarr_path).exists()
+    # A staged volume changed on the SSD the same way is fetched again, not kept as present.
+    code, report = stage(str(tiny_cache), dst, tmp_path)
+    assert code == 0
+    _change_one_voxel(dst, bad)
+    assert run_verify(dst / "manifest.json") == 1
+    code, report = stage(str(tiny_cache), dst, tmp_path)
+    assert code == 0 and report["downloaded"] == 1 and report["present"] == 7
+    assert run_verify(dst / "manifest.json") == 0

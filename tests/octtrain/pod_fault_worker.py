@@ -5,11 +5,13 @@ simulated host, with one failure injected on one host.
 ``DataError`` from its ninth volume on, its third batch, as a bad volume in its local cache
 would), ``validation`` (its validation loader raises from its ninth volume on), ``checkpoint``
 (its checkpoint write raises a ``CheckpointError``, as a full disk or a refused bucket would),
+``checkpoint-any`` (its write raises a ``PermissionError``, as a storage client's HTTP 401 would),
+``setup`` (its manifest cannot be read: a ``DataError`` before the first step),
 ``hang`` (its ninth training volume never arrives, as a read from a dead mount).
-``{rank}`` in an argument becomes
-this process's rank. Writes ``<out>/rank<r>.json`` with the CLI's exit code and the error lines
-it logged, then exits with that code (after a pause, so torchrun, which stops the other workers
-once one has failed, cannot cut the other host short of its own verdict).
+``{rank}`` in an argument becomes this process's rank. Writes ``<out>/rank<r>.json`` with the
+CLI's exit code, the first line of each error it logged, when the first was and when it ended,
+then exits with that code (after a pause, so torchrun, which stops the other workers once one
+has failed, cannot cut the other host short of its own verdict).
 """
 
 from __future__ import annotations
@@ -27,9 +29,24 @@ from octtrain.cli import main
 from octtrain.data.dataset import ManifestDataset
 from octtrain.errors import CheckpointError, DataError
 from octtrain.runtime.checkpoint import CheckpointManager
+from octtrain.train import pretrain
 
 
 def inject(point: str, rank: int) -> None:
+    if point == "setup":
+
+        def unreadable(path: Any, *kinds: Any) -> Any:
+            raise DataError(f"{path}: truncated JSON in host {rank}'s copy of the manifest")
+
+        pretrain.read_manifest = unreadable  # type: ignore[assignment]
+        return
+    if point == "checkpoint-any":
+
+        def refused(self: CheckpointManager, *args: Any, **kwargs: Any) -> str:
+            raise PermissionError(f"{self.url}: HTTP 401: the token has expired (host {rank})")
+
+        CheckpointManager.save = refused  # type: ignore[method-assign]
+        return
     if point == "checkpoint":
 
         def save(self: CheckpointManager, *args: Any, **kwargs: Any) -> str:
@@ -58,9 +75,11 @@ class Errors(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.lines: list[str] = []
+        self.first: float | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        self.lines.append(record.getMessage().splitlines()[0])
+        self.first = self.first or time.time()
 
 
 if __name__ == "__main__":
@@ -72,6 +91,12 @@ if __name__ == "__main__":
     logging.getLogger("octtrain").addHandler(errors)
     out, args = Path(sys.argv[1]), [a.replace("{rank}", str(rank)) for a in sys.argv[2:]]
     code = main(["pretrain", *args])
-    (out / f"rank{rank}.json").write_text(json.dumps({"code": code, "errors": errors.lines}))
+    record = {
+        "code": code,
+        "errors": errors.lines,
+        "first_error": errors.first,
+        "ended": time.time(),
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
     time.sleep(3)
     sys.exit(code)

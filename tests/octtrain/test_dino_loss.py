@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from octtrain.data.ibot_masks import mask_index
 from octtrain.models.dino import DinoHead
 from octtrain.models.dino_loss import (
     dino_loss,
@@ -52,7 +53,23 @@ def test_ibot_loss_weights_each_image_by_its_masked_count_and_counts_unmasked_im
     flat = math.log(k)
     right = -float(F.log_softmax(torch.tensor([10.0, 0, 0, 0]), 0)[0])
     expected = (flat / 1 + 3 * right / 3) / 3  # per image: sum / n_masked; over 3 images
-    assert float(ibot_loss(student, teacher, masks, temp)) == pytest.approx(expected, rel=1e-5)
+    index, weight = mask_index(masks.numpy(), budget=m + 2)  # two padding rows at weight 0
+    wrong = torch.tensor([[0.0, 0, 0, 50.0]] * 2)  # padding rows: far off, and weighing nothing
+    padded = torch.cat([student, wrong])
+    targets = torch.cat([teacher, teacher[:2]])
+    got = ibot_loss(padded, targets, torch.from_numpy(weight), masks.shape[0], temp)
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+    assert index.tolist() == [0, 4, 5, 6, 0, 0]
+    assert weight.tolist() == pytest.approx([1, 1 / 3, 1 / 3, 1 / 3, 0, 0])
+
+
+def test_sinkhorn_knopp_leaves_padding_rows_out_of_the_shares() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(6, 4)
+    valid = torch.tensor([True, True, True, True, False, False])
+    q = sinkhorn_knopp(torch.cat([logits[:4], torch.full((2, 4), 0.9)]), 0.1, valid=valid)
+    assert torch.allclose(q[:4], sinkhorn_knopp(logits[:4], 0.1), atol=1e-6)
+    assert torch.all(q[4:] == 0)
 
 
 def test_koleo_of_a_square_on_the_circle_is_minus_log_sqrt2() -> None:

@@ -62,8 +62,11 @@ def _views(root: Path, fields: list[CellField], cfg: DinoConfig) -> tuple[torch.
     train = [f for f in fields if f.split == "train"]
     ds = CellPaintingDataset(train, root, cfg.crops, cfg.model.patch_size)
     items = [ds[(i, i)] for i in range(8)]
-    keys = ("global", "local", "gain", "shift", "keep", "masks")
-    return to_views({k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in keys})
+    keys = ("global", "local", "gain", "shift", "keep")
+    batch = {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in keys}
+    patches = (cfg.crops.global_size // cfg.model.patch_size) ** 2
+    batch["masks"] = torch.zeros(len(items), 2, patches, dtype=torch.bool)  # no iBOT masking
+    return to_views(batch)
 
 
 def _dino(cfg: DinoConfig, fields: list[CellField], blind: bool) -> DinoStudent:

@@ -8,14 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from octstage import manifest as mf
 from octtrain.cli import main
 from octtrain.errors import ConfigError
 from octtrain.eval.breakdown import BootstrapSpec
 from octtrain.eval.features import feature_key
+from octtrain.eval.metrics import balanced_accuracy, confusion_matrix
 from octtrain.eval.probe_run import ProbeResult, run_probe
-from octtrain.eval.probe_train import ProbeSettings
+from octtrain.eval.probe_train import ProbeSettings, predict_probs
 from octtrain.train.job import RunResult
 
 from .test_checkpoint import garbage
@@ -106,3 +108,44 @@ def test_feature_key_follows_checkpoint_encoder_shape_and_volumes(
 def test_probe_settings_refuse_bad_grids(bad: tuple[float, ...]) -> None:
     with pytest.raises(ConfigError, match="--lrs"):
         ProbeSettings(lrs=bad)
+
+
+def test_probe_chooses_its_learning_rate_and_epoch_on_validation_never_on_the_test_split(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    # Features written into the cache by hand: train and val separable, the test split the
+    # same tokens with every label moved to the next class. A head chosen on validation scores
+    # its recorded validation accuracy on val; one chosen on test would record test's score.
+    args = ["probe", "--checkpoint", tiny_pretrained, "--manifest", str(tiny_cache[0])]
+    features = tmp_path / "features"
+    assert main([*args, "--out", str(tmp_path / "a"), "--feature-cache", str(features), *FAST]) == 0
+    classes = len(mf.load(tiny_cache[0]).classes)
+    gen = torch.Generator().manual_seed(0)
+    for path in features.glob("*.pt"):
+        saved = torch.load(path, weights_only=False)
+        n, tokens, dim = saved["tokens"].shape
+        labels = torch.arange(n) % classes
+        centres = 4.0 * torch.eye(classes, dim)
+        noise = 0.1 * torch.randn(n, tokens, dim, generator=gen)
+        saved["tokens"] = (centres[labels][:, None, :] + noise).to(torch.float16)
+        saved["labels"] = (labels + 1) % classes if path.name.startswith("test-") else labels
+        torch.save(saved, path)
+    result = run_probe(
+        tiny_pretrained,
+        str(tiny_cache[0]),
+        out=str(tmp_path / "b"),
+        feature_cache=str(features),
+        device="cpu",
+        settings=ProbeSettings(lrs=(1e-3, 3e-2), epochs=3),
+        bootstrap=BootstrapSpec(resamples=100),
+    )
+    assert result.features_cached == {"train": True, "val": True, "test": True}
+    (val_file,) = features.glob("val-*.pt")
+    val = torch.load(val_file, weights_only=False)
+    for kind, fit in result.fits.items():
+        probs = predict_probs(fit.head, val["tokens"])
+        cm = confusion_matrix(val["labels"].numpy(), probs.argmax(1).numpy(), classes)
+        assert fit.chosen.val_balanced_accuracy == pytest.approx(balanced_accuracy(cm)), kind
+        assert fit.chosen.val_balanced_accuracy > 0.9, kind
+        best = max(p.val_balanced_accuracy for p in fit.grid)
+        assert fit.chosen.val_balanced_accuracy == best, kind

@@ -14,9 +14,17 @@ LR = {"peak": 1e-3, "warmup_steps": 10, "total_steps": 100, "start": 0.0, "final
 
 
 def test_warmup_is_linear_from_start_to_peak() -> None:
-    assert warmup_cosine(0, **LR) == 0.0
-    assert warmup_cosine(5, **LR) == pytest.approx(5e-4)
+    assert warmup_cosine(0, **LR) == pytest.approx(1e-4)
+    assert warmup_cosine(4, **LR) == pytest.approx(5e-4)
+    assert warmup_cosine(9, **LR) == pytest.approx(1e-3)
     assert warmup_cosine(10, **LR) == pytest.approx(1e-3)
+
+
+def test_the_first_step_never_has_an_lr_of_exactly_zero() -> None:
+    """XLA bakes 0 and 1 into a graph as constants: an lr of 0 at step 0 (and the weight-decay
+    factor 1 - lr * wd = 1 it makes) would compile the step a second time at step 2."""
+    first = warmup_cosine(0, **LR)
+    assert first > 0 and 1 - first * 0.04 != 1
 
 
 def test_cosine_never_rises_after_warmup_and_is_clamped_past_the_end() -> None:

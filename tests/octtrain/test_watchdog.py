@@ -57,10 +57,13 @@ def test_the_thread_polls_by_itself() -> None:
     assert reports == ["compute"]
 
 
-def test_the_first_step_gets_its_allowance_then_only_the_timeout() -> None:
+def test_the_first_two_steps_get_their_allowance_then_only_the_timeout() -> None:
     dog = StallWatchdog(10.0, lambda *a: None, first_step_allowance_s=600.0)
     assert dog.allowance() == 600.0  # the first compile of a TPU step is not a stall
     dog.step_done(1)
+    dog.step_done(1)  # again at the end of its unit: still one step
+    assert dog.allowance() == 600.0  # step 2 compiles the program with the optimizer's state
+    dog.step_done(2)
     assert dog.allowance() == 0.0
 
 
@@ -103,6 +106,10 @@ def test_no_stall_is_reported_or_exited_within_the_first_step_allowance() -> Non
     dog.poll()
     assert len(reports) == 1 and exits == []
     dog.step_done(1)
-    clock.now = 622.0  # after the first step, the timeout alone
+    clock.now = 622.0  # step 2 compiles its own program (the optimizer's state): still allowed
+    dog.poll()
+    assert len(reports) == 1
+    dog.step_done(2)
+    clock.now = 633.0  # after the first two steps, the timeout alone
     dog.poll()
     assert len(reports) == 2

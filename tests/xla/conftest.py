@@ -50,18 +50,27 @@ class XlaRun:
         return {r["step"]: r[key] for r in self.records if key in r and "step" in r}
 
 
-def run_xla(module: str, args: Sequence[str], devices: int, run_dir: Path | None) -> XlaRun:
-    """Run ``python -m tests.xla.<module> args`` on ``devices`` XLA:CPU devices."""
+def run_xla(
+    module: str,
+    args: Sequence[str],
+    devices: int,
+    run_dir: Path | None,
+    timeout_s: int = RUN_TIMEOUT_S,
+    fast_compile: bool = True,
+) -> XlaRun:
+    """Run ``python -m tests.xla.<module> args`` on ``devices`` XLA:CPU devices (``fast_compile``:
+    XLA:CPU's quick, slow-running code; off for runs of many steps)."""
     env = dict(os.environ)
     env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), WANDB_MODE="disabled")
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+    if fast_compile:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
     proc = subprocess.run(
         [sys.executable, "-m", f"tests.xla.{module}", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S,
+        timeout=timeout_s,
         check=False,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]

@@ -1,0 +1,68 @@
+"""The manifest: the one contract between octstage and octtrain.
+
+A manifest is one JSON file (schema in ``octstage/manifest.schema.json``, shipped with the
+package) listing every cached item with its labels, provenance and a checksum of the stored
+array, plus every rejected source file with its reason. It is written last and atomically;
+readers check the schema and cache versions before trusting anything. This module imports neither
+torch nor any cloud SDK.
+
+Two kinds of data share the one schema (``Manifest.kind``):
+
+- ``"oct"`` (the default; a manifest without ``kind`` is one): ``Manifest.volumes`` lists
+  ``Volume`` items, uint8 ``[frames, rows, columns]`` OCT volumes of AI-READI.
+- ``"cellpainting"``: ``Manifest.fields`` lists ``Field`` items, uint8 ``[C, Y, X]`` Cell Painting
+  fields of view (JUMP layout); ``volumes`` is empty.
+
+Every item has the common part: an id (``participant_id`` + source for a volume, ``item_id`` for
+a field), ``split``, ``label`` (an index into ``Manifest.classes``; a field's may be None),
+``zarr_path`` (OME-Zarr group; the array is ``array_path`` = ``f"{zarr_path}/0"``), ``shape``,
+``dtype``, ``checksum`` (``"sha256:<hex>"`` of the array's values in C order), ``cache_key`` and
+its source files with their hashes; the rest is typed per kind. ``Manifest.items`` gives the
+common part of either kind (what ``verify`` and ``stage`` need).
+
+The package, by concern: ``model`` (the items, header and constants), ``checks`` (the one check
+of a manifest and which findings stop which consumer), ``serial`` (the JSON form, load and
+write). Import from ``octstage.manifest``: octtrain imports nothing else of octstage.
+"""
+
+from __future__ import annotations
+
+from octstage.errors import ManifestError as ManifestError  # octtrain catches it from here
+from octstage.manifest.checks import CHECKS as CHECKS
+from octstage.manifest.checks import FATAL as FATAL
+from octstage.manifest.checks import Finding as Finding
+from octstage.manifest.checks import check as check
+from octstage.manifest.checks import consistency_problems as consistency_problems
+from octstage.manifest.checks import refuse as refuse
+from octstage.manifest.model import CACHE_VERSION as CACHE_VERSION
+from octstage.manifest.model import CELLPAINTING_CHANNELS as CELLPAINTING_CHANNELS
+from octstage.manifest.model import KINDS as KINDS
+from octstage.manifest.model import PERTURBATION_TYPES as PERTURBATION_TYPES
+from octstage.manifest.model import SCHEMA_PATH as SCHEMA_PATH
+from octstage.manifest.model import SCHEMA_VERSION as SCHEMA_VERSION
+from octstage.manifest.model import ChannelSource as ChannelSource
+from octstage.manifest.model import Concept as Concept
+from octstage.manifest.model import Field as Field
+from octstage.manifest.model import Header as Header
+from octstage.manifest.model import Intensity as Intensity
+from octstage.manifest.model import Item as Item
+from octstage.manifest.model import Manifest as Manifest
+from octstage.manifest.model import Normalization as Normalization
+from octstage.manifest.model import Rejected as Rejected
+from octstage.manifest.model import Volume as Volume
+from octstage.manifest.model import count_summary as count_summary
+from octstage.manifest.model import field_counts as field_counts
+from octstage.manifest.serial import from_dict as from_dict
+from octstage.manifest.serial import load as load
+from octstage.manifest.serial import to_dict as to_dict
+from octstage.manifest.serial import write as write
+from octstage.outputs import atomic_write_bytes as atomic_write_bytes
+from octstage.outputs import atomic_write_text as atomic_write_text
+
+# The one rule for output folders (octstage/outputs.py), for octtrain too: this module is the only
+# one of octstage that octtrain imports.
+from octstage.outputs import check_feature_cache as check_feature_cache
+from octstage.outputs import check_output_folder as check_output_folder
+from octstage.outputs import claim_run_folder as claim_run_folder
+from octstage.outputs import move_aside as move_aside
+from octstage.outputs import replace_report as replace_report

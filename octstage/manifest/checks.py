@@ -1,0 +1,233 @@
+"""The one check of a manifest (``check``), per kind, and ``refuse``: which findings stop which
+consumer before its work (``FATAL``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from octstage.manifest.model import (
+    Item,
+    Manifest,
+)
+
+# What ``check`` looks for, by name: the consumers differ only in which of these are fatal.
+CHECKS = ("kind", "empty", "duplicate", "split", "label", "shape", "shared-source")
+# Which findings stop each consumer before any work (the rest are warnings); see ``refuse``.
+# pretrain reads no labels, and an item in two splits only biases its validation figures (a
+# warning); profile scores every field whatever its split. The rest stop on every finding.
+# ``octtrain doctor`` applies the set of the job its config launches (pretrain or finetune).
+FATAL: dict[str, frozenset[str]] = {
+    **{c: frozenset(CHECKS) for c in ("verify", "stage", "finetune", "evaluate")},
+    "probe": frozenset(CHECKS),
+    "pretrain": frozenset(CHECKS) - {"label", "split"},
+    "profile": frozenset(CHECKS) - {"split"},
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One way a manifest contradicts itself or its consumer; ``check`` is one of CHECKS."""
+
+    check: str
+    message: str
+
+
+def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
+    """Every contradiction of the manifest, per kind, one finding each (empty when none).
+
+    ``kind`` is what the consumer reads ("oct" or "cellpainting"; None: either). Both kinds:
+    the kind expected, no items, an item listed twice (``zarr_path``, ``cache_key``, its id),
+    a label outside ``classes`` or naming another class than the item says, shapes that differ
+    or do not fit the dtype and channels. OCT: a participant in two splits or two study groups,
+    a source file listed twice, a volume path under another participant's folder. Cell
+    Painting: a plate in two splits, two fields naming the same source file (they would share
+    one array's data), a field stored under another plate's folder.
+    """
+    found: list[Finding] = []
+    if kind is not None and manifest.kind != kind:
+        n = len(manifest.items)
+        found.append(
+            Finding(
+                "kind",
+                f"expected a manifest of kind {kind!r}, found kind {manifest.kind!r} "
+                f"({n} {'fields' if manifest.kind == 'cellpainting' else 'volumes'}); this needs "
+                f"a cache built with `octstage build-cache --kind {kind}`",
+            )
+        )
+        return found
+    items = manifest.items
+    what = "fields" if manifest.kind == "cellpainting" else "volumes"
+    if not items:
+        found.append(Finding("empty", f"lists no {what}: a cache with nothing to read"))
+    other = manifest.volumes if manifest.kind == "cellpainting" else manifest.fields
+    if other:
+        found.append(
+            Finding("kind", f"kind {manifest.kind!r} but it also lists {len(other)} other items")
+        )
+    if manifest.kind == "cellpainting":
+        found += _field_findings(manifest)
+    else:
+        found += _volume_findings(manifest)
+    shapes: dict[tuple[int, ...], int] = {}
+    for n, item in enumerate(items):
+        shapes.setdefault(tuple(item.shape), n)
+        if len(item.shape) != 3 or min(item.shape) < 1 or item.dtype != "uint8":
+            found.append(
+                Finding(
+                    "shape",
+                    f"{what}[{n}] ({item.zarr_path}): shape {list(item.shape)} dtype "
+                    f"{item.dtype}, expected 3 positive sizes of uint8",
+                )
+            )
+    if len(shapes) > 1:
+        listed = ", ".join(f"{list(s)} at {what}[{n}]" for s, n in list(shapes.items())[:4])
+        found.append(Finding("shape", f"{what} of {len(shapes)} shapes: {listed}"))
+    return found
+
+
+def _duplicates(items: tuple[Item, ...], what: str, keys: tuple[str, ...]) -> list[Finding]:
+    found = []
+    for key in keys:
+        seen: dict[object, int] = {}
+        for n, item in enumerate(items):
+            value = getattr(item, key)
+            if value in seen:
+                found.append(
+                    Finding(
+                        "duplicate",
+                        f"{what}[{n}]: {key} {value!r} already listed at {what}[{seen[value]}]",
+                    )
+                )
+            else:
+                seen[value] = n
+    return found
+
+
+def _volume_findings(manifest: Manifest) -> list[Finding]:
+    found = _duplicates(manifest.items, "volumes", ("zarr_path", "source_path", "cache_key"))
+    for field_name, what in (("split", "splits"), ("study_group", "study groups")):
+        values: dict[str, set[str]] = {}
+        for v in manifest.volumes:
+            values.setdefault(v.participant_id, set()).add(getattr(v, field_name))
+        for pid, seen in sorted(values.items()):
+            if len(seen) > 1:
+                check_name = "split" if field_name == "split" else "label"
+                found.append(
+                    Finding(
+                        check_name,
+                        f"participant {pid}: in {len(seen)} {what}: {', '.join(sorted(seen))}",
+                    )
+                )
+    for n, v in enumerate(manifest.volumes):
+        if not 0 <= v.label < len(manifest.classes):
+            found.append(
+                Finding(
+                    "label",
+                    f"volumes[{n}] ({v.zarr_path}): label {v.label} outside the "
+                    f"{len(manifest.classes)} classes",
+                )
+            )
+        elif manifest.classes[v.label] != v.study_group:
+            found.append(
+                Finding(
+                    "label",
+                    f"volumes[{n}] ({v.zarr_path}): label {v.label} is class "
+                    f"{manifest.classes[v.label]!r}, study_group says {v.study_group!r}",
+                )
+            )
+        parts = v.zarr_path.split("/")
+        if len(parts) < 3 or parts[0] != "volumes" or parts[1] != v.participant_id:
+            found.append(
+                Finding(
+                    "shared-source",
+                    f"volumes[{n}]: participant {v.participant_id}'s volume at {v.zarr_path!r}, "
+                    f"not under volumes/{v.participant_id}/ (another participant's data?)",
+                )
+            )
+    return found
+
+
+def _field_findings(manifest: Manifest) -> list[Finding]:
+    found = _duplicates(manifest.items, "fields", ("zarr_path", "cache_key", "item_id"))
+    plates: dict[str, set[str]] = {}
+    sources: dict[str, int] = {}
+    for n, f in enumerate(manifest.fields):
+        plates.setdefault(f.plate, set()).add(f.split)
+        for s in f.sources:
+            if s.path in sources and sources[s.path] != n:
+                found.append(
+                    Finding(
+                        "shared-source",
+                        f"fields[{n}] ({f.item_id}): source {s.path!r} is also "
+                        f"fields[{sources[s.path]}]'s ({manifest.fields[sources[s.path]].item_id})",
+                    )
+                )
+            sources.setdefault(s.path, n)
+        parts = f.zarr_path.split("/")
+        if len(parts) < 3 or parts[0] != "fields" or parts[1] != f.plate:
+            found.append(
+                Finding(
+                    "shared-source",
+                    f"fields[{n}] ({f.item_id}): of plate {f.plate} but stored at "
+                    f"{f.zarr_path!r}, not under fields/{f.plate}/",
+                )
+            )
+        if f.label is not None and not 0 <= f.label < len(manifest.classes):
+            found.append(
+                Finding(
+                    "label",
+                    f"fields[{n}] ({f.item_id}): label {f.label} outside the "
+                    f"{len(manifest.classes)} classes",
+                )
+            )
+        elif f.label is not None and manifest.classes[f.label] != f.perturbation:
+            found.append(
+                Finding(
+                    "label",
+                    f"fields[{n}] ({f.item_id}): label {f.label} is class "
+                    f"{manifest.classes[f.label]!r}, perturbation says {f.perturbation!r}",
+                )
+            )
+        if f.shape[0] != len(f.channels) or len(f.sources) != len(f.channels):
+            found.append(
+                Finding(
+                    "shape",
+                    f"fields[{n}] ({f.item_id}): {len(f.channels)} channels, shape "
+                    f"{list(f.shape)} and {len(f.sources)} source files",
+                )
+            )
+    for plate, seen in sorted(plates.items()):
+        if len(seen) > 1:
+            found.append(
+                Finding("split", f"plate {plate}: in {len(seen)} splits: {', '.join(sorted(seen))}")
+            )
+    return found
+
+
+def consistency_problems(manifest: Manifest) -> list[str]:
+    """Every finding of ``check`` (either kind), one line each: what ``verify`` reports."""
+    return [f"{f.check}: {f.message}" for f in check(manifest)]
+
+
+def refuse(
+    manifest: Manifest,
+    source: str,
+    consumer: str,
+    error: type[Exception],
+    kind: str | None = None,
+    warn: Callable[[str], object] | None = None,
+) -> list[Finding]:
+    """Run ``check`` before ``consumer``'s work: raise ``error`` naming ``source`` and the
+    fatal findings (``FATAL[consumer]``), hand each other finding to ``warn``; returns them."""
+    findings = check(manifest, kind)
+    fatal = [f for f in findings if f.check in FATAL[consumer]]
+    if fatal:
+        lines = "; ".join(f"{f.check}: {f.message}" for f in fatal[:5])
+        more = f" (and {len(fatal) - 5} more)" if len(fatal) > 5 else ""
+        raise error(f"{source}: {consumer} refuses this manifest: {lines}{more}")
+    rest = [f for f in findings if f.check not in FATAL[consumer]]
+    for f in rest:
+        if warn is not None:
+            warn(f"{source}: {f.check}: {f.message} (not fatal for {consumer})")
+    return rest

@@ -1,0 +1,325 @@
+"""DINOv2's recipe where it matters, each piece pinned by what it does to a real step: the
+teacher (eval, no drop path, unmasked crops, EMA towards the student on a cosine), the frozen
+prototypes, the per-layer learning rates, local crops inside global ones at the profiles' scale,
+and a step that torch.compile traces whole and that never waits for the device."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from octtrain.config.dino import DinoConfig
+from octtrain.config.loader import load_config
+from octtrain.data.cellpainting import CellPaintingDataset, to_views
+from octtrain.models.dino import DinoStudent, build_student, make_teacher, teacher_outputs
+from octtrain.models.dino_loss import dino_loss, ibot_loss, koleo_loss, sinkhorn_knopp
+from octtrain.models.vit3d import DropPath
+from octtrain.runtime.backend import make_backend
+from octtrain.train.dino import DinoJob
+from octtrain.train.optim import set_hyperparameters
+from tests.octtrain.cell_cache import CellField, write_cell_cache
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs" / "pretrain"
+DINO_TINY = CONFIGS / "dino-tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def cell_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[CellField]]:
+    root = tmp_path_factory.mktemp("cells")
+    return root, write_cell_cache(root)
+
+
+def _job(
+    cache: tuple[Path, list[CellField]],
+    tmp_path: Path,
+    overrides: list[str] = (),  # type: ignore[assignment]
+) -> tuple[DinoJob, dict[str, Any]]:
+    """A tiny DINO job on the test cache and its first training batch."""
+    root, fields = cache
+    torch.set_num_threads(1)
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path}", *overrides])
+    job = DinoJob(cfg, [f for f in fields if f.split == "train"], root, make_backend("cpu"))
+    batch = next(iter(job.start(0)))
+    return job, batch
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+# --- the teacher ---------------------------------------------------------------------------------
+
+
+def test_the_teacher_runs_in_eval_mode_without_drop_path(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    job, batch = _job(cell_cache, tmp_path, ["model.drop_path=0.5"])
+    assert any(m.p > 0 for m in job.raw.modules() if isinstance(m, DropPath))  # the student's
+    job.train_step(batch, 0)
+    assert not any(m.training for m in job.teacher.modules())
+    assert all(m.p == 0.0 for m in job.teacher.modules() if isinstance(m, DropPath))
+    g, _, masks = to_views(batch)
+    first = teacher_outputs(job.teacher, g, masks, batch["mask_index"])[0]
+    job.teacher.train()  # even a caller that flips it back cannot bring drop path in
+    second = teacher_outputs(job.teacher, g, masks, batch["mask_index"])[0]
+    assert torch.equal(first, second)
+
+
+def test_the_teacher_sees_the_global_crops_unmasked(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    """The step's teacher logits (read back from the centre's EMA) are those of the teacher on
+    the whole global crops, not on the crops with the student's mask tokens in."""
+    job, batch = _job(cell_cache, tmp_path)
+    assert bool(batch["masks"].any())
+    g, _, masks = to_views(batch)
+    before_teacher, before_center = copy.deepcopy(job.teacher), job.center.clone()
+    with torch.no_grad():
+        whole = before_teacher(g).global_logits
+    job.train_step(batch, 0)
+    m = job.cfg.dino.center_momentum
+    used = (job.center - m * before_center) / (1 - m)  # the mean of the step's teacher logits
+    assert torch.allclose(used, whole.mean(dim=0), atol=1e-5)
+    with torch.no_grad():
+        masked_in = before_teacher.backbone(g, masks)[0]
+        unmasked = before_teacher.backbone(g)[0]
+    assert not torch.allclose(masked_in, unmasked, atol=1e-3)  # the masks do change a forward
+
+
+def test_the_teacher_moves_towards_the_student_by_the_cosine_momentum(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    job, batch = _job(cell_cache, tmp_path)
+    step = 3
+    before = _params(job.teacher)
+    job.train_step(batch, step)
+    total, s = job.schedule_steps, job.cfg.schedule
+    momentum = s.ema_end - (s.ema_end - s.ema_start) * 0.5 * (1 + math.cos(math.pi * step / total))
+    assert job.hyperparameters(step)["train/ema_momentum"] == pytest.approx(momentum)
+    student = _params(job.raw)
+    for name, p in job.teacher.named_parameters():
+        expected = momentum * before[name] + (1 - momentum) * student[name]
+        torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(before[n], p) for n, p in job.teacher.named_parameters())
+
+
+def test_the_ema_momentum_is_a_cosine_not_a_ramp(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    job, _ = _job(cell_cache, tmp_path, ["train.max_steps=100", "schedule.ema_start=0.9"])
+    quarter = job.hyperparameters(25)["train/ema_momentum"]
+    # 0.9 -> 0.99 on a cosine: 14.6% of the way at a quarter of the run (a ramp: 25%).
+    assert quarter == pytest.approx(0.9 + 0.09 * (1 - math.cos(math.pi / 4)) / 2, abs=1e-9)
+    assert job.hyperparameters(0)["train/ema_momentum"] == pytest.approx(0.9)
+    assert job.hyperparameters(100)["train/ema_momentum"] == pytest.approx(0.99)
+
+
+def test_the_teacher_temperature_warms_up_from_0_04_to_0_07(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    job, _ = _job(cell_cache, tmp_path, ["train.max_steps=200"])
+    temps = [job.hyperparameters(s)["train/teacher_temp"] for s in (0, 30, 60, 199)]
+    assert temps == pytest.approx([0.04, 0.055, 0.07, 0.07])
+
+
+# --- the prototypes and the learning rates -------------------------------------------------------
+
+
+def test_the_last_layers_stay_fixed_for_the_configured_steps_then_learn(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    overrides = ["dino.freeze_last_layer_steps=2", "schedule.warmup_steps=0"]
+    job, batch = _job(cell_cache, tmp_path, overrides)
+    params = job.raw.named_parameters()
+    last = [n for n, p in params if ".last_layer." in n and p.requires_grad]
+    assert len(last) == 2  # the DINO and iBOT heads' prototypes (their directions)
+    for step in (0, 1):
+        before = _params(job.raw)
+        job.train_step(batch, step)
+        after = _params(job.raw)
+        assert all(torch.equal(before[n], after[n]) for n in last)
+        assert not torch.equal(before["dino_head.mlp.0.weight"], after["dino_head.mlp.0.weight"])
+    before = _params(job.raw)
+    job.train_step(batch, 2)
+    after = _params(job.raw)
+    assert all(not torch.equal(before[n], after[n]) for n in last)
+
+
+def test_learning_rates_decay_by_layer_and_the_patch_embedding_gets_a_fifth(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    job, _ = _job(cell_cache, tmp_path, ["optim.layer_decay=0.5"])
+    set_hyperparameters(job.optimizer, 1.0, 0.04)
+    lr = {id(p): g["lr"] for g in job.optimizer.param_groups for p in g["params"]}
+    named = dict(job.raw.named_parameters())
+    depth = len(job.raw.backbone.blocks)
+    assert depth == 2
+
+    def at(name: str) -> float:
+        return float(lr[id(named[name])])
+
+    assert at("backbone.patch_embed.weight") == pytest.approx(0.5**3 * 0.2)
+    assert at("backbone.cls_token") == pytest.approx(0.5**3)
+    assert at("backbone.blocks.0.attn.qkv.weight") == pytest.approx(0.5**2)
+    assert at("backbone.blocks.1.mlp.0.bias") == pytest.approx(0.5)
+    assert at("backbone.norm.weight") == pytest.approx(1.0)
+    assert at("dino_head.mlp.0.weight") == pytest.approx(1.0)
+    # One fused AdamW launch for every tensor where torch has the kernel (CPU and CUDA).
+    assert job.optimizer.defaults["fused"] is True
+
+
+def test_the_job_s_batches_carry_block_masks_on_half_the_global_crops(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    _, batch = _job(cell_cache, tmp_path, ["data.batch_size=8"])
+    masks = batch["masks"].reshape(16, 8, 8).numpy()  # 8 fields x 2 global crops, 8 x 8 patches
+    counts = masks.sum(axis=(1, 2))
+    assert (counts > 0).sum() == 8  # exactly half, DINOv2's mask_probability 0.5
+    padded = np.pad(masks, ((0, 0), (1, 1), (1, 1)))
+    near = padded[:, :-2, 1:-1] | padded[:, 2:, 1:-1] | padded[:, 1:-1, :-2] | padded[:, 1:-1, 2:]
+    assert (masks & near).sum() / masks.sum() > 0.9  # blocks, not scattered patches
+    assert batch["mask_index"].shape == batch["mask_weight"].shape
+
+
+# --- crops ---------------------------------------------------------------------------------------
+
+
+def _regions(config: Path, field: int, seeds: int = 50) -> tuple[DinoConfig, list[list[Any]]]:
+    cfg = load_config(DinoConfig, config, [])
+    ds = CellPaintingDataset([], "unused", cfg.crops, cfg.model.patch_size)
+    return cfg, [ds.regions(np.random.default_rng(s), field, field) for s in range(seeds)]
+
+
+@pytest.mark.parametrize("name", ["dino-tiny.yaml", "dino-vits8.yaml"])
+def test_training_crops_are_read_at_the_scale_profiles_embed(name: str) -> None:
+    """``octtrain profile`` embeds native tiles of ``global_size``; training crops must show the
+    same pixel size (a zoom near 1), whatever the field's size (JUMP's are 1,080 px)."""
+    for field in (256, 1080):
+        cfg, drawn = _regions(CONFIGS / name, field)
+        c = cfg.crops
+        for regions in drawn:
+            for i, (_, _, h, w) in enumerate(regions):
+                size = c.global_size if i < 2 else c.local_size
+                assert 0.85 <= math.sqrt(h * w) / size <= 1.3, (name, field, i, h, w)
+
+
+@pytest.mark.parametrize("name", ["dino-tiny.yaml", "dino-vits8.yaml"])
+def test_each_local_crop_lies_inside_a_global_crop(name: str) -> None:
+    _, drawn = _regions(CONFIGS / name, 1080)
+    for regions in drawn:
+        globals_ = regions[:2]
+        for i, (y, x, h, w) in enumerate(regions[2:]):
+            gy, gx, gh, gw = globals_[i % 2]
+            assert gy <= y and y + h <= gy + gh and gx <= x and x + w <= gx + gw
+
+
+# --- a step for torch.compile and the GPU --------------------------------------------------------
+
+
+def _student(drop_path: float = 0.1) -> DinoStudent:
+    cfg = load_config(DinoConfig, DINO_TINY, [f"model.drop_path={drop_path}"])
+    torch.manual_seed(0)
+    return build_student(cfg, 5)
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g, loc = torch.randn(4, 5, 32, 32), torch.randn(4, 5, 16, 16)
+    masks = torch.zeros(4, 64, dtype=torch.bool)
+    masks[0, :10] = True
+    masks[3, 20:30] = True
+    return g, loc, masks, masks.flatten().nonzero().flatten()
+
+
+def test_the_student_and_teacher_forwards_and_losses_trace_without_graph_breaks() -> None:
+    torch.set_num_threads(1)
+    student = _student()
+    teacher = make_teacher(student)
+    g, loc, masks, index = _inputs()
+    for model, args, kwargs in (
+        (student, (g, loc, masks), {"mask_index": index}),
+        (teacher, (g, None, masks), {"mask_input": False, "mask_index": index}),
+    ):
+        explained = torch._dynamo.explain(model)(*args, **kwargs)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        assert explained.graph_count == 1
+
+    def losses(s: torch.Tensor, t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        targets = sinkhorn_knopp(t, 0.05, valid=w > 0)
+        dino = dino_loss(list(s.chunk(2)), list(targets.chunk(2)), 0.1)
+        return dino + ibot_loss(s, targets, w, 8, 0.1) + koleo_loss(s)
+
+    logits = torch.randn(12, 16)
+    explained = torch._dynamo.explain(losses)(logits, logits.flip(0), torch.rand(12))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+
+
+class _Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Every aten op run under it, by name (what a kernel-level profile would list)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.names: list[str] = []
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func._schema.name.split("::")[-1]
+        self.names.append(name)
+        # What makes the host wait for the device: a value read back (``.item()``, ``float()``,
+        # ``bool()``, ``==`` on tensors) or an output whose size depends on the data.
+        bool_index = name in ("index", "index_put", "index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())
+        )
+        waits = ("_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal")
+        if name in waits or name.startswith("unique") or bool_index:
+            self.syncs.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_attention_in_the_2d_vit_runs_the_fused_kernel() -> None:
+    student = _student()
+    g, *_ = _inputs()
+    with torch.no_grad(), _Ops() as ops:
+        student.backbone(g)
+    fused = [n for n in ops.names if n.startswith("_scaled_dot_product")]
+    assert len(fused) == len(student.backbone.blocks)
+    assert not any("softmax" in n for n in ops.names)  # no materialised attention matrix
+
+
+def test_a_training_step_never_makes_the_host_wait_for_the_device(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    """Between logged steps nothing in the step reads a device value back or sizes a tensor by
+    its data (on a GPU each would stall the launch queue; under compile, break the graph)."""
+    job, batch = _job(cell_cache, tmp_path, ["logging.log_every=100"])
+    job.train_step(batch, 0)  # the first step is logged (and builds the optimizer's state)
+    with _Ops() as ops:
+        result = job.train_step(batch, 1)
+    assert ops.names and not ops.syncs, sorted(set(ops.syncs))
+    assert isinstance(result.loss, torch.Tensor) and isinstance(result.grad_norm, torch.Tensor)
+
+
+def test_a_compiled_step_computes_what_the_eager_step_does_in_one_graph_per_forward(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    losses = []
+    for compile_ in ("none", "aot_eager"):
+        job, batch = _job(cell_cache, tmp_path / compile_, [f"compile={compile_}"])
+        losses.append([float(job.train_step(batch, s).loss) for s in (1, 2)])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    # Two steps, two forwards (student, teacher): compiled once each, never again.
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch._dynamo.reset()
