@@ -1,50 +1,48 @@
-"""Does DINOv2 pretraining give profiles that beat a random-init encoder? A CPU-sized check.
+"""Does DINOv2 pretraining give profiles that beat a random-init encoder? A CPU-sized check, scored
+as JUMP scores profiles, on plates DINO did not train on, with intervals.
 
-Builds a small Cell Painting cache: by default octstage's JUMP-layout twin (``octstage synth
---kind cellpainting``, then ``octstage build-cache --kind cellpainting``: 2 plates x 24 wells,
-five documented phenotypes + DMSO; splits by plate, DINO trains on the train plate); with
-``--simple`` the trainer tests' fields (``tests/octtrain/cell_cache.py``: the perturbation
-enlarges the nuclei). It pretrains the tiny 2D ViT with DINO + iBOT + KoLeo for ``--steps``
-through the real job and skeleton, then runs ``profile_fields`` on every field: per encoder
-(the DINO teacher, the same encoder at random init, handcrafted CellProfiler-style features)
-the phenotypic-activity and consistency mAP (copairs) of control-normalised well profiles and
-the k-NN probes. Prints the table, the wall time and a verdict line (does DINO beat the random
-init and the best handcrafted baseline on activity and consistency mAP), and writes the report
-with its seeds to ``--json``.
+Builds a Cell Painting cache: by default octstage's JUMP-layout twin (``octstage synth --kind
+cellpainting --plates N``, then ``octstage build-cache --kind cellpainting``): N plates x 24
+wells, six perturbations x 4 wells per plate (DMSO, one strong and four subtle phenotypes),
+with the twin's nuisance (per-well stain and density, per-field focus and background, per-plate
+gain and residual illumination: ``octstage/cellpainting/cells.py``). DINO (the tiny 2D ViT,
+DINO + iBOT + KoLeo, ``configs/pretrain/dino-tiny.yaml``, through the real job and skeleton)
+trains for ``--steps`` on the first ``--train-plates`` plates only; every other plate is held
+out. For each training seed of ``--seeds``, ``profile_fields`` then scores on the held-out plates
+alone: DINO's teacher, the same encoder at random init with 3 seeds, the handcrafted features and
+cp-measure's CellProfiler features; each through JUMP's recipe (``eval/recipe.py``: per-plate
+robust z-score to DMSO, rank inverse normal transform, feature selection, sphering where the
+controls allow) and copairs mAP (``eval/retrieval.py``): phenotypic activity (vs DMSO) and
+distinctiveness (vs the other perturbations; called "consistency" before) with two-stage
+bootstrap 95% intervals over perturbations and their wells, and DINO minus each rival with a
+paired interval (the same draws for both).
 
-Field embeddings (``eval/profile_run.py``, for DINO and the random init alike): per 32 px tile,
-CLS token + mean patch token, averaged over the tile's 8 flips/quarter turns, then over the
-field's tiles. Measured on 2 twin seeds x 2 train seeds x 14 training variants (56 paired runs),
-this beat the tiles' mean CLS token: DINO on twin 0 0.921/0.870 -> 0.926/0.898 (activity /
-consistency mAP), twin 1 0.908/0.877 -> 0.922/0.900, while the random init moved
-0.918/0.891 -> 0.918/0.891 and 0.929/0.921 -> 0.922/0.922. Runs of this script (one core,
-~70-105 s in all on 2 shared cores, 200 steps in ~16-21 s), DINO / random / best handcrafted:
+It prints, per training seed, the table with intervals, the paired differences, the
+per-perturbation activity AP and a verdict line: is DINO's activity and distinctiveness mAP above
+every random-init seed's with non-overlapping intervals, and is the paired difference's interval
+above 0; and writes the reports with their seeds to ``--json``. The figures change with the DINO
+recipe (being reworked in parallel); the docs page ``docs/cellpainting-evaluation.md`` says how to
+read them. One run (``--plates 5 --train-plates 2 --seeds 0``, twin seed 7, the DINO recipe
+before issue 25's rework, 2 shared cores at load ~10, 488 s), mAP [95% interval] on the held-out
+P3-P5, activity / distinctiveness:
 
-    seed 0, twin 0: activity 0.931 / 0.912 / 0.961 (cp), consistency 0.903 / 0.880 / 0.899
-    seed 1, twin 0: activity 0.929 / 0.923 / 0.961 (cp), consistency 0.903 / 0.896 / 0.899
-    seed 2, twin 0: activity 0.927 / 0.916 / 0.961 (cp), consistency 0.895 / 0.880 / 0.899
-    seed 0, twin 1: activity 0.922 / 0.920 / 0.939 (cp), consistency 0.908 / 0.909 / 0.892
+    dino           0.754 [0.651, 0.872] / 0.537 [0.447, 0.646]
+    random_init_*  0.739-0.749 (intervals ~[0.64, 0.86]) / 0.492-0.508 (~[0.39, 0.63])
+    handcrafted    0.657 [0.566, 0.752] / 0.367 [0.277, 0.469]
+    cp_measure     0.739 [0.655, 0.864] / 0.553 [0.412, 0.749]
 
-DINO beats the random init on activity in all four and on consistency in three, and the
-handcrafted sets on consistency in three; cp-measure still leads on activity. Per perturbation
-every encoder scores ~1.0 except fragmented mitochondria (3x smaller puncta at equal total
-intensity), where DINO and the random init reach an activity AP of ~0.6-0.7 and cp-measure
-~0.85. The teacher's per-crop entropy ends near log K (3.3-4.1 of 4.16 nats: near-uniform
-targets) in every configuration tried; 500-1000 steps, Sinkhorn-Knopp centring, teacher
-temperature 0.07, slower EMA, 256 prototypes, batch 32, 6 local crops, larger global crops,
-patch 2, no iBOT, a higher learning rate, per-cell (nucleus-centred) crops, overlapping tiles,
-foreground-only tiles and per-channel input standardisation moved none of it beyond noise;
-without KoLeo DINO falls well below the random init.
+DINO minus random init, paired: activity +0.006..+0.015 (every interval straddles 0),
+distinctiveness +0.029..+0.045 (above 0 for one seed of three); verdict: not above random init.
 
-    PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 200] [--seed 0] [--twin-seed 0]
-        [--json bench-output/bench_dino_twin.json] [--simple --fields 96] [dotted.key=value ...]
+    PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 200] [--seeds 0 1 2]
+        [--twin-seed 7] [--plates 5] [--train-plates 2] [--resamples 1000]
+        [--json bench-output/bench_dino_twin.json] [dotted.key=value ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -62,128 +60,163 @@ from octtrain.train.dino import DinoJob
 from octtrain.train.job import Settings
 from octtrain.train.loop import Trainer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.octtrain, from a checkout
-from tests.octtrain.cell_cache import write_cell_cache
-
 ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("activity", "distinctiveness")
 
 
-def verdict(encoders: dict[str, dict[str, float]]) -> tuple[str, dict[str, bool]]:
-    """One line: DINO's activity and consistency mAP against the random init and the best
-    handcrafted baseline (cp-measure's or the small set's, whichever scores higher)."""
-    dino, parts, wins = encoders["dino"], [], {}
-    hand = [n for n in ("cp_measure", "handcrafted") if n in encoders]
-    for metric in ("activity_map", "consistency_map"):
-        best = max(hand, key=lambda n: encoders[n][metric])
-        for rival in ("random_init", best):
-            won = dino[metric] > encoders[rival][metric]
-            wins[f"{metric}>{rival}"] = won
-            parts.append(
-                f"{metric.split('_')[0]} {dino[metric]:.3f} vs {rival} "
-                f"{encoders[rival][metric]:.3f} {'WIN' if won else 'LOSS'}"
-            )
-    head = "DINO beats both baselines" if all(wins.values()) else "DINO does not beat both"
+def build_twin(tmp: Path, plates: int, twin_seed: int) -> tuple[Path, list[Any]]:
+    """The twin's cache under ``tmp`` and its fields."""
+    src, root = tmp / "src", tmp / "cache"
+    synth = ["synth", "--kind", "cellpainting", "--seed", str(twin_seed), "--plates", str(plates)]
+    assert octstage([*synth, str(src)]) == 0
+    build = ["build-cache", "--kind", "cellpainting", "--source", str(src)]
+    build += ["--metadata", str(src / "metadata" / "perturbations.csv"), "--out", str(root)]
+    octstage(build)  # exit 1: the planted truncated TIFF
+    return root, list(load(root / "manifest.json").fields)
+
+
+def train_dino(
+    tmp: Path, root: Path, train: list[Any], seed: int, args: argparse.Namespace
+) -> Path:
+    """DINO on the training plates' fields; the last checkpoint."""
+    run = tmp / f"run{seed}"
+    cfg = load_config(
+        DinoConfig,
+        ROOT / "configs" / "pretrain" / "dino-tiny.yaml",
+        [
+            f"train.run_dir={run}",
+            f"train.seed={seed}",
+            f"train.max_steps={args.steps}",
+            f"checkpoint.every={args.steps}",
+            "logging.log_every=50",
+            "logging.image_every=0",
+            "data.batch_size=16",
+            "train.cpu_threads=1",
+            "data.num_workers=1",
+            f"schedule.warmup_steps={args.steps // 10}",
+            f"dino.warmup_teacher_temp_steps={args.steps // 3}",
+            *args.overrides,
+        ],
+    )
+    backend = make_backend("cpu")
+    Trainer(DinoJob(cfg, train, root, backend), Settings.of(cfg), backend).run()  # type: ignore[arg-type]
+    args.config = {k: v for k, v in to_dict(cfg).items() if k in ("model", "crops", "dino")}
+    return run / "checkpoints" / f"step_{args.steps:08d}.pt"
+
+
+def _ci(m: dict[str, float], kind: str) -> str:
+    return f"{m[f'{kind}_map']:.3f} [{m[f'{kind}_map_low']:.3f}, {m[f'{kind}_map_high']:.3f}]"
+
+
+def verdict(report: dict[str, Any]) -> tuple[str, dict[str, bool]]:
+    """DINO against every random-init seed: non-overlapping intervals (DINO's low above the
+    seed's high) and the paired difference's interval above 0, per kind."""
+    enc, diff = report["encoders"], report["dino_minus"]
+    randoms = [n for n in enc if n.startswith("random_init")]
+    wins, parts = {}, []
+    for kind in KINDS:
+        low = enc["dino"][f"{kind}_map_low"]
+        apart = all(low > enc[r][f"{kind}_map_high"] for r in randoms)
+        paired = all(diff[r][kind]["low"] > 0 for r in randoms)
+        wins[f"{kind}_apart"], wins[f"{kind}_paired"] = apart, paired
+        parts.append(
+            f"{kind}: intervals apart from all {len(randoms)} random seeds "
+            f"{'YES' if apart else 'NO'}, paired difference > 0 {'YES' if paired else 'NO'}"
+        )
+    head = "DINO above random init" if all(wins.values()) else "DINO not above random init"
     return f"verdict: {head}: " + "; ".join(parts), wins
+
+
+def print_report(report: dict[str, Any]) -> None:
+    enc = report["encoders"]
+    print(
+        f"{'encoder':<14} {'activity mAP [95% CI]':>24} {'distinct. mAP [95% CI]':>24} "
+        f"{'well kNN':>8} {'features':>8}"
+    )
+    for name, m in enc.items():
+        print(
+            f"{name:<14} {_ci(m, 'activity'):>24} {_ci(m, 'distinctiveness'):>24} "
+            f"{m['well_probe_knn_balanced_accuracy']:>8.3f} {m['features_kept']:>8.0f}"
+        )
+    print("DINO minus rival, paired (same perturbations and wells drawn for both):")
+    for name, d in report["dino_minus"].items():
+        cells = [
+            f"{k} {d[k]['value']:+.3f} [{d[k]['low']:+.3f}, {d[k]['high']:+.3f}]" for k in KINDS
+        ]
+        print(f"  {name:<14} " + "   ".join(cells))
+    perts = report["perturbations"]
+    print("activity AP per perturbation: " + " ".join(f"{p[-6:]:>7}" for p in perts if p != "DMSO"))
+    for name, per in report["per_perturbation"].items():
+        row = per.get("activity", {})
+        print(
+            f"  {name:<27} "
+            + " ".join(f"{row.get(p, float('nan')):>7.3f}" for p in perts if p != "DMSO")
+        )
+    notes = sorted({n for ns in report["notes"].values() for n in ns})
+    for note in notes:
+        print(f"  recipe: {note}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0, help="train.seed (init, crops, order)")
-    parser.add_argument("--twin-seed", type=int, default=0, help="octstage synth --seed")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="DINO train.seed(s)")
+    parser.add_argument("--twin-seed", type=int, default=7, help="octstage synth --seed")
+    parser.add_argument("--plates", type=int, default=5)
+    parser.add_argument("--train-plates", type=int, default=2)
+    parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument(
         "--json", type=Path, default=Path("bench-output/bench_dino_twin.json")
     )  # /bench-output/ is git-ignored
-    parser.add_argument("--fields", type=int, default=96)
-    parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--radii", type=float, nargs=2, default=(4.0, 5.0))
-    parser.add_argument("--noise", type=float, default=0.3)
-    parser.add_argument("--simple", action="store_true", help="the tests' fields, not the twin")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides (after the YAML)")
     args = parser.parse_args()
+    if not 1 <= args.train_plates < args.plates:
+        parser.error("--train-plates must leave at least one held-out plate")
     torch.set_num_threads(1)  # one core: the figures below are a one-core run's
     start = time.perf_counter()
+    records = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "cache"
-        root.mkdir()
-        if args.simple:
-            fields: list[Any] = list(
-                write_cell_cache(
-                    root,
-                    n=args.fields,
-                    size=args.size,
-                    splits=("train",),
-                    radii=tuple(args.radii),
-                    noise=args.noise,
-                )
-            )
-            train = fields
-        else:
-            src = Path(tmp) / "src"
-            synth = ["synth", "--kind", "cellpainting", "--seed", str(args.twin_seed), str(src)]
-            assert octstage(synth) == 0
-            build = ["build-cache", "--kind", "cellpainting", "--source", str(src)]
-            build += ["--metadata", str(src / "metadata" / "perturbations.csv")]
-            octstage([*build, "--out", str(root)])  # exit 1: the planted truncated TIFF
-            manifest = load(root / "manifest.json")
-            fields, train = list(manifest.fields), list(manifest.split_fields("train"))
-        # The objective's values are dino-tiny.yaml's; only the run's length and I/O are set here.
-        cfg = load_config(
-            DinoConfig,
-            ROOT / "configs" / "pretrain" / "dino-tiny.yaml",
-            [
-                f"train.run_dir={Path(tmp) / 'run'}",
-                f"train.seed={args.seed}",
-                f"train.max_steps={args.steps}",
-                f"checkpoint.every={args.steps}",
-                "logging.log_every=50",
-                "logging.image_every=0",
-                "data.batch_size=16",
-                "train.cpu_threads=1",
-                "data.num_workers=1",
-                f"schedule.warmup_steps={args.steps // 10}",
-                f"dino.warmup_teacher_temp_steps={args.steps // 3}",
-                *args.overrides,
-            ],
-        )
-        backend = make_backend("cpu")
-        t0 = time.perf_counter()
-        job = DinoJob(cfg, train, root, backend)
-        Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
-        trained = time.perf_counter() - t0
-        ckpt = Path(tmp) / "run" / "checkpoints" / f"step_{args.steps:08d}.pt"
-        report = profile_fields(str(ckpt), fields, root)
-    total = time.perf_counter() - start
-    print(
-        f"{report['fields']} fields, {report['encoders']['dino']['wells']:.0f} wells, "
-        f"{args.steps} steps in {trained:.0f} s, {total:.0f} s in all (seed {args.seed}, "
-        f"twin seed {args.twin_seed})"
-    )
-    print(
-        f"{'encoder':<12} {'activity mAP':>12} {'retrieved':>9} {'consist. mAP':>12} "
-        f"{'well kNN':>8} {'field kNN':>9}"
-    )
-    for name, m in report["encoders"].items():
+        root, fields = build_twin(Path(tmp), args.plates, args.twin_seed)
+        plates = sorted({f.plate for f in fields})
+        trained_on = set(plates[: args.train_plates])
+        train = [f for f in fields if f.plate in trained_on]
+        scored = [f for f in fields if f.plate not in trained_on]
         print(
-            f"{name:<12} {m['activity_map']:>12.3f} {m['activity_retrieved']:>9.2f} "
-            f"{m['consistency_map']:>12.3f} {m['well_probe_knn_balanced_accuracy']:>8.3f} "
-            f"{m['field_probe_knn_balanced_accuracy']:>9.3f}"
+            f"twin seed {args.twin_seed}: {len(plates)} plates; DINO trains on "
+            f"{', '.join(sorted(trained_on))} ({len(train)} fields); scored on the held-out "
+            f"{', '.join(p for p in plates if p not in trained_on)}"
         )
-    line, wins = verdict(report["encoders"])
-    print(line)
+        for seed in args.seeds:
+            t0 = time.perf_counter()
+            ckpt = train_dino(Path(tmp), root, train, seed, args)
+            trained = time.perf_counter() - t0
+            report = profile_fields(
+                str(ckpt), scored, root, resamples=args.resamples, only_held_out=False
+            )
+            took = time.perf_counter() - t0
+            print(
+                f"\nDINO seed {seed}: {args.steps} steps in {trained:.0f} s, profiles in "
+                f"{took - trained:.0f} s; {report['fields']} fields, "
+                f"{report['encoders']['dino']['wells']:.0f} wells, random-init seeds "
+                f"{report['random_seeds']}, {args.resamples} bootstrap resamples"
+            )
+            print_report(report)
+            line, wins = verdict(report)
+            print(line)
+            records.append(
+                {"seed": seed, "train_s": trained, "report": report, "wins": wins, "verdict": line}
+            )
+    total = time.perf_counter() - start
+    print(f"\n{len(args.seeds)} DINO seed(s), {total:.0f} s in all")
     record = {
-        "seed": args.seed,
-        "twin_seed": None if args.simple else args.twin_seed,
+        "twin_seed": args.twin_seed,
+        "plates": args.plates,
+        "train_plates": sorted(trained_on),
         "steps": args.steps,
         "overrides": args.overrides,
-        "train_s": trained,
+        "config": getattr(args, "config", {}),
         "total_s": total,
-        "config": {k: v for k, v in to_dict(cfg).items() if k in ("model", "crops", "dino")},
-        "optim": to_dict(cfg)["optim"],
-        "schedule": to_dict(cfg)["schedule"],
-        "report": report,
-        "wins": wins,
-        "verdict": line,
+        "runs": records,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=2))

@@ -5,12 +5,26 @@ spots, plus faint cytoplasmic RNA), endoplasmic reticulum as a diffuse ring arou
 (ER), mitochondria as puncta scattered in the cytoplasm (Mito) and a membrane outline with
 actin fibres (AGP). A perturbation's ``Phenotype`` changes the morphology in documented ways
 (``PHENOTYPES`` in ``synth.py`` names them); the negative control is ``Phenotype()``.
+
+Nuisance, the variation of a real screen that carries no phenotype (the profiling recipe and a
+good encoder must see through it; a random encoder, which weighs raw intensity and texture,
+mostly cannot):
+
+* per well (``Nuisance.of_well``): each channel's stain intensity varies (log-normal, sd 0.15:
+  dispensing and staining differ from well to well) and so does the cell density (a well's
+  fields hold 3..10 cells around a well mean);
+* per field (``to_uint16``): the focus varies (a Gaussian blur of sigma 0..1.2 px before the
+  camera's noise), and the background count varies by +-25%;
+* per plate: the gain (``synth.py``) and an illumination that is not quite the one its
+  ``.npy`` describes (``illumination``'s ``shift``: the peak moves by up to 0.08 of the field),
+  so a residual vignette survives the correction, different on each plate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 import numpy.typing as npt
 
@@ -30,6 +44,23 @@ class Phenotype:
 
 
 CHANNEL_ORDER = ("DNA", "AGP", "ER", "Mito", "RNA")
+STAIN_SD = 0.15  # log-normal sd of a well's per-channel stain intensity
+FOCUS_SIGMA = (0.0, 1.2)  # per-field blur (px at 128 px fields)
+BACKGROUND = 120.0  # camera background counts (+-25% per field)
+
+
+@dataclass(frozen=True)
+class Nuisance:
+    """A well's nuisance (see the module docstring): per-channel stain gain, cells per field."""
+
+    stain: tuple[float, ...] = (1.0,) * len(CHANNEL_ORDER)
+    cells: tuple[int, int] = (5, 9)  # rng.integers bounds of a field's cell count
+
+    @staticmethod
+    def of_well(rng: np.random.Generator) -> Nuisance:
+        stain = np.exp(rng.normal(0.0, STAIN_SD, len(CHANNEL_ORDER)))
+        low = int(rng.integers(3, 8))
+        return Nuisance(tuple(float(s) for s in stain), (low, low + 3))
 
 
 def _blob(yy: Image, xx: Image, cy: float, cx: float, r: float) -> Image:
@@ -91,12 +122,15 @@ def draw_field(
     return out
 
 
-def illumination(size: int, channel: int) -> npt.NDArray[np.float32]:
+def illumination(
+    size: int, channel: int, shift: tuple[float, float] = (0.0, 0.0)
+) -> npt.NDArray[np.float32]:
     """A smooth vignette (the microscope's uneven illumination), ~0.55 at the corners and 1.0
     near an off-centre peak that differs per channel; CellProfiler's illum function is this
-    field normalized so that dividing by it flattens the image."""
+    field normalized so that dividing by it flattens the image. ``shift`` moves the peak (a
+    plate whose true illumination is not the one its ``.npy`` describes)."""
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
-    py, px = 0.45 + 0.03 * channel, 0.55 - 0.02 * channel
+    py, px = 0.45 + 0.03 * channel + shift[0], 0.55 - 0.02 * channel + shift[1]
     vignette: npt.NDArray[np.float32] = (
         1.0 - 0.45 * ((yy - py) ** 2 + (xx - px) ** 2) / 0.5
     ).astype(np.float32)
@@ -108,10 +142,17 @@ def to_uint16(
     field: npt.NDArray[np.float32],
     illum: npt.NDArray[np.float32],
     gain: float,
+    stain: tuple[float, ...] | None = None,
 ) -> npt.NDArray[np.uint16]:
-    """The camera: background, gain, uneven illumination (``illum``: [C, Y, X]) and shot noise,
-    as 16-bit counts."""
-    signal = (120.0 + field * 2500.0 * gain) * illum
+    """The camera: the field's focus, background, gain, the well's per-channel ``stain``
+    intensity, uneven illumination (``illum``: [C, Y, X]) and shot noise, as 16-bit counts."""
+    size = field.shape[-1]
+    sigma = float(rng.uniform(*FOCUS_SIGMA)) * size / 128.0
+    if sigma > 0.05:
+        field = np.stack([cv2.GaussianBlur(c, (0, 0), sigma) for c in field])
+    gains = np.asarray(stain if stain is not None else (1.0,) * len(field), np.float32)
+    background = BACKGROUND * float(rng.uniform(0.75, 1.25))
+    signal = (background + field * 2500.0 * gain * gains[:, None, None]) * illum
     noisy = rng.poisson(np.clip(signal, 0, None)).astype(np.float64)
     counts: npt.NDArray[np.uint16] = np.clip(noisy, 0, 65535).astype(np.uint16)
     return counts

@@ -9,10 +9,12 @@ load-data table maps), the plate's illumination functions as ``.npy`` and a load
 
 Each plate holds every perturbation of ``PHENOTYPES`` in 4 wells, placed at random per plate
 (so a well's position says nothing): the negative control ``DMSO`` and five perturbations that
-change morphology as documented there. Every field is multiplied by its channel's illumination
-(a vignette; the illum ``.npy`` undoes it) and a plate gain (a batch effect, 0.8..1.2), plus
-Poisson noise. With ``traps`` one TIFF (plate P2, the last well, site 1, Mito) is truncated:
-build-cache must reject that field with the reason, and nothing else.
+change morphology as documented there (one strong, four subtle). Every field is multiplied by
+its channel's illumination (a vignette; the illum ``.npy`` undoes it, up to the plate's
+residual: its true vignette's peak is shifted) and a plate gain (a batch effect, 0.8..1.2), plus
+the nuisance of ``cells.py`` (per well: stain intensity per channel, cell density; per field:
+focus, background) and Poisson noise. With ``traps`` one TIFF (plate P2, the last well, site 1,
+Mito) is truncated: build-cache must reject that field with the reason, and nothing else.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rich.console import Console
 
 from octstage.cellpainting.cells import (
     CHANNEL_ORDER,
+    Nuisance,
     Phenotype,
     draw_field,
     illumination,
@@ -38,25 +41,32 @@ SOURCE = "source_0"
 BATCH = "B1"
 ROWS, COLS = "ABCD", 6
 WELLS_PER_PERTURBATION = 4
-# id -> (perturbation type, phenotype, what changes; a probe should tell them apart).
+# id -> (perturbation type, phenotype, what changes; a probe should tell them apart). One strong
+# phenotype and four subtle ones, so that encoders do not all score AP ~1: their sizes sit near
+# the well-to-well nuisance of ``cells.py`` (stain intensity, cell density, focus), which a
+# random encoder cannot see through.
 PHENOTYPES: dict[str, tuple[str, Phenotype, str]] = {
     "DMSO": ("negcon", Phenotype(), "negative control"),
     "JCP2022_000001": ("compound", Phenotype(nucleus_size=1.45), "nuclei 45% larger (DNA)"),
     "JCP2022_000002": (
         "compound",
-        Phenotype(mito_count=3.0),
-        "mitochondria fragmented: 3x the puncta, smaller (Mito)",
+        Phenotype(mito_count=2.5),
+        "mitochondria fragmented: 2.5x the puncta, smaller (Mito; subtle)",
     ),
-    "JCP2022_000003": ("orf", Phenotype(er_spread=2.0), "ER spread twice as wide, dimmer (ER)"),
+    "JCP2022_000003": (
+        "orf",
+        Phenotype(er_spread=1.4),
+        "ER spread 40% wider, dimmer (ER; subtle)",
+    ),
     "JCP2022_000004": (
         "crispr",
-        Phenotype(cell_size=0.75, agp_membrane=0.4),
-        "cells 25% smaller, membrane/actin faint (AGP)",
+        Phenotype(cell_size=0.9, agp_membrane=0.75),
+        "cells 10% smaller, membrane/actin 25% fainter (AGP; subtle)",
     ),
     "JCP2022_000005": (
         "compound",
-        Phenotype(nucleoli=2.5),
-        "more nucleoli and cytoplasmic RNA (RNA)",
+        Phenotype(nucleoli=1.5),
+        "more nucleoli and cytoplasmic RNA, +50% (RNA; subtle)",
     ),
 }
 # Opera-Phenix-like channel numbers: the file's ch<k> is not the load-data column order.
@@ -119,6 +129,8 @@ def generate(
         rng = np.random.default_rng([seed, pi])
         gain = float(rng.uniform(0.8, 1.2))
         illum = np.stack([illumination(size, k) for k in range(len(CHANNEL_ORDER))])
+        shift = (float(rng.uniform(-0.08, 0.08)), float(rng.uniform(-0.08, 0.08)))
+        true_illum = np.stack([illumination(size, k, shift) for k in range(len(CHANNEL_ORDER))])
         img_dir = f"images/{BATCH}/images/{plate}"
         illum_dir = f"images/{BATCH}/illum/{plate}"
         (out / illum_dir).mkdir(parents=True, exist_ok=True)
@@ -140,9 +152,10 @@ def generate(
                 }
             )
             r, c = ROWS.index(well[0]) + 1, int(well[1:])
+            nuisance = Nuisance.of_well(rng)
             for site in range(1, sites + 1):
-                field = draw_field(rng, size, phenotype, cells=int(rng.integers(5, 9)))
-                raw = to_uint16(rng, field, illum, gain)
+                field = draw_field(rng, size, phenotype, cells=int(rng.integers(*nuisance.cells)))
+                raw = to_uint16(rng, field, true_illum, gain, nuisance.stain)
                 row: dict[str, object] = {
                     "Metadata_Source": SOURCE,
                     "Metadata_Batch": BATCH,

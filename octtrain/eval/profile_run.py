@@ -1,7 +1,11 @@
 """``octtrain profile``: well-level profiles of a DINO checkpoint's fields and the field's
-metrics, beside the baselines: the same encoder at random init, a small handcrafted feature set
-(``eval/profiles.py``) and, where cp-measure is installed (the ``train`` extra), CellProfiler's
-measurements of segmented nuclei and cells (``eval/cp_features.py``).
+metrics, beside the baselines: the same encoder at random init (``RANDOM_SEEDS`` seeds), a small
+handcrafted feature set (``eval/profiles.py``) and, where cp-measure is installed (the ``train``
+extra), CellProfiler's measurements of segmented nuclei and cells (``eval/cp_features.py``).
+
+Only held-out plates are scored: the plates of the checkpoint's training split
+(``data.train_split``) are left out, so DINO is never judged on plates it trained on (a
+manifest whose every field is in that split is refused).
 
 Each field's embedding (``field_embeddings``) covers the whole field, not one crop: the EMA
 teacher sees each of the field's non-overlapping ``crops.global_size`` tiles in its 8 flips and
@@ -9,10 +13,12 @@ quarter turns (a field has no up; training draws the same transforms), and a til
 is its CLS token concatenated with its mean patch token (DINOv2's linear-evaluation features),
 averaged over the transforms and the tiles. The random-init encoder is embedded the same way.
 On the twin this beat the mean CLS token of the tiles as they lie, for DINO more than for the
-random init (``bench/bench_dino_twin.py``'s docstring has the figures). Profiles, their
-normalisation against controls and the retrieval mAP are ``eval/profiles.py``'s; the probe is
-the leave-one-out k-NN balanced accuracy of the perturbation classes (``eval/probe.py``) on
-well profiles and on field embeddings. The report goes to ``<out>/profile.json``.
+random init (measured with the evaluation before JUMP's recipe). The profiles' normalisation
+(JUMP's recipe) is ``eval/recipe.py``'s, the retrieval mAP and its bootstrap intervals
+``eval/retrieval.py``'s; the probe is the leave-one-out k-NN balanced accuracy of the
+perturbation classes (``eval/probe.py``) on well profiles and on field embeddings. Beside each
+encoder's mAP and interval, the report gives DINO minus each rival with a paired interval (the
+same perturbations and wells drawn for both). The report goes to ``<out>/profile.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,19 +41,17 @@ from octtrain.data.dataset import read_manifest
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval import cp_features
 from octtrain.eval.probe import knn_balanced_accuracy
-from octtrain.eval.profiles import (
-    Array,
-    WellKey,
-    handcrafted_features,
-    retrieval_map,
-    well_profiles,
-)
+from octtrain.eval.profiles import Array, WellKey, handcrafted_features, recipe_profiles
+from octtrain.eval.recipe import RecipeConfig
+from octtrain.eval.retrieval import KINDS, RESAMPLES, Retrieval, map_interval, paired_difference
+from octtrain.eval.retrieval import retrieval as score_retrieval
 from octtrain.models.dino import build_student
 from octtrain.models.inputs import legacy_model
 from octtrain.models.vit2d import ViT2D
 from octtrain.runtime.checkpoint import load_checkpoint
 
 log = logging.getLogger("octtrain")
+RANDOM_SEEDS = 3
 REPORT = "profile.json"
 
 
@@ -63,8 +68,11 @@ class ProfiledField(FieldRecord, Protocol):
     def is_control(self) -> bool: ...
 
 
-def encoders(checkpoint: str, in_chans: int) -> tuple[DinoConfig, ViT2D, ViT2D]:
-    """(config, trained teacher backbone, the same backbone at random init)."""
+def encoders(
+    checkpoint: str, in_chans: int, random_seeds: int = RANDOM_SEEDS
+) -> tuple[DinoConfig, ViT2D, list[ViT2D]]:
+    """(config, trained teacher backbone, the same backbone at random init with the seeds
+    ``train.seed + 1 .. train.seed + random_seeds``)."""
     state = load_checkpoint(checkpoint)
     if state.get("kind") != "dino":
         raise CheckpointError(f"{checkpoint}: not a DINO checkpoint (kind {state.get('kind')!r})")
@@ -73,11 +81,14 @@ def encoders(checkpoint: str, in_chans: int) -> tuple[DinoConfig, ViT2D, ViT2D]:
     cfg = from_dict(DinoConfig, saved)
     teacher = build_student(cfg, in_chans)
     teacher.load_state_dict(state["teacher"])
-    torch.manual_seed(cfg.train.seed + 1)
-    random = build_student(cfg, in_chans)
-    # Random init sees its input as the trained encoder does (the same channel statistics).
-    random.backbone.input_norm.load_state_dict(teacher.backbone.input_norm.state_dict())
-    return cfg, teacher.backbone.eval(), random.backbone.eval()
+    randoms = []
+    for i in range(random_seeds):
+        torch.manual_seed(cfg.train.seed + 1 + i)
+        random = build_student(cfg, in_chans).backbone
+        # Random init sees its input as the trained encoder does (the same channel statistics).
+        random.input_norm.load_state_dict(teacher.backbone.input_norm.state_dict())
+        randoms.append(random.eval())
+    return cfg, teacher.backbone.eval(), randoms
 
 
 def dihedral(tiles: torch.Tensor) -> list[torch.Tensor]:
@@ -123,55 +134,136 @@ def profiled(fields: Sequence[ProfiledField]) -> list[ProfiledField]:
     return [f for f in fields if f.perturbation or f.is_control]
 
 
-def profile_metrics(x: Array, fields: Sequence[ProfiledField]) -> dict[str, float]:
-    """One encoder's metrics from its field embeddings ``x`` (a row per field of ``fields``):
-    activity and consistency mAP of control-normalised well profiles, the k-NN probes."""
+@dataclass(frozen=True)
+class Scored:
+    """One encoder's metrics (floats: mAPs, their intervals, probes), per-well APs and the
+    recipe's notes (steps skipped and why)."""
+
+    metrics: dict[str, float]
+    retrieval: Retrieval
+    notes: list[str]
+
+
+def held_out(fields: Sequence[ProfiledField], train_split: str) -> list[ProfiledField]:
+    """The fields on plates a run whose training split is ``train_split`` did not train on: a
+    plate with any field in that split is left out whole (build-cache splits by plate; this
+    holds for a manifest that does not)."""
+    seen = {f.plate for f in fields if f.split == train_split}
+    return [f for f in fields if f.plate not in seen]
+
+
+def profile_scores(
+    x: Array,
+    fields: Sequence[ProfiledField],
+    resamples: int = RESAMPLES,
+    recipe: RecipeConfig | None = None,
+) -> Scored:
+    """One encoder's scores from its field embeddings ``x`` (a row per field of ``fields``):
+    activity and distinctiveness mAP of the recipe's well profiles with bootstrap intervals
+    (``<kind>_map_low`` / ``_high``), the k-NN probes, the wells and features kept."""
     keys = [WellKey(f.plate, f.well, f.perturbation, f.is_control) for f in fields]
     classes = sorted({k.perturbation for k in keys})
     field_labels = np.array([classes.index(k.perturbation) for k in keys])
-    profiles, wells = well_profiles(x, keys)
+    result, wells = recipe_profiles(x, keys, recipe)
     well_labels = np.array([classes.index(w.perturbation) for w in wells])
-    metrics = retrieval_map(profiles, wells)
-    metrics["well_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(profiles, well_labels)
+    scored = score_retrieval(result.profiles, wells)
+    metrics = dict(scored.maps)
+    for kind in KINDS:
+        ci = map_interval(scored.aps[kind], resamples)
+        metrics[f"{kind}_map_low"], metrics[f"{kind}_map_high"] = ci.low, ci.high
+    metrics["well_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(
+        result.profiles, well_labels
+    )
     metrics["field_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(x, field_labels)
     metrics["wells"] = float(len(wells))
-    return metrics
+    metrics["features_kept"] = float(len(result.kept))
+    metrics["sphered"] = float(result.sphered)
+    return Scored(metrics, scored, result.notes)
+
+
+def profile_metrics(x: Array, fields: Sequence[ProfiledField]) -> dict[str, float]:
+    """``profile_scores``' metrics (what validation logs)."""
+    return profile_scores(x, fields).metrics
+
+
+def per_perturbation(scored: Scored) -> dict[str, dict[str, float]]:
+    """kind -> perturbation -> its mean AP (which phenotypes an encoder sees)."""
+    out: dict[str, dict[str, float]] = {}
+    for kind, ap in scored.retrieval.aps.items():
+        if ap is not None:
+            means = ap.groupby("perturbation")["average_precision"].mean()
+            out[kind] = {str(k): float(v) for k, v in means.items()}
+    return out
 
 
 def profile_fields(
-    checkpoint: str, fields: Sequence[ProfiledField], root: Path, device: str = "cpu"
+    checkpoint: str,
+    fields: Sequence[ProfiledField],
+    root: Path,
+    device: str = "cpu",
+    random_seeds: int = RANDOM_SEEDS,
+    resamples: int = RESAMPLES,
+    only_held_out: bool = True,
 ) -> dict[str, Any]:
-    """The report: per encoder (dino, random_init, handcrafted, cp_measure when installed)
-    mAP and probes."""
+    """The report: per encoder (dino, random_init_<i> for each seed, handcrafted, cp_measure when
+    installed) mAP with intervals and probes, per-perturbation APs, the recipe's notes, and
+    DINO minus each rival with paired intervals. ``only_held_out`` leaves out the fields of the
+    checkpoint's training split (a caller that picked held-out plates itself passes False)."""
     fields = profiled(fields)
     if not fields:
         raise DataError("no Cell Painting fields with perturbation metadata to profile")
     dev = torch.device(device)
-    cfg, trained, random = encoders(checkpoint, fields[0].shape[0])
+    cfg, trained, randoms = encoders(checkpoint, fields[0].shape[0], random_seeds)
+    if only_held_out:
+        fields = held_out(fields, cfg.data.train_split)
+        if not fields:
+            raise DataError(
+                f"every profiled field lies on a plate of the checkpoint's training split "
+                f"{cfg.data.train_split!r}: no held-out plate to score DINO on"
+            )
     dataset = CellPaintingDataset(fields, root, cfg.crops, trained.patch)
     tile = cfg.crops.global_size
-    features = {
-        "dino": field_embeddings(trained, dataset, tile, dev),
-        "random_init": field_embeddings(random, dataset, tile, dev),
-        "handcrafted": np.stack(
-            [handcrafted_features(dataset.open(i).read()) for i in range(len(dataset))]
-        ),
-    }
+    features = {"dino": field_embeddings(trained, dataset, tile, dev)}
+    for i, random in enumerate(randoms):
+        features[f"random_init_{i}"] = field_embeddings(random, dataset, tile, dev)
+    features["handcrafted"] = np.stack(
+        [handcrafted_features(dataset.open(i).read()) for i in range(len(dataset))]
+    )
     if cp_features.available():
         features["cp_measure"] = np.stack(
             [cp_features.cp_measure_features(dataset.open(i).read()) for i in range(len(dataset))]
         )
     classes = sorted({f.perturbation for f in fields})
-    report: dict[str, Any] = {"fields": len(fields), "perturbations": classes, "encoders": {}}
-    for name, x in features.items():
-        report["encoders"][name] = profile_metrics(x, fields)
+    report: dict[str, Any] = {
+        "fields": len(fields),
+        "plates": sorted({f.plate for f in fields}),
+        "perturbations": classes,
+        "random_seeds": [cfg.train.seed + 1 + i for i in range(random_seeds)],
+        "resamples": resamples,
+        "encoders": {},
+        "per_perturbation": {},
+        "notes": {},
+        "dino_minus": {},
+    }
+    scores = {name: profile_scores(x, fields, resamples) for name, x in features.items()}
+    for name, scored in scores.items():
+        report["encoders"][name] = scored.metrics
+        report["per_perturbation"][name] = per_perturbation(scored)
+        report["notes"][name] = scored.notes
+    dino = scores["dino"].retrieval.aps
+    for name, scored in scores.items():
+        if name != "dino":
+            report["dino_minus"][name] = {
+                kind: vars(paired_difference(dino[kind], scored.retrieval.aps[kind], resamples))
+                for kind in KINDS
+            }
     return report
 
 
 def run_profile(
     checkpoint: str, manifest_path: str, cache: str | None, out: str | None, device: str
 ) -> dict[str, Any]:
-    """``octtrain profile``: every field of the manifest; writes ``profile.json``."""
+    """``octtrain profile``: the manifest's held-out fields; writes ``profile.json``."""
     folder = Path(out) if out else Path(checkpoint).parent
     check_output_folder(folder, ConfigError)  # refused before the work, not after it
     manifest = read_manifest(manifest_path, "profile", "cellpainting")
@@ -186,11 +278,16 @@ def run_profile(
     replace_report(folder, REPORT.__eq__, write, ConfigError)
     for name, m in report["encoders"].items():
         log.info(
-            "%s: activity mAP %.3f (retrieved %.2f), consistency mAP %.3f, well probe %.3f",
+            "%s: activity mAP %.3f [%.3f, %.3f] (retrieved %.2f), distinctiveness mAP %.3f "
+            "[%.3f, %.3f], well probe %.3f",
             name,
             m["activity_map"],
+            m["activity_map_low"],
+            m["activity_map_high"],
             m["activity_retrieved"],
-            m["consistency_map"],
+            m["distinctiveness_map"],
+            m["distinctiveness_map_low"],
+            m["distinctiveness_map_high"],
             m["well_probe_knn_balanced_accuracy"],
         )
     return report

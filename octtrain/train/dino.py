@@ -405,7 +405,7 @@ class DinoJob:
     def validate(self, unit: int) -> Evaluation:
         """The EMA teacher judged as ``octtrain profile`` judges it, on the validation plates:
         its field embeddings, control-normalised well profiles, and their activity mAP (the
-        score: higher is better), consistency mAP and k-NN probes. Every process computes the
+        score: higher is better), distinctiveness mAP and k-NN probes. Every process computes the
         same figures (the split is small; under FSDP the teacher's forward is a collective)."""
         if not self.val_fields:
             return Evaluation({}, score=None)

@@ -149,7 +149,7 @@ def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -
 
     root = tmp_path / "cache"
     root.mkdir()
-    write_cell_cache(root, n=24)
+    write_cell_cache(root, n=24, splits=("train",) * 8 + ("val",) * 16)  # P1, P2 held out
     manifest = root / "manifest.json"
     run = tmp_path / "run"
     code = main(
@@ -171,8 +171,9 @@ def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -
     code = main(["profile", "--checkpoint", str(ckpt), "--manifest", str(manifest)])
     assert code == 0
     report = json.loads((ckpt.parent / "profile.json").read_text())
-    assert report["fields"] == 24
-    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted", "cp_measure"}
+    assert report["fields"] == 16 and report["plates"] == ["P1", "P2"]  # held-out plates only
+    randoms = {f"random_init_{i}" for i in range(3)}
+    assert set(report["encoders"]) == {"dino", "handcrafted", "cp_measure"} | randoms
 
 
 def test_validation_scores_the_teacher_s_well_profiles_on_the_validation_plate(

@@ -245,8 +245,8 @@ def test_a_dino_checkpoint_from_before_the_input_rule_profiles_as_it_was_trained
         del state["config"]["model"][key]  # what the code before this change saved
     path = tmp_path / "old.pt"
     torch.save(state, path)
-    _, teacher, random = encoders(str(path), 5)
-    for backbone in (teacher, random):
+    _, teacher, randoms = encoders(str(path), 5)
+    for backbone in (teacher, *randoms):
         assert backbone.pos_embed is None and backbone.input_norm.mode == "none"
     x = torch.rand(2, 5, 32, 32) * 2 - 1
     with torch.no_grad():

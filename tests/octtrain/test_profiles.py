@@ -1,5 +1,5 @@
-"""Well profiles and retrieval mAP (copairs) on known features, and ``profile_fields`` on a
-DINO checkpoint of the tiny Cell Painting cache with its two baselines."""
+"""Well profiles (well means through JUMP's recipe) on known features, and ``profile_fields`` on
+a DINO checkpoint of the tiny Cell Painting cache with its baselines, on held-out plates only."""
 
 from __future__ import annotations
 
@@ -12,8 +12,16 @@ import torch
 
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
-from octtrain.eval.profile_run import field_embeddings, profile_fields, tile_embeddings
-from octtrain.eval.profiles import WellKey, handcrafted_features, retrieval_map, well_profiles
+from octtrain.errors import DataError
+from octtrain.eval.profile_run import (
+    encoders,
+    field_embeddings,
+    profile_fields,
+    tile_embeddings,
+)
+from octtrain.eval.profiles import WellKey, handcrafted_features, well_means, well_profiles
+from octtrain.eval.recipe import RecipeConfig
+from octtrain.eval.retrieval import retrieval_map
 from octtrain.models.vit2d import build_vit2d
 from octtrain.runtime.backend import make_backend
 from octtrain.train.dino import DinoJob
@@ -25,35 +33,38 @@ ROOT = Path(__file__).resolve().parents[2]
 DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
 
 
-def _wells(plates: int = 3) -> list[WellKey]:
-    out = []
-    for p in range(plates):
-        for w, pert in enumerate(["DMSO", "DMSO", "a", "b"]):
-            out.append(WellKey(f"P{p}", f"W{w}", pert, pert == "DMSO"))
-    return out
-
-
-def test_profiles_average_fields_and_centre_each_plate_on_its_controls() -> None:
+def test_well_means_average_each_well_s_fields_in_order_of_appearance() -> None:
     keys = [WellKey("P0", "W0", "DMSO", True)] * 2 + [WellKey("P0", "W1", "a", False)] * 2
     keys += [WellKey("P1", "W0", "DMSO", True), WellKey("P1", "W1", "a", False)]
-    x = np.array([[1.0], [3.0], [5.0], [7.0], [100.0], [104.0]])  # plate 1 offset by ~100
-    profiles, wells = well_profiles(x, keys)
-    assert [w.well for w in wells] == ["W0", "W1", "W0", "W1"]
-    assert profiles[0, 0] == pytest.approx(0.0, abs=1e-5)  # the control is the origin
-    assert profiles[2, 0] == pytest.approx(0.0, abs=1e-5)
-    assert profiles[1, 0] == pytest.approx(profiles[3, 0], rel=1e-5)  # plate effect gone
+    x = np.array([[1.0], [3.0], [5.0], [7.0], [100.0], [104.0]])
+    means, wells = well_means(x, keys)
+    assert [(w.plate, w.well) for w in wells] == [
+        ("P0", "W0"),
+        ("P0", "W1"),
+        ("P1", "W0"),
+        ("P1", "W1"),
+    ]
+    assert means[:, 0].tolist() == [2.0, 6.0, 100.0, 104.0]
 
 
-def test_map_is_high_when_replicates_separate_and_chance_when_they_do_not() -> None:
-    wells = _wells()
+def test_profiles_remove_a_plate_effect_through_each_plate_s_controls() -> None:
     rng = np.random.default_rng(0)
-    centres = {"DMSO": np.zeros(8), "a": np.eye(8)[0] * 5, "b": np.eye(8)[1] * 5}
-    good = np.stack([centres[w.perturbation] + rng.normal(0, 0.3, 8) for w in wells])
-    noise = rng.normal(0, 1, (len(wells), 8))
-    separated, mixed = retrieval_map(good, wells), retrieval_map(noise, wells)
-    assert separated["activity_map"] > 0.95 and separated["consistency_map"] > 0.95
-    assert separated["activity_retrieved"] == 1.0
-    assert mixed["activity_map"] < 0.8 and mixed["activity_retrieved"] < 1.0
+    perts = ["DMSO"] * 4 + ["a"] * 4 + ["b"] * 4
+    base = rng.normal(size=(12, 6)) + np.array([[0.0] * 6] * 4 + [[2.0] * 6] * 4 + [[-2.0] * 6] * 4)
+    keys, rows = [], []
+    for plate, (gain, offset) in {"P0": (1.0, 0.0), "P1": (4.0, 50.0)}.items():
+        for i, p in enumerate(perts):
+            keys.append(WellKey(plate, f"W{i}", p, p == "DMSO"))
+            rows.append(base[i] * gain + offset)
+    off = RecipeConfig(corr_threshold=1.0, sphere=False)
+    profiles, _ = well_profiles(np.array(rows), keys, off)
+    assert profiles.shape[0] == 24
+    # The same wells keep their order on both plates, and neither plate sits above the other
+    # (ranked over all wells unscaled, plate P1's 50 offset would put all its wells on top).
+    np.testing.assert_array_equal(
+        np.argsort(profiles[:12], axis=0), np.argsort(profiles[12:], axis=0)
+    )
+    assert np.abs(profiles[:12].mean(axis=0) - profiles[12:].mean(axis=0)).max() < 0.1
 
 
 def test_handcrafted_features_see_the_nucleus_size() -> None:
@@ -113,21 +124,48 @@ def test_a_field_embedding_does_not_depend_on_the_field_orientation() -> None:
 def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     root.mkdir()
-    fields = write_cell_cache(root, n=24)
+    # Plate P0 trains, P1 and P2 (8 fields each, in order) are held out.
+    fields = write_cell_cache(root, n=24, splits=("train",) * 8 + ("val",) * 16)
     run = tmp_path / "run"
     cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={run}", "train.max_steps=2"])
     backend = make_backend("cpu")
     train = [f for f in fields if f.split == "train"]
     Trainer(DinoJob(cfg, train, root, backend), Settings.of(cfg), backend).run()  # type: ignore[arg-type]
-    report = profile_fields(str(run / "checkpoints" / "step_00000002.pt"), fields, root)
-    assert report["fields"] == 24 and report["perturbations"] == ["DMSO", "cmpd1"]
-    assert set(report["encoders"]) == {"dino", "random_init", "handcrafted", "cp_measure"}
+    ckpt = str(run / "checkpoints" / "step_00000002.pt")
+    report = profile_fields(ckpt, fields, root, resamples=200)
+    assert report["plates"] == ["P1", "P2"] and report["perturbations"] == ["DMSO", "cmpd1"]
+    assert report["fields"] == 16
+    randoms = {"random_init_0", "random_init_1", "random_init_2"}
+    assert set(report["encoders"]) == {"dino", "handcrafted", "cp_measure"} | randoms
+    assert len(set(report["random_seeds"])) == 3
     for metrics in report["encoders"].values():
-        assert metrics["wells"] == 12.0  # 3 plates x 4 wells
-        assert 0.0 <= metrics["activity_map"] <= 1.0
+        assert metrics["wells"] == 8.0  # 2 held-out plates x 4 wells
+        assert 0.0 <= metrics["activity_map_low"] <= metrics["activity_map"]
+        assert metrics["activity_map"] <= metrics["activity_map_high"] <= 1.0
+    # Three seeds are three encoders, not one copied.
+    _, _, backbones = encoders(ckpt, 5)
+    firsts = [next(iter(b.parameters())).detach() for b in backbones]
+    assert len(firsts) == 3 and not torch.equal(firsts[0], firsts[1])
+    assert not torch.equal(firsts[1], firsts[2])
     # The twin's perturbation is the nucleus size, which the handcrafted set measures.
     assert report["encoders"]["handcrafted"]["activity_map"] > 0.9
-    assert report["encoders"]["handcrafted"]["well_probe_knn_balanced_accuracy"] == 1.0
+    assert set(report["dino_minus"]) == set(report["encoders"]) - {"dino"}
+    diff = report["dino_minus"]["handcrafted"]["activity"]
+    assert diff["low"] <= diff["value"] <= diff["high"]
+
+
+def test_profiling_refuses_a_checkpoint_s_own_training_plates(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    # Every plate has a training field: none is held out, even with "val" fields on them.
+    fields = write_cell_cache(root, n=16)
+    run = tmp_path / "run"
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={run}", "train.max_steps=1"])
+    backend = make_backend("cpu")
+    train = [f for f in fields if f.split == "train"]
+    Trainer(DinoJob(cfg, train, root, backend), Settings.of(cfg), backend).run()  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="training split 'train'"):
+        profile_fields(str(run / "checkpoints" / "step_00000001.pt"), fields, root)
 
 
 @pytest.mark.parametrize(
@@ -145,4 +183,4 @@ def test_a_plate_without_pairs_to_rank_has_no_map_not_an_exception(
     x = np.random.default_rng(0).normal(size=(len(keys), 5))
     profiles, kept = well_profiles(x, keys)
     metrics = retrieval_map(profiles, kept)
-    assert math.isnan(metrics["activity_map"]) and math.isnan(metrics["consistency_map"])
+    assert math.isnan(metrics["activity_map"]) and math.isnan(metrics["distinctiveness_map"])
