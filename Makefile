@@ -62,7 +62,15 @@ docs: $(STAMP)
 test: lint docs
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -m "not slow and not xla"
 
-test-slow: $(STAMP)
+PEERS_STAMP := $(VENV)/.peers
+
+# jump-portrait and cpgdata without their heavy or conflicting dependencies (see pyproject's peers).
+$(PEERS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[peers-deps]"
+	$(BIN)/python -m pip install --quiet --no-deps "jump-portrait==0.1.1" "cpgdata==0.6.0"
+	touch $@
+
+test-slow: $(PEERS_STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pytest -m "slow"
 
 test-xla: $(XLA_STAMP)

@@ -67,6 +67,7 @@ from octstage import manifest as mf
 from octstage.cache.volumestore import volume_relpath, write_volume
 from octstage.cachebuild.normalize import normalize_volume
 from octstage.cellpainting.build import build
+from octstage.cellpainting.layout import PrefixMap
 from octstage.cellpainting.synth import generate
 from octstage.dataset.synth_oct import render_retina
 from octstage.storage import Storage, open_storage
@@ -289,9 +290,13 @@ def main() -> None:
     numcodecs.blosc.use_threads = False
     work = a.workdir or Path(tempfile.mkdtemp(prefix="bench-cp-"))
     src, cache = work / "twin", work / "cache"
-    if not (src / "metadata").is_dir():
+    if not (src / "datasets").is_dir():
         generate(src, plates=1, sites=2, size=a.size, seed=0, traps=False)
-    _, manifest = build(str(src), cache, metadata="metadata/perturbations.csv")
+    root = src / "cpg0016-jump"  # the twin's tables name s3://cellpainting-gallery/: map them here
+    prefixes = PrefixMap.parse([f"s3://cellpainting-gallery/cpg0016-jump/={root}/"])
+    _, manifest = build(
+        str(root), cache, metadata=str(src / "datasets" / "metadata"), prefixes=prefixes
+    )
     rows = list(manifest.fields)
     print(
         f"{len(rows)} fields of {a.size}x{a.size}x5, crops {a.crop}, batch {a.batch}, "

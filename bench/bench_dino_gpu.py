@@ -57,8 +57,10 @@ def build_cache(work: Path, plates: int, sites: int, size: int, seed: int) -> tu
     code = octstage([*synth, "--size", str(size), "--seed", str(seed), str(src)])
     if code != 0:
         raise SystemExit(f"synth failed with exit {code}")
-    build = ["build-cache", "--kind", "cellpainting", "--source", str(src), "--out", str(cache)]
-    code = octstage([*build, "--metadata", str(src / "metadata" / "perturbations.csv")])
+    root = src / "cpg0016-jump"  # the twin's tables name s3://cellpainting-gallery/: map them here
+    build = ["build-cache", "--kind", "cellpainting", "--source", str(root), "--out", str(cache)]
+    build += ["--map-prefix", f"s3://cellpainting-gallery/cpg0016-jump/={root}/"]
+    code = octstage([*build, "--metadata", str(src / "datasets" / "metadata")])
     if code not in (0, 1):  # 1: the twin's planted truncated TIFF, rejected as it should be
         raise SystemExit(f"build-cache failed with exit {code}")
     shutil.rmtree(src)

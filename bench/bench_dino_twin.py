@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from octstage.cellpainting.metadata import DMSO
 from octstage.cli import main as octstage
 from octstage.manifest import load
 from octtrain.config.dino import DinoConfig
@@ -69,8 +70,10 @@ def build_twin(tmp: Path, plates: int, twin_seed: int) -> tuple[Path, list[Any]]
     src, root = tmp / "src", tmp / "cache"
     synth = ["synth", "--kind", "cellpainting", "--seed", str(twin_seed), "--plates", str(plates)]
     assert octstage([*synth, str(src)]) == 0
-    build = ["build-cache", "--kind", "cellpainting", "--source", str(src)]
-    build += ["--metadata", str(src / "metadata" / "perturbations.csv"), "--out", str(root)]
+    twin = src / "cpg0016-jump"  # its tables name s3://cellpainting-gallery/: map them
+    build = ["build-cache", "--kind", "cellpainting", "--source", str(twin)]
+    build += ["--map-prefix", f"s3://cellpainting-gallery/cpg0016-jump/={twin}/"]
+    build += ["--metadata", str(src / "datasets" / "metadata"), "--out", str(root)]
     octstage(build)  # exit 1: the planted truncated TIFF
     return root, list(load(root / "manifest.json").fields)
 
@@ -145,12 +148,12 @@ def print_report(report: dict[str, Any]) -> None:
         ]
         print(f"  {name:<14} " + "   ".join(cells))
     perts = report["perturbations"]
-    print("activity AP per perturbation: " + " ".join(f"{p[-6:]:>7}" for p in perts if p != "DMSO"))
+    print("activity AP per perturbation: " + " ".join(f"{p[-6:]:>7}" for p in perts if p != DMSO))
     for name, per in report["per_perturbation"].items():
         row = per.get("activity", {})
         print(
             f"  {name:<27} "
-            + " ".join(f"{row.get(p, float('nan')):>7.3f}" for p in perts if p != "DMSO")
+            + " ".join(f"{row.get(p, float('nan')):>7.3f}" for p in perts if p != DMSO)
         )
     notes = sorted({n for ns in report["notes"].values() for n in ns})
     for note in notes:

@@ -15,8 +15,8 @@ export COLUMNS=${COLUMNS:-120}
 
 step() { printf '\n\033[1;36m== %s\033[0m\n' "$*"; }
 
-step "1/7 synthetic Cell Painting twin in the JUMP layout"
-octstage synth --kind cellpainting "$OUT/source_0" --plates 2 --sites 3 --size 128
+step "1/7 synthetic Cell Painting twin, laid out as the Cell Painting Gallery releases JUMP"
+octstage synth --kind cellpainting "$OUT/twin" --plates 2 --sites 3 --size 128
 
 step "2/7 start the S3 double (moto) on loopback and upload the twin"
 python -m tests.doubles serve --env-file "$OUT/doubles.env" --s3-bucket cellpainting-gallery &
@@ -25,12 +25,12 @@ trap 'kill $DOUBLES 2>/dev/null || true; wait $DOUBLES 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do [ -f "$OUT/doubles.env" ] && break; sleep 0.5; done
 # shellcheck disable=SC1091
 . "$OUT/doubles.env"
-python -m tests.doubles upload-s3 "$OUT/source_0" s3://cellpainting-gallery/cpg0016-jump/source_0
-SRC=s3://cellpainting-gallery/cpg0016-jump/source_0
+python -m tests.doubles upload-s3 "$OUT/twin/cpg0016-jump" s3://cellpainting-gallery/cpg0016-jump
+SRC=s3://cellpainting-gallery/cpg0016-jump
 
 step "3/7 build-cache --kind cellpainting from S3 into the cache bucket (the planted truncated TIFF is rejected: exit 1)"
 set +e
-octstage build-cache --kind cellpainting --source "$SRC" --metadata metadata/perturbations.csv \
+octstage build-cache --kind cellpainting --source "$SRC" --metadata "$OUT/twin/datasets/metadata" \
   --out s3://cellpainting-gallery/cache --json "$OUT/build.json"
 rc=$?
 set -e

@@ -1,14 +1,21 @@
 """``octstage build-cache --kind cellpainting``: JUMP load-data tables -> verified uint8 fields.
 
+The tables are found under the root (a source root, or the dataset root holding
+``source_*/``: ``find_tables``), narrowed by ``Selection`` (sources, batches, plates from the
+tables' folders before any is read; perturbation types after joining the metadata), and read as
+parquet, ``.csv.gz`` or CSV (``layout``); absolute ``s3://`` paths in them are mapped onto the
+root through the prefix map. The metadata is the datasets repository's folder or one table
+(``metadata.py``).
+
 For each plate of the load-data tables: every field's five channel TIFFs (and the plate's
-illumination functions) are read once through the storage layer (``octstage.storage``: a folder,
+illumination functions) are read through the storage layer (``octstage.storage``: a folder,
 ``gs://``, ``s3://``...) and SHA1-hashed as read (S3 lists no SHA1: this is the "hashed once at
 the source" of mirror's ``--hash-missing``; the manifest records each file's SHA1 and size);
-decoded and checked (``normalize.decode_tiff``); divided by the illumination function; sampled
-for the plate's robust percentiles per channel; kept in a scratch folder (beside a folder cache,
-in the local temp folder for a bucket cache). Then each field is normalized with its plate's
-percentiles and written as one OME-Zarr field (``fieldstore``) into the cache, a folder or a
-bucket prefix (``--out gs://...``, ``s3://...``: ``cache.store.CacheStore``, data objects first,
+decoded and checked (``normalize.decode_tiff``); divided by the illumination function; counted
+into the plate's per-channel histograms, then read again (``plate.py``: no scratch, memory
+bounded by the read window). Then each field is normalized with its plate's percentiles and
+written as one OME-Zarr field (``fieldstore``) into the cache, a folder or a bucket prefix
+(``--out gs://...``, ``s3://...``: ``cache.store.CacheStore``, data objects first,
 group metadata last). Fields are read by a local thread pool (``--workers`` threads: the work is
 network reads and C decoders that release the GIL; the dask runner of the OCT build is not
 needed at this size), plate after plate.
@@ -38,7 +45,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +54,15 @@ from rich.console import Console
 from octstage import manifest as mf
 from octstage.cachebuild.lock import open_cache
 from octstage.cellpainting import layout
+from octstage.cellpainting.metadata import (
+    PERTURBATION_TYPES,
+    TABLES,
+    Perturbation,
+    load_release,
+    load_single,
+)
 from octstage.cellpainting.plate import BuildReport, CellPaintingConfig, build_plate
-from octstage.errors import CellPaintingError
+from octstage.errors import CellPaintingError, ConfigError, ObjectNotFoundError
 from octstage.outputs import check_cache_folder
 from octstage.provenance import code_version
 from octstage.storage import Storage, open_storage
@@ -70,25 +84,113 @@ def plate_splits(plates: Sequence[str], val_share: float, test_share: float) -> 
     }
 
 
-def _table(url: str) -> tuple[str, bytes]:
+@dataclass(frozen=True)
+class Selection:
+    """Which plates and wells to build (empty: all)."""
+
+    sources: tuple[str, ...] = ()
+    batches: tuple[str, ...] = ()
+    plates: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.types if t not in (*PERTURBATION_TYPES, "unknown")]
+        if bad:
+            raise ConfigError(
+                f"perturbation type(s) {', '.join(bad)}: choose from "
+                f"{', '.join(PERTURBATION_TYPES)}, unknown"
+            )
+
+    def table(self, name: str) -> bool:
+        """Whether a table at ``[<source>/]workspace/load_data_csv/<batch>/<plate>/...`` is in."""
+        head, _, rest = name.partition(layout.LOAD_DATA_ROOT)
+        parts = rest.split("/")
+        source = head.strip("/").rpartition("/")[2]
+        batch, plate = (parts[0], parts[1]) if len(parts) >= 3 else ("", "")
+        return (
+            (not self.sources or not source or source in self.sources)
+            and (not self.batches or batch in self.batches)
+            and (not self.plates or plate in self.plates)
+        )
+
+    def row(self, r: layout.FieldRow, pert: Perturbation | None) -> bool:
+        kind = (pert.perturbation_type if pert else "") or "unknown"
+        return (
+            (not self.sources or r.source in self.sources)
+            and (not self.batches or r.batch in self.batches)
+            and (not self.plates or r.plate in self.plates)
+            and (not self.types or kind in self.types)
+        )
+
+
+ALL = Selection()
+
+
+def _table(url: str, anonymous: bool = False) -> tuple[str, bytes]:
     """A table given as a local path or URL: (name, bytes)."""
     parent, _, name = url.rstrip("/").rpartition("/")
-    return url, open_storage(parent or ".").read_bytes(name)
+    return url, open_storage(parent or ".", anonymous=anonymous).read_bytes(name)
 
 
-def find_tables(storage: Storage) -> list[str]:
-    """The load-data tables under ``workspace/load_data_csv/`` (one per plate folder, preferring
-    ``load_data_with_illum.parquet``, then ``.csv``, then ``load_data.csv``)."""
+def _best(names: list[str]) -> list[str]:
+    """One table per plate folder, the first of ``layout.LOAD_DATA_NAMES`` there."""
     best: dict[str, str] = {}
-    for info in storage.list(layout.LOAD_DATA_ROOT):
-        folder, _, base = info.name.rpartition("/")
+    for name in names:
+        folder, _, base = name.rpartition("/")
         if base in layout.LOAD_DATA_NAMES:
             rank = layout.LOAD_DATA_NAMES.index(base)
             if folder not in best or rank < layout.LOAD_DATA_NAMES.index(
                 best[folder].rpartition("/")[2]
             ):
-                best[folder] = info.name
+                best[folder] = name
     return [best[k] for k in sorted(best)]
+
+
+def find_tables(storage: Storage, select: Selection = ALL) -> list[str]:
+    """The load-data tables under ``workspace/load_data_csv/`` of the root (a source root) or,
+    when it has none, of each ``<source>/`` under it (a dataset root): with sources selected
+    only theirs are listed, and with one batch only its folder (the real bucket is 58 M
+    objects: list it no wider than asked)."""
+    batch = f"{select.batches[0]}/" if len(select.batches) == 1 else ""
+    names = [i.name for i in storage.list(layout.LOAD_DATA_ROOT + batch)]
+    if not names:
+        prefixes = [f"{s}/{layout.LOAD_DATA_ROOT}{batch}" for s in select.sources] or [""]
+        names = [
+            i.name
+            for p in prefixes
+            for i in storage.list(p)
+            if f"/{layout.LOAD_DATA_ROOT}" in i.name
+            and i.name.count("/") == layout.LOAD_DATA_ROOT.count("/") + 3
+        ]
+    return [n for n in _best(names) if select.table(n)]
+
+
+def load_metadata(
+    metadata: str, storage: Storage, anonymous: bool = False
+) -> dict[tuple[str, str], Perturbation]:
+    """The wells' perturbations: the datasets repository's metadata folder (a local folder or a
+    URL ending in ``/``), or one table (path, URL or name under the root)."""
+    local = Path(metadata)
+    if local.is_dir() or ("://" in metadata and metadata.endswith("/")):
+        folder = open_storage(metadata.rstrip("/"), anonymous=anonymous)
+
+        def read(name: str) -> tuple[str, bytes]:
+            where = f"{metadata.rstrip('/')}/{name}"
+            try:
+                return where, folder.read_bytes(name)
+            except ObjectNotFoundError:
+                raise CellPaintingError(
+                    f"{where}: not found (the datasets repository's metadata/ folder has "
+                    f"{', '.join(TABLES.values())})"
+                ) from None
+
+        return load_release(read)
+    where, data = (
+        _table(metadata, anonymous)
+        if ("://" in metadata or local.exists())
+        else (metadata, storage.read_bytes(metadata))
+    )
+    return load_single(layout.read_table(data, where), where)
 
 
 def build(
@@ -100,38 +202,42 @@ def build(
     workers: int = 8,
     retries: int = 2,
     manifest_path: Path | None = None,
+    select: Selection = ALL,
+    prefixes: layout.PrefixMap = layout.NO_PREFIXES,
+    anonymous: bool = False,
 ) -> tuple[BuildReport, mf.Manifest]:
-    """Build the cache at ``out`` (a folder or a bucket URL) from the source root ``source``
-    (a URL or a Storage)."""
+    """Build the cache at ``out`` (a folder or a bucket URL) from the root ``source`` (a URL
+    or a Storage); ``anonymous``: read ``s3://`` without credentials (the public bucket)."""
     started = time.monotonic()
     config = config or CellPaintingConfig()
-    storage = open_storage(source) if isinstance(source, str) else source
-    names = list(load_data) or find_tables(storage)
+    if select.types and not metadata:
+        raise CellPaintingError("selecting perturbation types needs --metadata")
+    storage = open_storage(source, anonymous=anonymous) if isinstance(source, str) else source
+    names = list(load_data) or find_tables(storage, select)
     if not names:
         raise CellPaintingError(
-            f"{storage.url}: no load-data table under {layout.LOAD_DATA_ROOT} (give --load-data)"
+            f"{storage.url}: no load-data table under [<source>/]{layout.LOAD_DATA_ROOT}"
+            f"{' for the selection' if select != ALL else ''} (give --load-data)"
         )
+    # The metadata first: a bad table stops the build before any image is read.
+    perturbations = load_metadata(metadata, storage, anonymous) if metadata else {}
     rows: list[layout.FieldRow] = []
     for name in names:
         # A bare name is under the source root; a path or URL is read where it is.
         where, data = (
-            _table(name)
+            _table(name, anonymous)
             if ("://" in name or Path(name).is_absolute())
             else (name, storage.read_bytes(name))
         )
-        rows += layout.parse_load_data(layout.read_table(data, where), where, storage.url)
-    ids = [r.item_id for r in rows]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise CellPaintingError(f"field {dup} is listed twice in the load-data tables")
-    perturbations: dict[tuple[str, str], layout.Perturbation] = {}
-    if metadata:
-        where, data = (
-            _table(metadata)
-            if ("://" in metadata or Path(metadata).exists())
-            else (metadata, storage.read_bytes(metadata))
-        )
-        perturbations = layout.parse_perturbations(layout.read_table(data, where), where)
+        table = layout.parse_load_data(layout.read_table(data, where), where, storage.url, prefixes)
+        rows += [r for r in table if select.row(r, perturbations.get((r.plate, r.well)))]
+    seen: set[str] = set()
+    for r in rows:
+        if r.item_id in seen:
+            raise CellPaintingError(f"field {r.item_id} is listed twice in the load-data tables")
+        seen.add(r.item_id)
+    if not rows:
+        raise CellPaintingError(f"no field of {len(names)} load-data table(s) is selected")
     by_plate: dict[str, list[layout.FieldRow]] = {}
     for r in rows:
         by_plate.setdefault(r.plate, []).append(r)
@@ -160,7 +266,12 @@ def build(
         mf.Field(**{**f.__dict__, "label": classes.index(p) if p else None}) for f, p in built
     )
     rejected = tuple(mf.Rejected(r["source"], r["reason"]) for r in report.rejected)
-    config_dict: dict[str, Any] = {**asdict(config), "load_data": names, "metadata": metadata or ""}
+    config_dict: dict[str, Any] = {
+        **asdict(config),
+        "load_data": names,
+        "metadata": metadata or "",
+        "select": {k: list(v) for k, v in asdict(select).items() if v},
+    }
     header = mf.Header(
         dataset=storage.url,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -197,10 +308,23 @@ def run_build_cellpainting(
     retries: int = 2,
     config: CellPaintingConfig | None = None,
     on_report: Callable[[BuildReport], None] | None = None,
+    select: Selection = ALL,
+    prefix_map: Sequence[str] = (),
+    anonymous: bool = False,
 ) -> int:
     """CLI: build, print a summary; exit 0 / 1 / 3 (see ``exit_code``)."""
     report, manifest = build(
-        source, out, load_data, metadata, config, workers, retries, manifest_path
+        source,
+        out,
+        load_data,
+        metadata,
+        config,
+        workers,
+        retries,
+        manifest_path,
+        select,
+        layout.PrefixMap.parse(prefix_map),
+        anonymous,
     )
     if json_out:
         mf.atomic_write_text(json_out, json.dumps(asdict(report), indent=1) + "\n")

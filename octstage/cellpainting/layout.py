@@ -1,35 +1,48 @@
-"""JUMP's Cell Painting layout: where the files are and what the tables say (no storage I/O).
+"""JUMP's Cell Painting layout: where the files are and what the load-data tables say (no I/O).
 
-Under a source root (``s3://cellpainting-gallery/cpg0016-jump/<source>/`` or the twin's folder):
+The dataset root (``s3://cellpainting-gallery/cpg0016-jump/``, a mirror or local copy of it, or
+the twin's ``cpg0016-jump/`` folder) holds one folder per source; a source root
+(``.../cpg0016-jump/source_4/``) may be given instead. Under each source:
 
-- ``workspace/load_data_csv/<batch>/<plate>/load_data_with_illum.csv`` (or ``.parquet``, or
-  ``load_data.csv``): one row per field with ``Metadata_Source``, ``Metadata_Batch`` (optional),
-  ``Metadata_Plate``, ``Metadata_Well``, ``Metadata_Site`` and, per channel ``<Ch>`` of DNA, AGP,
-  ER, Mito, RNA, ``FileName_Orig<Ch>`` + ``PathName_Orig<Ch>`` and (illum tables)
-  ``FileName_Illum<Ch>`` + ``PathName_Illum<Ch>``. A PathName is a folder relative to the source
-  root, or an absolute URL under it (JUMP's tables give ``s3://cellpainting-gallery/...``).
-- ``images/<batch>/images/<plate>/*.tiff``: one 16-bit TIFF per channel and field.
-- ``images/<batch>/illum/<plate>/<plate>_Illum<Ch>.npy``: the plate's illumination function per
-  channel (float, the image's shape; divide the raw image by it).
-- a perturbation table (shipped separately; the twin's is ``metadata/perturbations.csv``):
-  ``Metadata_Plate``, ``Metadata_Well``, ``Metadata_JCP2022`` (the perturbation id) and
-  ``Metadata_perturbation_type`` (compound, orf, crispr, negcon); ``Metadata_Source`` optional.
+- ``workspace/load_data_csv/<batch>/<plate>/load_data_with_illum.parquet`` (also ``.csv.gz``,
+  ``.csv``, and the ``load_data.*`` tables without illumination): one row per field with
+  ``Metadata_Source``, ``Metadata_Batch``, ``Metadata_Plate``, ``Metadata_Well``,
+  ``Metadata_Site`` and, per channel ``<Ch>`` of DNA, AGP, ER, Mito, RNA, the image as
+  ``URL_Orig<Ch>`` (or the gallery's documented ``URL_<Ch>``, an absolute ``s3://`` URL) and/or
+  ``FileName_Orig<Ch>`` + ``PathName_Orig<Ch>`` (the release's PathNames are ``s3://`` folders),
+  and the illumination function as ``URL_Illum<Ch>`` or ``FileName_Illum<Ch>`` +
+  ``PathName_Illum<Ch>``. Where a table gives both forms, they must name the same object.
+- ``images/<batch>/images/<folder>/...``: one 16-bit TIFF per channel and field, named as the
+  microscope names it (``microscopes.py``); ``images/<batch>/illum/<plate>/<plate>_Illum<Ch>.npy``.
+
+Absolute URLs are turned into object names under the root given to build-cache; a ``PrefixMap``
+first rewrites them (``s3://cellpainting-gallery/cpg0016-jump/=/data/jump/``) so that a mirror
+or a local copy is read instead of the bucket the tables name.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from octstage.errors import CellPaintingError as LayoutError
 
 CHANNELS = ("DNA", "AGP", "ER", "Mito", "RNA")
-LOAD_DATA_NAMES = ("load_data_with_illum.parquet", "load_data_with_illum.csv", "load_data.csv")
+# Preferred first: the parquet the release ships, then its CSV forms.
+LOAD_DATA_NAMES = (
+    "load_data_with_illum.parquet",
+    "load_data_with_illum.csv.gz",
+    "load_data_with_illum.csv",
+    "load_data.parquet",
+    "load_data.csv.gz",
+    "load_data.csv",
+)
 LOAD_DATA_ROOT = "workspace/load_data_csv/"
 _WELL = re.compile(r"^([A-Z]{1,2})(\d{1,2})$")
-PERTURBATION_TYPES = ("compound", "orf", "crispr", "negcon")
 
 
 @dataclass(frozen=True)
@@ -41,7 +54,7 @@ class FieldRow:
     plate: str
     well: str
     site: int
-    images: tuple[tuple[str, str], ...]  # (channel, object name relative to the source root)
+    images: tuple[tuple[str, str], ...]  # (channel, object name relative to the root)
     illum: tuple[tuple[str, str], ...]  # the same for illumination functions; empty: none
 
     @property
@@ -50,15 +63,29 @@ class FieldRow:
 
 
 @dataclass(frozen=True)
-class Perturbation:
-    """What a well received."""
+class PrefixMap:
+    """``FROM=TO`` rewrites of absolute URLs in the tables, longest ``FROM`` first."""
 
-    perturbation: str
-    perturbation_type: str  # one of PERTURBATION_TYPES
+    pairs: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def is_control(self) -> bool:
-        return self.perturbation_type == "negcon"
+    @classmethod
+    def parse(cls, specs: Sequence[str]) -> PrefixMap:
+        pairs = []
+        for spec in specs:
+            src, sep, dst = spec.partition("=")
+            if not sep or not src.strip() or not dst.strip():
+                raise LayoutError(f"prefix map {spec!r}: expected FROM=TO (both non-empty)")
+            pairs.append((src.strip(), dst.strip()))
+        return cls(tuple(sorted(pairs, key=lambda p: -len(p[0]))))
+
+    def apply(self, url: str) -> str:
+        for src, dst in self.pairs:
+            if url.startswith(src):
+                return dst + url[len(src) :]
+        return url
+
+
+NO_PREFIXES = PrefixMap()
 
 
 def normalize_well(well: str) -> str:
@@ -69,106 +96,142 @@ def normalize_well(well: str) -> str:
     return f"{m.group(1)}{int(m.group(2)):02d}"
 
 
-def relative_name(path_name: str, file_name: str, root_url: str) -> str:
-    """The object name of ``PathName/FileName`` relative to the source root."""
+def _root_form(url: str) -> str:
+    return url.removeprefix("file://").rstrip("/")
+
+
+def relative_name(
+    path_name: str, file_name: str, root_url: str, prefixes: PrefixMap | None = None
+) -> str:
+    """The object name of ``PathName/FileName`` relative to the root (``file_name`` empty: the
+    path is the whole URL)."""
     folder = path_name.strip()
-    root = root_url.rstrip("/")
-    if "://" in folder:
-        if not (folder + "/").startswith(root + "/"):
-            raise LayoutError(f"path {folder!r} is not under the source root {root_url!r}")
-        folder = folder[len(root) :]
-    folder = folder.strip("/")
-    return f"{folder}/{file_name.strip()}" if folder else file_name.strip()
+    name = file_name.strip()
+    full = f"{folder.rstrip('/')}/{name}" if name else folder
+    absolute = "://" in full or full.startswith("/")
+    if not absolute:
+        return full.strip("/")
+    prefixes = prefixes or NO_PREFIXES
+    mapped = _root_form(prefixes.apply(full))
+    root = _root_form(root_url)
+    if not mapped.startswith(root + "/"):
+        hint = "" if prefixes.pairs else " (map it onto your copy with --map-prefix FROM=TO)"
+        raise LayoutError(f"path {full!r} is not under the source root {root_url!r}{hint}")
+    return mapped[len(root) + 1 :]
 
 
 def read_table(data: bytes, name: str) -> list[dict[str, str]]:
-    """Rows of a CSV (or, with pyarrow installed, parquet) table as strings."""
+    """Rows of a parquet, CSV or gzip-compressed CSV table, every value as a string."""
     if name.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise LayoutError(
-                f"{name}: reading parquet needs pyarrow (pip install pyarrow)"
-            ) from exc
-        table = pq.read_table(io.BytesIO(data))
+            table = pq.read_table(io.BytesIO(data))
+        except (pa.ArrowException, OSError) as exc:
+            raise LayoutError(f"{name}: not a readable parquet table: {exc}") from None
         return [
             {k: "" if v is None else str(v) for k, v in row.items()} for row in table.to_pylist()
         ]
+    if name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise LayoutError(f"{name}: not a readable gzip file: {exc}") from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise LayoutError(f"{name}: not a UTF-8 CSV table: {exc}") from exc
+        raise LayoutError(f"{name}: not a UTF-8 CSV table: {exc}") from None
     return list(csv.DictReader(io.StringIO(text)))
 
 
-def parse_load_data(rows: list[dict[str, str]], name: str, root_url: str) -> list[FieldRow]:
+def _channel_columns(header: Sequence[str], kind: str, name: str) -> dict[str, tuple[str, ...]]:
+    """Per channel, the columns naming its ``kind`` (Orig/Illum) file: ``(URL,)``,
+    ``(PathName, FileName)`` or both; {} when the table has none of them for this kind."""
+    out: dict[str, tuple[str, ...]] = {}
+    for c in CHANNELS:
+        url = next(
+            (
+                u
+                for u in (f"URL_{kind}{c}", *([f"URL_{c}"] if kind == "Orig" else []))
+                if u in header
+            ),
+            "",
+        )
+        pair = (f"PathName_{kind}{c}", f"FileName_{kind}{c}")
+        has_pair = all(p in header for p in pair)
+        out[c] = ((url,) if url else ()) + (pair if has_pair else ())
+    if not any(out.values()):
+        return {}
+    missing = [
+        f"URL_{kind}{c} or FileName_{kind}{c}+PathName_{kind}{c}" for c, v in out.items() if not v
+    ]
+    if missing:
+        raise LayoutError(f"{name}: missing column(s) {', '.join(missing)}")
+    return out
+
+
+def _locate(row: dict[str, str], columns: tuple[str, ...], root: str, prefixes: PrefixMap) -> str:
+    """The object a row names through ``columns``; both forms given must agree."""
+    names = []
+    if len(columns) in (1, 3):
+        names.append((columns[0], relative_name(row[columns[0]], "", root, prefixes)))
+    if len(columns) >= 2:
+        path, file = columns[-2], columns[-1]
+        names.append((f"{path}+{file}", relative_name(row[path], row[file], root, prefixes)))
+    if len({n for _, n in names}) > 1:
+        (a, x), (b, y) = names
+        raise LayoutError(f"column {a} names {x!r} but {b} names {y!r}")
+    return names[0][1]
+
+
+def parse_load_data(
+    rows: list[dict[str, str]], name: str, root_url: str, prefixes: PrefixMap | None = None
+) -> list[FieldRow]:
     """The fields a load-data table lists; LayoutError names the table, row and column."""
     if not rows:
         raise LayoutError(f"{name}: the load-data table lists no fields")
-    need = ["Metadata_Plate", "Metadata_Well", "Metadata_Site"]
-    need += [f"{kind}_Orig{c}" for c in CHANNELS for kind in ("FileName", "PathName")]
-    missing = [c for c in need if c not in rows[0]]
+    header = list(rows[0])
+    missing = [c for c in ("Metadata_Plate", "Metadata_Well", "Metadata_Site") if c not in header]
+    orig = _channel_columns(header, "Orig", name)
+    if not orig:
+        missing += [f"URL_Orig{c} or FileName_Orig{c}+PathName_Orig{c}" for c in CHANNELS]
     if missing:
         raise LayoutError(f"{name}: missing column(s) {', '.join(missing)}")
-    has_illum = all(f"FileName_Illum{c}" in rows[0] for c in CHANNELS)
+    illum_cols = _channel_columns(header, "Illum", name)
     out: list[FieldRow] = []
     for n, row in enumerate(rows, start=2):  # row 1 is the header
+        column = "Metadata_Site"
         try:
             site = int(float(row["Metadata_Site"]))
-            images = tuple(
-                (c, relative_name(row[f"PathName_Orig{c}"], row[f"FileName_Orig{c}"], root_url))
-                for c in CHANNELS
-            )
-            illum = (
-                tuple(
-                    (
-                        c,
-                        relative_name(
-                            row[f"PathName_Illum{c}"], row[f"FileName_Illum{c}"], root_url
-                        ),
-                    )
-                    for c in CHANNELS
-                )
-                if has_illum
-                else ()
-            )
+            prefixes = prefixes or NO_PREFIXES
+            images = []
+            for c in CHANNELS:
+                column = "/".join(orig[c])
+                images.append((c, _locate(row, orig[c], root_url, prefixes)))
+            illum = []
+            for c in CHANNELS if illum_cols else ():
+                column = "/".join(illum_cols[c])
+                illum.append((c, _locate(row, illum_cols[c], root_url, prefixes)))
+            column = "Metadata_Well"
+            well = normalize_well(row["Metadata_Well"])
+            column = "Metadata_Plate"
+            plate = row["Metadata_Plate"].strip()
+            if not plate:
+                raise LayoutError("empty plate name")
             out.append(
                 FieldRow(
                     source=row.get("Metadata_Source", "") or "source",
                     batch=row.get("Metadata_Batch", "") or "",
-                    plate=row["Metadata_Plate"].strip(),
-                    well=normalize_well(row["Metadata_Well"]),
+                    plate=plate,
+                    well=well,
                     site=site,
-                    images=images,
-                    illum=illum,
+                    images=tuple(images),
+                    illum=tuple(illum),
                 )
             )
         except (LayoutError, ValueError, KeyError, TypeError) as exc:
-            raise LayoutError(f"{name}: row {n}: {exc}") from None
-    return out
-
-
-def parse_perturbations(
-    rows: list[dict[str, str]], name: str
-) -> dict[tuple[str, str], Perturbation]:
-    """``(plate, well) -> Perturbation`` from a perturbation metadata table."""
-    need = ["Metadata_Plate", "Metadata_Well", "Metadata_JCP2022", "Metadata_perturbation_type"]
-    missing = [c for c in need if rows and c not in rows[0]]
-    if missing:
-        raise LayoutError(f"{name}: missing column(s) {', '.join(missing)}")
-    out: dict[tuple[str, str], Perturbation] = {}
-    for n, row in enumerate(rows, start=2):
-        kind = row["Metadata_perturbation_type"].strip().lower()
-        if kind not in PERTURBATION_TYPES:
-            raise LayoutError(
-                f"{name}: row {n}: Metadata_perturbation_type {kind!r} is not one of "
-                f"{', '.join(PERTURBATION_TYPES)}"
-            )
-        try:
-            key = (row["Metadata_Plate"].strip(), normalize_well(row["Metadata_Well"]))
-        except LayoutError as exc:
-            raise LayoutError(f"{name}: row {n}: {exc}") from None
-        out[key] = Perturbation(row["Metadata_JCP2022"].strip(), kind)
+            raise LayoutError(f"{name}: row {n}: column {column}: {exc}") from None
     return out
 
 
@@ -179,3 +242,13 @@ def write_csv(rows: list[dict[str, object]]) -> bytes:
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue().encode("utf-8")
+
+
+def write_parquet(rows: list[dict[str, object]]) -> bytes:
+    """A parquet table of the same rows (the release's ``load_data_with_illum.parquet``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    return buf.getvalue()

@@ -1,9 +1,11 @@
 """Pure steps from a field's channel files to its uint8 array (no I/O).
 
 ``decode_tiff`` checks each file (one 2D plane, integer dtype: never assumed 16-bit);
-``correct`` divides by the plate's illumination function; ``sample`` takes a fixed strided
-subset of a corrected field's pixels, from which ``plate_normalization`` takes each channel's
-robust percentiles over the whole plate; ``to_uint8`` clips to them and scales to 0..255.
+``correct`` divides by the plate's illumination function; ``histogram`` counts a corrected
+field's values per channel (rounded to 16 bits: 0..65535, the range of the raw images), and the
+sum of a plate's histograms gives each channel's percentiles exactly (``plate_normalization``:
+numpy's linear interpolation over the plate's rounded pixels) in constant memory, whatever the
+plate's size; ``to_uint8`` clips to them and scales to 0..255.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy.typing as npt
 from octstage.errors import CellPaintingError
 from octstage.manifest import Normalization
 
-SAMPLE_STRIDE = 7  # every 7th pixel (a prime, so no alignment with the image's rows)
+HIST_BINS = 65536  # every value of a 16-bit image; corrected values are rounded into it
 
 
 def decode_tiff(data: bytes, name: str) -> npt.NDArray[np.generic]:
@@ -65,21 +67,37 @@ def correct(
     return out
 
 
-def sample(field: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """``[C, n]``: a fixed strided subset of each channel's pixels."""
-    flat = field.reshape(field.shape[0], -1)
-    return np.ascontiguousarray(flat[:, ::SAMPLE_STRIDE])
+def histogram(field: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
+    """``[C, 65536]``: per channel, how many pixels round to each 16-bit value (clipped)."""
+    out = np.empty((field.shape[0], HIST_BINS), dtype=np.int64)
+    for c in range(field.shape[0]):
+        q = np.clip(np.rint(field[c]), 0, HIST_BINS - 1).astype(np.uint16)
+        out[c] = np.bincount(q.ravel(), minlength=HIST_BINS)
+    return out
+
+
+def percentile(hist: npt.NDArray[np.int64], p: float) -> float:
+    """The ``p`` percentile of the values ``hist`` counts, as ``np.percentile`` (linear
+    interpolation between the two closest ranks) computes it over those values."""
+    cum = np.cumsum(hist)
+    n = int(cum[-1])
+    if n == 0:
+        raise CellPaintingError("percentile of an empty histogram")
+    pos = p / 100.0 * (n - 1)
+    lo = int(np.floor(pos))
+    v_lo = int(np.searchsorted(cum, lo, side="right"))
+    v_hi = int(np.searchsorted(cum, min(lo + 1, n - 1), side="right"))
+    return float(v_lo + (pos - lo) * (v_hi - v_lo))
 
 
 def plate_normalization(
-    samples: list[npt.NDArray[np.float32]], p_low: float, p_high: float
+    hist: npt.NDArray[np.int64], p_low: float, p_high: float
 ) -> tuple[Normalization, ...]:
-    """Per channel, the ``p_low``/``p_high`` percentiles of the plate's sampled pixels."""
-    stacked = np.concatenate(samples, axis=1)
+    """Per channel, the ``p_low``/``p_high`` percentiles of the plate's summed histogram."""
     out = []
-    for channel in stacked:
-        low, high = np.percentile(channel, [p_low, p_high])
-        out.append(Normalization(p_low, p_high, float(low), float(max(high, low + 1e-3))))
+    for channel in hist:
+        low, high = percentile(channel, p_low), percentile(channel, p_high)
+        out.append(Normalization(p_low, p_high, low, max(high, low + 1e-3)))
     return tuple(out)
 
 

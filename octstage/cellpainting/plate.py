@@ -1,42 +1,66 @@
-"""One plate of a Cell Painting build: read every field once, then normalize and write.
+"""One plate of a Cell Painting build, streamed twice from the source, in bounded memory.
 
-Pass 1 reads each field's channel files through the storage layer (a thread pool), hashes them
-(SHA1), decodes and illumination-corrects them, keeps a pixel sample for the plate's
-percentiles and the corrected field in a local scratch folder; pass 2 normalizes every field with
-the plate's per-channel percentiles and writes it into the cache, a folder or a bucket
-(``CacheStore.write_field``). The failure rules are ``build.py``'s: a data fault rejects a
-field, an environment fault (retried ``retries`` times) leaves the whole plate out of this run.
+Pass 1 reads each field's channel files through the storage layer (a thread pool with at most
+``window`` fields in flight), hashes them (SHA1), decodes and illumination-corrects them and adds
+them to the plate's per-channel 16-bit histograms (``normalize.histogram``): the exact
+percentiles come from there, with nothing kept per field but its hashes. Pass 2 computes each
+field's cache key (source hashes, illumination, the plate's percentiles, the settings); a field
+already in the cache is kept without being read again; the others are read again (their SHA1
+must equal pass 1's: a source that changed under the build is an environment fault), normalized
+and written into the cache, a folder or a bucket (``CacheStore.write_field``). So memory is the
+window's fields plus the histograms, and no scratch is written, however large the plate: the
+price is reading each new field twice. The failure rules are ``build.py``'s: a data fault
+rejects a field, an environment fault (retried ``retries`` times) leaves the whole plate out of
+this run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from octstage import manifest as mf
 from octstage.cache.store import CacheStore
+from octstage.cache.volumestore import array_checksum
 from octstage.cellpainting import layout
 from octstage.cellpainting.fieldstore import field_relpath
+from octstage.cellpainting.metadata import Perturbation
 from octstage.cellpainting.normalize import (
     correct,
     decode_illum,
     decode_tiff,
+    histogram,
     plate_normalization,
-    sample,
     to_uint8,
 )
 from octstage.errors import CellPaintingError, ConfigError, ObjectNotFoundError, StorageError
 from octstage.storage import Storage
 
 ENVIRONMENT = "environment"
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def bounded_map(
+    pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T], window: int
+) -> Iterator[R]:
+    """``pool.map`` with at most ``window`` items submitted and not yet consumed (``map``
+    submits everything at once: its results would pile up in memory)."""
+    pending: deque[Future[R]] = deque()
+    for item in items:
+        if len(pending) >= window:
+            yield pending.popleft().result()
+        pending.append(pool.submit(fn, item))
+    while pending:
+        yield pending.popleft().result()
 
 
 @dataclass(frozen=True)
@@ -99,52 +123,57 @@ def _read(storage: Storage, name: str, retries: int) -> bytes:
 
 @dataclass
 class _Read:
-    """One field after pass 1."""
+    """One field after pass 1 (its histogram is added to the plate's, then dropped)."""
 
     row: layout.FieldRow
     sources: tuple[mf.ChannelSource, ...] = ()
-    scratch: Path | None = None
     dtype: str = ""
-    sample: np.ndarray | None = None
+    hist: np.ndarray | None = None
     rejected: str = ""
     environment: str = ""
 
 
-def _read_field(
+def _decode(
     storage: Storage,
     row: layout.FieldRow,
     illum: dict[str, np.ndarray] | None,
-    scratch: Path,
     retries: int,
+    expect: tuple[mf.ChannelSource, ...] = (),
+) -> tuple[np.ndarray, tuple[mf.ChannelSource, ...], str]:
+    """The field's corrected float32 ``[C, Y, X]``, its sources and dtypes; with ``expect``
+    (pass 2), each file's SHA1 must be pass 1's."""
+    planes, sources = [], []
+    for i, (channel, name) in enumerate(row.images):
+        data = _read(storage, name, retries)
+        src = mf.ChannelSource(channel, name, hashlib.sha1(data).hexdigest(), len(data))
+        if expect and src != expect[i]:
+            raise EnvironmentFault(f"{name}: changed at the source during the build (run again)")
+        sources.append(src)
+        planes.append(decode_tiff(data, name))
+        del data
+    shapes = {p.shape for p in planes}
+    if len(shapes) != 1:
+        raise CellPaintingError(f"{row.item_id}: channels differ in shape: {sorted(shapes)}")
+    if len({p.dtype for p in planes}) != 1:  # one channel's scale would be wrong by 257x
+        found = ", ".join(f"{n} {p.dtype}" for (_, n), p in zip(row.images, planes, strict=True))
+        raise CellPaintingError(f"{row.item_id}: channels differ in pixel type: {found}")
+    dtypes = str(planes[0].dtype)
+    corrected = np.stack(
+        [
+            correct(p, None if illum is None else illum[c], name)
+            for (c, name), p in zip(row.images, planes, strict=True)
+        ]
+    )
+    return corrected, tuple(sources), dtypes
+
+
+def _read_field(
+    storage: Storage, row: layout.FieldRow, illum: dict[str, np.ndarray] | None, retries: int
 ) -> _Read:
     out = _Read(row)
     try:
-        planes, sources = [], []
-        for channel, name in row.images:
-            data = _read(storage, name, retries)
-            sources.append(
-                mf.ChannelSource(channel, name, hashlib.sha1(data).hexdigest(), len(data))
-            )
-            planes.append(decode_tiff(data, name))
-        shapes = {p.shape for p in planes}
-        if len(shapes) != 1:
-            raise CellPaintingError(f"{row.item_id}: channels differ in shape: {sorted(shapes)}")
-        dtypes = {str(p.dtype) for p in planes}
-        if len(dtypes) != 1:  # one channel's scale would be wrong by a factor of 257
-            found = ", ".join(
-                f"{n} {p.dtype}" for (_, n), p in zip(row.images, planes, strict=True)
-            )
-            raise CellPaintingError(f"{row.item_id}: channels differ in pixel type: {found}")
-        corrected = np.stack(
-            [
-                correct(p, None if illum is None else illum[c], name)
-                for (c, name), p in zip(row.images, planes, strict=True)
-            ]
-        )
-        out.sources, out.dtype = tuple(sources), "/".join(sorted(dtypes))
-        out.sample = sample(corrected)
-        out.scratch = scratch / f"{uuid.uuid4().hex}.npy"
-        np.save(out.scratch, corrected)
+        corrected, out.sources, out.dtype = _decode(storage, row, illum, retries)
+        out.hist = histogram(corrected)
     except CellPaintingError as exc:
         out.rejected = str(exc)
     except EnvironmentFault as exc:
@@ -183,15 +212,30 @@ def _plate_illum(
     return arrays, tuple(sources)
 
 
-def _one_pixel_type(reads: list[_Read], report: BuildReport) -> list[_Read]:
-    """The fields of the plate's most common pixel type; the others are rejections naming
-    both types (an 8-bit TIFF among 16-bit ones would be scaled by the plate's 16-bit
-    percentiles into a black field)."""
+@dataclass
+class _Written:
+    """One field after pass 2."""
+
+    read: _Read
+    key: str
+    checksum: str = ""
+    shape: tuple[int, int, int] = (0, 0, 0)
+    existed: bool = False
+    environment: str = ""
+    intensity: mf.Intensity | None = None  # the stored array's, per channel (the trainer's input)
+
+
+def _one_pixel_type(
+    reads: list[_Read], hists: dict[str, np.ndarray], report: BuildReport
+) -> tuple[list[_Read], np.ndarray | None]:
+    """The fields of the plate's most common pixel type and their summed histogram; the others
+    are rejections naming both types (an 8-bit TIFF among 16-bit ones would be scaled by the
+    plate's 16-bit percentiles into a black field)."""
     counts: dict[str, int] = {}
     for r in reads:
         counts[r.dtype] = counts.get(r.dtype, 0) + 1
-    if len(counts) < 2:
-        return reads
+    if not counts:
+        return [], None
     common = max(sorted(counts), key=counts.__getitem__)
     for r in reads:
         if r.dtype != common:
@@ -203,7 +247,7 @@ def _one_pixel_type(reads: list[_Read], report: BuildReport) -> list[_Read]:
                     f"{common} ({counts[common]} fields): its percentiles would not fit",
                 }
             )
-    return [r for r in reads if r.dtype == common]
+    return [r for r in reads if r.dtype == common], hists[common]
 
 
 def build_plate(
@@ -211,88 +255,135 @@ def build_plate(
     rows: list[layout.FieldRow],
     cache: CacheStore,
     split: str,
-    perturbations: dict[tuple[str, str], layout.Perturbation],
+    perturbations: dict[tuple[str, str], Perturbation],
     config: CellPaintingConfig,
     workers: int,
     retries: int,
     report: BuildReport,
+    window: int = 0,
 ) -> list[tuple[mf.Field, str]]:
-    """Pass 1 and 2 for one plate: its fields (label filled in later) or [] when left out."""
+    """Pass 1 and 2 for one plate: its fields (label filled in later) or [] when left out.
+    ``window``: fields in flight at once (default ``2 * workers``)."""
     plate = rows[0].plate
-    # The corrected float fields between the passes: beside a folder cache (its disk was chosen
-    # for size), in the machine's temp folder for a bucket cache; removed when the plate is done.
-    with tempfile.TemporaryDirectory(prefix=".scratch-", dir=cache.local) as scratch_dir:
-        scratch = Path(scratch_dir)
-        try:
-            illum, illum_sources = (
-                _plate_illum(storage, rows, retries) if config.illum else (None, ())
-            )
-        except EnvironmentFault as exc:
-            report.environment.append({"source": plate, "reason": f"{ENVIRONMENT}: {exc}"})
-            report.plates_left_out.append(plate)
-            return []
-        except CellPaintingError as exc:
-            report.rejected.extend({"source": r.item_id, "reason": str(exc)} for r in rows)
-            return []
-        with ThreadPoolExecutor(max(1, workers)) as pool:
-            reads = list(pool.map(lambda r: _read_field(storage, r, illum, scratch, retries), rows))
-        for r in reads:
+    window = window or 2 * max(1, workers)
+    try:
+        illum, illum_sources = _plate_illum(storage, rows, retries) if config.illum else (None, ())
+    except EnvironmentFault as exc:
+        report.environment.append({"source": plate, "reason": f"{ENVIRONMENT}: {exc}"})
+        report.plates_left_out.append(plate)
+        return []
+    except CellPaintingError as exc:
+        report.rejected.extend({"source": r.item_id, "reason": str(exc)} for r in rows)
+        return []
+    n_channels = len(rows[0].images)
+    hists: dict[str, np.ndarray] = {}  # pixel type -> the plate's summed histograms
+    good: list[_Read] = []
+    environment = False
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for r in bounded_map(
+            pool, lambda row: _read_field(storage, row, illum, retries), rows, window
+        ):
             if r.rejected:
                 report.rejected.append({"source": r.row.item_id, "reason": r.rejected})
-            if r.environment:
+            elif r.environment:
+                environment = True
                 report.environment.append(
                     {"source": r.row.item_id, "reason": f"{ENVIRONMENT}: {r.environment}"}
                 )
-        good = _one_pixel_type([r for r in reads if not (r.rejected or r.environment)], report)
-        if any(r.environment for r in reads):
+            else:
+                assert r.hist is not None
+                if r.hist.shape[0] != n_channels:
+                    r.rejected = f"{r.row.item_id}: {r.hist.shape[0]} channels, not {n_channels}"
+                    report.rejected.append({"source": r.row.item_id, "reason": r.rejected})
+                    continue
+                # one histogram per pixel type: which type is the plate's is known at the end
+                if r.dtype in hists:
+                    hists[r.dtype] += r.hist
+                else:
+                    hists[r.dtype] = r.hist
+                r.hist = None
+                good.append(r)
+        if environment:
             report.plates_left_out.append(plate)
             return []
-        if not good:
+        good, hist = _one_pixel_type(good, hists, report)
+        if not good or hist is None:
             return []
-        norms = plate_normalization(
-            [r.sample for r in good if r.sample is not None], config.p_low, config.p_high
-        )
-        fields = []
-        for r in good:
-            assert r.scratch is not None
-            array = to_uint8(np.load(r.scratch), norms)
+        norms = plate_normalization(hist, config.p_low, config.p_high)
+
+        def write(r: _Read) -> _Written:
             key = _cache_key(r, illum_sources, norms, config)
             rel = field_relpath(plate, key)
-            existed = cache.has_field(rel)
-            channels = tuple(c for c, _ in r.row.images)
-            checksum = cache.write_field(
-                rel, array, channels, {"item_id": r.row.item_id}, config.chunk, config.clevel
-            )
-            report.kept += existed
-            report.written += not existed
-            pert = perturbations.get((plate, r.row.well))
-            fields.append(
-                (
-                    mf.Field(
-                        item_id=r.row.item_id,
-                        split=split,
-                        label=None,
-                        zarr_path=rel,
-                        shape=(array.shape[0], array.shape[1], array.shape[2]),
-                        dtype="uint8",
-                        checksum=checksum,
-                        cache_key=key,
-                        sources=r.sources,
-                        source=r.row.source,
-                        batch=r.row.batch,
-                        plate=plate,
-                        well=r.row.well,
-                        site=r.row.site,
-                        channels=channels,
-                        perturbation=pert.perturbation if pert else "",
-                        perturbation_type=pert.perturbation_type if pert else "",
-                        is_control=bool(pert and pert.is_control),
-                        normalization=norms,
-                        illum=illum_sources,
-                        source_dtype=r.dtype,
-                        intensity=mf.Intensity.of(array, channels_first=True),
-                    ),
-                    pert.perturbation if pert else "",
+            out = _Written(r, key)
+            try:
+                if cache.has_field(rel):
+                    stored = cache.open_array(rel)
+                    out.existed, out.shape = True, tuple(stored.shape)  # type: ignore[assignment]
+                    values = np.asarray(stored[...])
+                    out.checksum = array_checksum(values)
+                    out.intensity = mf.Intensity.of(values, channels_first=True)
+                    return out
+                corrected, _, _ = _decode(storage, r.row, illum, retries, expect=r.sources)
+                array = to_uint8(corrected, norms)
+                del corrected
+                channels = tuple(c for c, _ in r.row.images)
+                out.checksum = cache.write_field(
+                    rel, array, channels, {"item_id": r.row.item_id}, config.chunk, config.clevel
                 )
+                out.shape = (array.shape[0], array.shape[1], array.shape[2])
+                out.intensity = mf.Intensity.of(array, channels_first=True)
+            except (EnvironmentFault, CellPaintingError, StorageError, OSError) as exc:
+                # pass 1 decoded these very bytes: a failure now is the machine's, not the data's
+                out.environment = str(exc)
+            return out
+
+        written = list(_fields(bounded_map(pool, write, good, window), report))
+    if any(w.environment for w in written):
+        report.plates_left_out.append(plate)
+        return []
+    fields = []
+    for w in written:
+        r = w.read
+        report.kept += w.existed
+        report.written += not w.existed
+        pert = perturbations.get((plate, r.row.well))
+        fields.append(
+            (
+                mf.Field(
+                    item_id=r.row.item_id,
+                    split=split,
+                    label=None,
+                    zarr_path=field_relpath(plate, w.key),
+                    shape=w.shape,
+                    dtype="uint8",
+                    checksum=w.checksum,
+                    cache_key=w.key,
+                    sources=r.sources,
+                    source=r.row.source,
+                    batch=r.row.batch,
+                    plate=plate,
+                    well=r.row.well,
+                    site=r.row.site,
+                    channels=tuple(c for c, _ in r.row.images),
+                    perturbation=pert.perturbation if pert else "",
+                    perturbation_type=pert.perturbation_type if pert else "",
+                    is_control=bool(pert and pert.is_control),
+                    normalization=norms,
+                    illum=illum_sources,
+                    source_dtype=r.dtype,
+                    intensity=w.intensity,
+                ),
+                pert.perturbation if pert else "",
             )
-        return fields
+        )
+    return fields
+
+
+def _fields(written: Iterable[_Written], report: BuildReport) -> Iterator[_Written]:
+    """Pass 2's results, environment faults reported as they come."""
+    for w in written:
+        if w.environment:
+            report.environment.append(
+                {"source": w.read.row.item_id, "reason": f"{ENVIRONMENT}: {w.environment}"}
+            )
+        yield w

@@ -1,24 +1,36 @@
-"""The synthetic Cell Painting twin, written in JUMP's layout (see ``layout.py``).
+"""The synthetic Cell Painting twin, written as the Cell Painting Gallery releases JUMP.
 
-Same seed, same bytes. ``plates`` plates (``P1``, ``P2``, ... of source ``source_0``, batch
-``B1``), each a 4 x 6 block of wells (A01..D06) with ``sites`` fields per well, ``size`` x
-``size`` pixels, five 16-bit TIFFs per field (DNA, AGP, ER, Mito, RNA; files named as the
-Opera Phenix names them, ``r01c01f01p01-ch<k>sk1fk1fl1.tiff``, with a channel numbering the
-load-data table maps), the plate's illumination functions as ``.npy`` and a load-data table
-``load_data_with_illum.csv`` per plate; ``metadata/perturbations.csv`` is the perturbation table.
+Same seed, same bytes. ``generate(out)`` writes two trees:
 
-Each plate holds every perturbation of ``PHENOTYPES`` in 4 wells, placed at random per plate
-(so a well's position says nothing): the negative control ``DMSO`` and five perturbations that
-change morphology as documented there (one strong, four subtle). Every field is multiplied by
-its channel's illumination (a vignette; the illum ``.npy`` undoes it, up to the plate's
-residual: its true vignette's peak is shifted) and a plate gain (a batch effect, 0.8..1.2), plus
-the nuisance of ``cells.py`` (per well: stain intensity per channel, cell density; per field:
-focus, background) and Poisson noise. With ``traps`` one TIFF (plate P2, the last well, site 1,
-Mito) is truncated: build-cache must reject that field with the reason, and nothing else.
+- ``out/cpg0016-jump/<source>/`` (upload it to ``s3://cellpainting-gallery/cpg0016-jump/``):
+  ``plates`` plates dealt in turn to an Opera Phenix source (``source_4``), a CV8000 source
+  (``source_2``) and a Phenix source whose folders say ``Measurement 1`` (``source_3``), with the
+  image keys each microscope writes (``microscopes.py``) under ``images/<batch>/images/``; the
+  plate's illumination functions under ``images/<batch>/illum/<plate>/``; and per plate
+  ``workspace/load_data_csv/<batch>/<plate>/load_data_with_illum.parquet`` and ``.csv`` with the
+  release's columns: ``Metadata_{Source,Batch,Plate,Well,Site}``, ``FileName_Orig<Ch>``,
+  ``PathName_Orig<Ch>`` (``s3://`` folders), ``URL_Orig<Ch>`` (``s3://`` URLs, as jump-portrait
+  reads them), ``FileName_Illum<Ch>``, ``PathName_Illum<Ch>``;
+- ``out/datasets/metadata/``: the jump-cellpainting ``datasets`` repository's tables for these
+  plates: ``plate.csv.gz``, ``well.csv.gz`` (Source/Plate/Well/JCP2022), ``compound.csv.gz``,
+  ``orf.csv.gz``, ``crispr.csv.gz``, ``perturbation_control.csv``, ``microscope_config.csv``.
+
+Each plate is a 4 x 6 block of wells (A01..D06) with ``sites`` fields per well, ``size`` x
+``size`` pixels, five 16-bit TIFFs per field. Every perturbation of ``PHENOTYPES`` is in 4 wells
+per plate, placed at random (so a well's position says nothing): DMSO (``JCP2022_033924``, the
+negative control), AMG900 (``JCP2022_037716``, a positive control) and compounds, an ORF and a
+CRISPR guide with ids in their own JCP2022 ranges, each changing morphology as documented there.
+Every field is multiplied by its channel's illumination (a vignette; the illum ``.npy`` undoes
+it, up to the plate's residual: its true vignette's peak is shifted) and a plate gain (a batch
+effect, 0.8..1.2), plus the nuisance of ``cells.py`` (per well: stain intensity per channel, cell
+density; per field: focus, background) and Poisson noise. One phenotype is strong, four subtle.
+With ``traps`` one TIFF (the second plate, its last well, site 1, Mito) is truncated: build-cache
+must reject that field with the reason, and nothing else.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,43 +46,52 @@ from octstage.cellpainting.cells import (
     illumination,
     to_uint16,
 )
-from octstage.cellpainting.layout import LOAD_DATA_ROOT, write_csv
+from octstage.cellpainting.layout import LOAD_DATA_ROOT, write_csv, write_parquet
+from octstage.cellpainting.metadata import DMSO, TABLES
+from octstage.cellpainting.microscopes import TWIN_MICROSCOPES, Microscope
 from octstage.errors import ConfigError
 
-SOURCE = "source_0"
-BATCH = "B1"
+DATASET = "cpg0016-jump"
+BUCKET = "cellpainting-gallery"
+METADATA_DIR = "datasets/metadata"
 ROWS, COLS = "ABCD", 6
 WELLS_PER_PERTURBATION = 4
-# id -> (perturbation type, phenotype, what changes; a probe should tell them apart). One strong
-# phenotype and four subtle ones, so that encoders do not all score AP ~1: their sizes sit near
-# the well-to-well nuisance of ``cells.py`` (stain intensity, cell density, focus), which a
+# id -> (perturbation type the build assigns, phenotype, what changes; a probe should tell them
+# apart). Ids follow JUMP's numbering: compounds below 800000, CRISPR 8xxxxx, ORF 9xxxxx. One
+# strong phenotype and four subtle ones, so that encoders do not all score AP ~1: their sizes sit
+# near the well-to-well nuisance of ``cells.py`` (stain intensity, cell density, focus), which a
 # random encoder cannot see through.
 PHENOTYPES: dict[str, tuple[str, Phenotype, str]] = {
-    "DMSO": ("negcon", Phenotype(), "negative control"),
-    "JCP2022_000001": ("compound", Phenotype(nucleus_size=1.45), "nuclei 45% larger (DNA)"),
-    "JCP2022_000002": (
+    DMSO: ("negcon", Phenotype(), "DMSO, the negative control"),
+    "JCP2022_037716": (
+        "poscon",
+        Phenotype(nucleus_size=1.45),
+        "AMG900 (positive control): nuclei 45% larger (DNA)",
+    ),
+    "JCP2022_012567": (
         "compound",
         Phenotype(mito_count=2.5),
         "mitochondria fragmented: 2.5x the puncta, smaller (Mito; subtle)",
     ),
-    "JCP2022_000003": (
+    "JCP2022_904321": (
         "orf",
         Phenotype(er_spread=1.4),
         "ER spread 40% wider, dimmer (ER; subtle)",
     ),
-    "JCP2022_000004": (
+    "JCP2022_801234": (
         "crispr",
         Phenotype(cell_size=0.9, agp_membrane=0.75),
         "cells 10% smaller, membrane/actin 25% fainter (AGP; subtle)",
     ),
-    "JCP2022_000005": (
+    "JCP2022_047355": (
         "compound",
         Phenotype(nucleoli=1.5),
         "more nucleoli and cytoplasmic RNA, +50% (RNA; subtle)",
     ),
 }
-# Opera-Phenix-like channel numbers: the file's ch<k> is not the load-data column order.
-CHANNEL_NUMBER = {"Mito": 1, "AGP": 2, "RNA": 3, "ER": 4, "DNA": 5}
+# Modality (which datasets table lists the id) of the controls above.
+_CONTROL_MODALITY = {DMSO: "compound", "JCP2022_037716": "compound"}
+_CONTROL_NAMES = {DMSO: "DMSO", "JCP2022_037716": "AMG900"}
 
 
 @dataclass(frozen=True)
@@ -80,9 +101,12 @@ class TwinInfo:
     plates: tuple[str, ...]
     fields: int
     tiffs: int
-    truncated: tuple[str, ...]  # object names of the planted bad TIFFs
-    load_data: tuple[str, ...]  # object names of the load-data tables
-    metadata: str  # object name of the perturbation table
+    truncated: tuple[str, ...]  # object names (under the dataset root) of the planted bad TIFFs
+    load_data: tuple[str, ...]  # object names of the load-data tables (parquet and CSV)
+    metadata: str  # the datasets metadata folder, relative to ``out``
+    dataset: str = DATASET  # the dataset root (upload it as s3://BUCKET/DATASET), under ``out``
+    bucket: str = BUCKET
+    sources: tuple[str, ...] = ()  # per plate, its source
 
 
 def plate_map(
@@ -96,12 +120,81 @@ def plate_map(
     return {wells[i]: ids[k] for k, i in enumerate(order)}
 
 
+def plate_name(index: int) -> str:
+    """The twin's plate names, shaped like their sources' (BR00117035, APTJUM001, ...)."""
+    scope = TWIN_MICROSCOPES[index % len(TWIN_MICROSCOPES)]
+    return f"BR{117035 + index:08d}" if scope.name == "Opera Phenix" else f"APTJUM{index + 1:03d}"
+
+
 def _tiff(image: np.ndarray) -> bytes:
     import tifffile
 
     buf = io.BytesIO()
     tifffile.imwrite(buf, image, photometric="minisblack")
     return buf.getvalue()
+
+
+def _gz_csv(rows: list[dict[str, object]]) -> bytes:
+    return gzip.compress(write_csv(rows), mtime=0)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _write_metadata(
+    out: Path, plates: list[tuple[str, Microscope]], wells: list[dict[str, object]]
+) -> None:
+    """The datasets repository's tables for the twin's plates and wells."""
+    by_type: dict[str, list[dict[str, object]]] = {"compound": [], "orf": [], "crispr": []}
+    for jcp, (kind, _, what) in PHENOTYPES.items():
+        modality = _CONTROL_MODALITY.get(jcp, kind)
+        if modality == "compound":
+            key = "".join(chr(65 + int(d)) for d in jcp[-6:])
+            row: dict[str, object] = {
+                "Metadata_JCP2022": jcp,
+                "Metadata_InChIKey": f"{key}TWINSYNTHX-UHFFFAOYSA-N",
+                "Metadata_InChI": "",
+                "Metadata_SMILES": "",
+            }
+        else:
+            row = {"Metadata_JCP2022": jcp, "Metadata_NCBI_Gene_ID": "", "Metadata_Symbol": what}
+        by_type[modality].append(row)
+    for modality, rows in by_type.items():
+        _write(out / TABLES[modality], _gz_csv(rows))
+    controls: list[dict[str, object]] = [
+        {
+            "Metadata_JCP2022": jcp,
+            "Metadata_pert_type": PHENOTYPES[jcp][0],
+            "Metadata_Name": name,
+            "Metadata_modality": "compound",
+        }
+        for jcp, name in _CONTROL_NAMES.items()
+    ]
+    _write(out / TABLES["control"], write_csv(controls))
+    _write(out / TABLES["well"], _gz_csv(wells))
+    plate_rows: list[dict[str, object]] = [
+        {
+            "Metadata_Source": m.source,
+            "Metadata_Batch": m.batch,
+            "Metadata_Plate": p,
+            "Metadata_PlateType": "COMPOUND",
+        }
+        for p, m in plates
+    ]
+    _write(out / "plate.csv.gz", _gz_csv(plate_rows))
+    scopes = {m.source: m for _, m in plates}
+    config: list[dict[str, object]] = [
+        {
+            "Metadata_Source": m.source.removeprefix("source_"),
+            "Metadata_Microscope_Name": m.name,
+            "Metadata_Sites_Per_Well": m.sites_per_well,
+            "Metadata_Pixel_Size_Microns": m.pixel_size_um,
+        }
+        for m in scopes.values()
+    ]
+    _write(out / "microscope_config.csv", write_csv(config))
 
 
 def generate(
@@ -112,43 +205,49 @@ def generate(
     seed: int = 0,
     traps: bool = True,
     replicates: int = WELLS_PER_PERTURBATION,
+    bucket: str = BUCKET,
 ) -> TwinInfo:
-    """Write the twin under ``out`` (the source root); ``replicates`` wells per perturbation
-    and plate (1..4; tests use fewer to stay fast)."""
+    """Write the twin under ``out`` (see the module doc); ``replicates`` wells per
+    perturbation and plate (1..4; tests use fewer to stay fast); ``bucket``: the bucket the
+    tables' ``s3://`` URLs name (the twin's tree goes to ``s3://<bucket>/cpg0016-jump/``)."""
     if not (
         1 <= replicates <= WELLS_PER_PERTURBATION and size >= 32 and plates >= 1 and sites >= 1
     ):
         raise ConfigError("twin needs 1..4 replicates, size >= 32, at least one plate and site")
-    out.mkdir(parents=True, exist_ok=True)
-    metadata_rows: list[dict[str, object]] = []
+    root = out / DATASET
+    root.mkdir(parents=True, exist_ok=True)
+    well_rows: list[dict[str, object]] = []
     load_data: list[str] = []
     truncated: list[str] = []
     n_fields = 0
-    plate_names = tuple(f"P{i + 1}" for i in range(plates))
-    for pi, plate in enumerate(plate_names):
+    plate_names = tuple(plate_name(i) for i in range(plates))
+    scopes = [TWIN_MICROSCOPES[i % len(TWIN_MICROSCOPES)] for i in range(plates)]
+    for pi, (plate, scope) in enumerate(zip(plate_names, scopes, strict=True)):
         rng = np.random.default_rng([seed, pi])
         gain = float(rng.uniform(0.8, 1.2))
         illum = np.stack([illumination(size, k) for k in range(len(CHANNEL_ORDER))])
         shift = (float(rng.uniform(-0.08, 0.08)), float(rng.uniform(-0.08, 0.08)))
         true_illum = np.stack([illumination(size, k, shift) for k in range(len(CHANNEL_ORDER))])
-        img_dir = f"images/{BATCH}/images/{plate}"
-        illum_dir = f"images/{BATCH}/illum/{plate}"
-        (out / illum_dir).mkdir(parents=True, exist_ok=True)
+        src = f"{scope.source}/"
+        folder = scope.folder(plate, pi)
+        img_dir = f"{src}images/{scope.batch}/images/{folder}"
+        illum_dir = f"{src}images/{scope.batch}/illum/{plate}"
+        url = f"s3://{bucket}/{DATASET}/"
         for k, ch in enumerate(CHANNEL_ORDER):
             # CellProfiler's illum function: mean 1 over the image, divide to flatten.
-            np.save(out / illum_dir / f"{plate}_Illum{ch}.npy", illum[k] / illum[k].mean())
-        (out / img_dir).mkdir(parents=True, exist_ok=True)
+            buf = io.BytesIO()
+            np.save(buf, illum[k] / illum[k].mean())
+            _write(root / illum_dir / f"{plate}_Illum{ch}.npy", buf.getvalue())
         rows: list[dict[str, object]] = []
         wells = plate_map(seed, pi, replicates)
         for wi, (well, pert) in enumerate(sorted(wells.items())):
-            kind, phenotype, _ = PHENOTYPES[pert]
-            metadata_rows.append(
+            _, phenotype, _ = PHENOTYPES[pert]
+            well_rows.append(
                 {
-                    "Metadata_Source": SOURCE,
+                    "Metadata_Source": scope.source,
                     "Metadata_Plate": plate,
                     "Metadata_Well": well,
                     "Metadata_JCP2022": pert,
-                    "Metadata_perturbation_type": kind,
                 }
             )
             r, c = ROWS.index(well[0]) + 1, int(well[1:])
@@ -157,40 +256,42 @@ def generate(
                 field = draw_field(rng, size, phenotype, cells=int(rng.integers(*nuisance.cells)))
                 raw = to_uint16(rng, field, true_illum, gain, nuisance.stain)
                 row: dict[str, object] = {
-                    "Metadata_Source": SOURCE,
-                    "Metadata_Batch": BATCH,
+                    "Metadata_Source": scope.source,
+                    "Metadata_Batch": scope.batch,
                     "Metadata_Plate": plate,
                     "Metadata_Well": well,
                     "Metadata_Site": site,
                 }
+                urls: dict[str, object] = {}
                 for k, ch in enumerate(CHANNEL_ORDER):
-                    name = f"r{r:02d}c{c:02d}f{site:02d}p01-ch{CHANNEL_NUMBER[ch]}sk1fk1fl1.tiff"
+                    name = scope.file_name(folder.removesuffix("/Images"), r, c, site, ch)
                     data = _tiff(raw[k])
                     if traps and pi == 1 and wi == len(wells) - 1 and site == 1 and ch == "Mito":
                         data = data[: len(data) // 2]  # a half-uploaded file
                         truncated.append(f"{img_dir}/{name}")
-                    (out / img_dir / name).write_bytes(data)
+                    _write(root / img_dir / name, data)
                     row[f"FileName_Orig{ch}"] = name
-                    row[f"PathName_Orig{ch}"] = f"{img_dir}/"
+                    row[f"PathName_Orig{ch}"] = f"{url}{img_dir}/"
+                    urls[f"URL_Orig{ch}"] = f"{url}{img_dir}/{name}"
                 for ch in CHANNEL_ORDER:
                     row[f"FileName_Illum{ch}"] = f"{plate}_Illum{ch}.npy"
-                    row[f"PathName_Illum{ch}"] = f"{illum_dir}/"
-                rows.append(row)
+                    row[f"PathName_Illum{ch}"] = f"{url}{illum_dir}/"
+                rows.append({**row, **urls})
                 n_fields += 1
-        table = f"{LOAD_DATA_ROOT}{BATCH}/{plate}/load_data_with_illum.csv"
-        (out / table).parent.mkdir(parents=True, exist_ok=True)
-        (out / table).write_bytes(write_csv(rows))
-        load_data.append(table)
-    metadata = "metadata/perturbations.csv"
-    (out / metadata).parent.mkdir(parents=True, exist_ok=True)
-    (out / metadata).write_bytes(write_csv(metadata_rows))
+        table = f"{src}{LOAD_DATA_ROOT}{scope.batch}/{plate}/load_data_with_illum"
+        _write(root / f"{table}.parquet", write_parquet(rows))
+        _write(root / f"{table}.csv", write_csv(rows))
+        load_data += [f"{table}.parquet", f"{table}.csv"]
+    _write_metadata(out / METADATA_DIR, list(zip(plate_names, scopes, strict=True)), well_rows)
     return TwinInfo(
         plate_names,
         n_fields,
         n_fields * len(CHANNEL_ORDER),
         tuple(truncated),
         tuple(load_data),
-        metadata,
+        METADATA_DIR,
+        bucket=bucket,
+        sources=tuple(m.source for m in scopes),
     )
 
 
@@ -202,9 +303,12 @@ def run_synth_cellpainting(
     with console.status(f"writing the Cell Painting twin into {out}"):
         info = generate(out, plates, sites, size, seed, traps)
     console.print(
-        f"octstage synth --kind cellpainting: {out}: {len(info.plates)} plates, {info.fields} "
-        f"fields, {info.tiffs} TIFFs ({size}x{size}, uint16), {len(info.truncated)} planted "
-        f"truncated TIFF(s); perturbation table {info.metadata}"
+        f"octstage synth --kind cellpainting: {out}: {len(info.plates)} plates "
+        f"({', '.join(f'{p} of {s}' for p, s in zip(info.plates, info.sources, strict=True))}), "
+        f"{info.fields} fields, {info.tiffs} TIFFs ({size}x{size}, uint16), "
+        f"{len(info.truncated)} planted truncated TIFF(s)\n"
+        f"  the bucket's tree: {out / info.dataset} (upload it as s3://{info.bucket}/{info.dataset})"
+        f"\n  the datasets repository's tables: {out / info.metadata}"
     )
     for pert, (kind, _, what) in PHENOTYPES.items():
         console.print(f"  {pert:16s} {kind:9s} {what}")

@@ -65,7 +65,16 @@ _KIND_ONLY = {
         "concept",
         "max_reject_share",
     ),
-    "cellpainting": ("load_data", "metadata"),
+    "cellpainting": (
+        "load_data",
+        "metadata",
+        "select_source",
+        "select_batch",
+        "select_plate",
+        "select_type",
+        "map_prefix",
+        "anonymous",
+    ),
 }
 
 
@@ -80,9 +89,18 @@ def refuse_other_kinds_options(a: argparse.Namespace) -> None:
 def build(a: argparse.Namespace) -> int:
     refuse_other_kinds_options(a)
     if a.kind == "cellpainting":
-        from octstage.cellpainting.build import run_build_cellpainting
+        from octstage.cellpainting.build import Selection, run_build_cellpainting
 
+        select = Selection(
+            tuple(a.select_source or ()),
+            tuple(a.select_batch or ()),
+            tuple(a.select_plate or ()),
+            tuple(a.select_type or ()),
+        )
         return run_build_cellpainting(
+            select=select,
+            prefix_map=tuple(a.map_prefix or ()),
+            anonymous=a.anonymous,
             source=a.source,
             out=a.out,  # a folder or a bucket URL: not a Path, which would mangle gs://
             load_data=tuple(a.load_data or ()),

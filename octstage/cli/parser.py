@@ -187,9 +187,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--metadata",
-        metavar="TABLE",
-        help="cellpainting: perturbation table (Metadata_Plate, Metadata_Well, Metadata_JCP2022, "
-        "Metadata_perturbation_type), joined by plate and well",
+        metavar="DIR_OR_TABLE",
+        help="cellpainting: the jump-cellpainting datasets repository's metadata/ folder "
+        "(well.csv.gz, compound/orf/crispr.csv.gz, perturbation_control.csv; a local folder or a "
+        "URL ending in /), or one table with Metadata_Plate, Metadata_Well, Metadata_JCP2022, "
+        "Metadata_perturbation_type; joined by plate and well",
+    )
+    for flag, what in (
+        ("source", "a source (Metadata_Source, e.g. source_4)"),
+        ("batch", "a batch"),
+        ("plate", "a plate"),
+        (
+            "type",
+            "a perturbation type (compound, orf, crispr, negcon, poscon, empty, unknown; "
+            "needs --metadata)",
+        ),
+    ):
+        s.add_argument(
+            f"--select-{flag}",
+            action="append",
+            metavar=flag.upper(),
+            help=f"cellpainting: build only {what}; repeat for more",
+        )
+    s.add_argument(
+        "--map-prefix",
+        action="append",
+        metavar="FROM=TO",
+        help="cellpainting: rewrite absolute paths of the tables starting with FROM to TO before "
+        "placing them under --source (e.g. s3://cellpainting-gallery/cpg0016-jump/=/data/jump/ "
+        "for a local copy); repeat for more",
+    )
+    s.add_argument(
+        "--anonymous",
+        action="store_true",
+        help="read s3:// without credentials (unsigned requests: the public Cell Painting "
+        "Gallery bucket), whatever AWS keys are set",
     )
     s.add_argument(
         "--out",

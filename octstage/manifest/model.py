@@ -17,7 +17,7 @@ KINDS = ("oct", "cellpainting")
 CELLPAINTING_CHANNELS = ("DNA", "AGP", "ER", "Mito", "RNA")
 # What a field's perturbation is; "negcon" marks negative controls (DMSO, non-targeting, ...),
 # "" a field whose plate and well the metadata does not list.
-PERTURBATION_TYPES = ("compound", "orf", "crispr", "negcon", "")
+PERTURBATION_TYPES = ("compound", "orf", "crispr", "negcon", "poscon", "empty", "")
 # The manifest's JSON Schema, package data of octstage (verify and stage read it).
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "manifest.schema.json"
 # Bump when anything changes what a cached volume contains for the same source and parameters.

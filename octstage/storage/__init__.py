@@ -24,8 +24,14 @@ __all__ = [
 ]
 
 
-def open_storage(url: str) -> Storage:
-    """The backend for ``url`` (local path, ``file://``, ``gs://``, ``s3://`` or ``b2://``)."""
+def open_storage(url: str, anonymous: bool = False) -> Storage:
+    """The backend for ``url`` (local path, ``file://``, ``gs://``, ``s3://`` or ``b2://``);
+    ``anonymous``: an ``s3://`` bucket read unsigned, without credentials (a public bucket such
+    as the Cell Painting Gallery's), whatever keys the environment holds."""
+    if anonymous and url.startswith("s3://"):
+        from octstage.storage.s3 import S3Storage
+
+        return S3Storage.from_location(parse_location(url), anonymous=True)
     if url.startswith(("gs://", "s3://", "b2://")):
         return open_location(parse_location(url))
     return LocalStorage(url.removeprefix("file://"))

@@ -62,8 +62,10 @@ class S3Storage(FsspecStorage):
     errors = (OSError, ValueError, BotoCoreError, ClientError)
 
     @classmethod
-    def from_location(cls, loc: Location) -> S3Storage:
+    def from_location(cls, loc: Location, anonymous: bool = False) -> S3Storage:
         creds = s3_credentials(loc)
+        if anonymous:  # unsigned requests; the endpoint and region still come from the settings
+            creds = S3Credentials("", "", "", creds.endpoint, creds.region, anonymous=True)
         return cls(s3_filesystem(creds), loc.bucket, loc.prefix, secrets=creds.secrets())
 
     def md5_of(self, info: Mapping[str, Any]) -> str | None:

@@ -19,17 +19,20 @@ CLI = Callable[..., Ran]
 
 @pytest.fixture(scope="module")
 def cp_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A one-plate JUMP-layout twin (24 fields, one site, 48 px), no planted traps."""
+    """A one-plate twin of the release (24 fields, one site, 48 px), no planted traps: its
+    dataset root (``.../cpg0016-jump``)."""
     from octstage.cellpainting.synth import generate
 
-    root = tmp_path_factory.mktemp("cp") / "source_0"
-    generate(root, plates=1, sites=1, size=48, seed=5, traps=False)
-    return root
+    out = tmp_path_factory.mktemp("cp")
+    info = generate(out, plates=1, sites=1, size=48, seed=5, traps=False)
+    return out / info.dataset
 
 
 def _cp_build(source: Path, out: Path, *extra: str | Path) -> tuple[str | Path, ...]:
+    # the tables name s3://cellpainting-gallery/cpg0016-jump/...: mapped onto this copy
     return ("build-cache", "--kind", "cellpainting", "--source", source, "--out", out,
-            "--workers", "1", *extra)  # fmt: skip
+            "--workers", "1", "--map-prefix",
+            f"s3://cellpainting-gallery/cpg0016-jump/={source}/", *extra)  # fmt: skip
 
 
 def test_build_cache_over_another_cache_is_refused(
@@ -58,7 +61,7 @@ def test_a_cell_painting_build_that_keeps_nothing_exits_2_and_verify_refuses_it(
 ) -> None:
     import shutil
 
-    src = Path(shutil.copytree(cp_source, tmp_path / "source_0"))
+    src = Path(shutil.copytree(cp_source, tmp_path / "cpg0016-jump"))
     for tiff in src.rglob("*.tiff"):
         tiff.write_bytes(b"<html>503</html>")
     out = tmp_path / "cache"
@@ -77,7 +80,7 @@ def test_an_8_bit_channel_among_16_bit_ones_is_a_rejection_naming_both(
 
     import tifffile
 
-    src = Path(shutil.copytree(cp_source, tmp_path / "source_0"))
+    src = Path(shutil.copytree(cp_source, tmp_path / "cpg0016-jump"))
     dna = sorted(src.rglob("*-ch1*.tif*"))
     for t in dna:  # the DNA channel 8-bit in every field: the plate alone would not tell
         image = tifffile.imread(t)
@@ -96,7 +99,7 @@ def test_a_whole_8_bit_field_among_16_bit_fields_is_a_rejection(
 
     import tifffile
 
-    src = Path(shutil.copytree(cp_source, tmp_path / "source_0"))
+    src = Path(shutil.copytree(cp_source, tmp_path / "cpg0016-jump"))
     tiffs = sorted(src.rglob("*.tif*"))
     field = [t for t in tiffs if t.name.split("-")[0] == tiffs[0].name.split("-")[0]]
     for t in field:  # every channel of one field 8-bit: the plate's percentiles would not fit

@@ -89,34 +89,38 @@ CP_PLATES, CP_SITES, CP_SIZE = 2, 1, 64
 
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TwinInfo]:
-    """A small JUMP-layout twin (its planted truncated TIFF included) in a local folder."""
+    """A small twin of the release (its planted truncated TIFF included) in a local folder:
+    returns the dataset root (``.../cpg0016-jump``, holding ``source_4/`` and ``source_2/``) and
+    what it holds; its tables' URLs name a bucket of its own (``info.bucket``), where
+    ``s3_twin`` uploads it, and its datasets metadata is ``root.parent / info.metadata``."""
     from octstage.cellpainting.synth import generate as generate_cp
 
-    root = tmp_path_factory.mktemp("cp") / "source_0"
-    return root, generate_cp(
-        root, plates=CP_PLATES, sites=CP_SITES, size=CP_SIZE, seed=3, replicates=1
+    out = tmp_path_factory.mktemp("cp")
+    bucket = f"cpg-twin-{uuid.uuid4().hex[:8]}"
+    info = generate_cp(
+        out, plates=CP_PLATES, sites=CP_SITES, size=CP_SIZE, seed=3, replicates=1, bucket=bucket
     )
+    return out / info.dataset, info
 
 
 @pytest.fixture(scope="module")
 def s3_twin(s3_server: S3Double, twin: tuple[Path, TwinInfo]) -> Iterator[str]:
-    """The twin uploaded to a bucket of its own; yields its ``s3://`` root (AWS_* point at the
-    double while the module's tests run)."""
+    """The twin uploaded to the bucket its tables name; yields its ``s3://.../cpg0016-jump``
+    root (AWS_* point at the double while the module's tests run)."""
     from tests.doubles.fixtures import clear_client_caches
 
-    root, _ = twin
-    bucket = f"cpg-twin-{uuid.uuid4().hex[:8]}"
-    s3_server.create_bucket(bucket)
+    root, info = twin
+    s3_server.create_bucket(info.bucket)
     client = s3_server.client()
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         client.put_object(
-            Bucket=bucket,
-            Key=f"cpg0016-jump/source_0/{path.relative_to(root)}",
+            Bucket=info.bucket,
+            Key=f"{info.dataset}/{path.relative_to(root)}",
             Body=path.read_bytes(),
         )
     with pytest.MonkeyPatch.context() as mp:
         for key, value in s3_server.env().items():
             mp.setenv(key, value)
         clear_client_caches()
-        yield f"s3://{bucket}/cpg0016-jump/source_0"
+        yield f"s3://{info.bucket}/{info.dataset}"
         clear_client_caches()

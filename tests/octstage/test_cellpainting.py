@@ -19,8 +19,9 @@ import zarr
 from octstage import manifest as mf
 from octstage.cache.verify import verify
 from octstage.cellpainting import layout
-from octstage.cellpainting.build import build, exit_code, plate_splits
-from octstage.cellpainting.normalize import decode_tiff, plate_normalization, to_uint8
+from octstage.cellpainting.build import build, exit_code, find_tables, plate_splits
+from octstage.cellpainting.metadata import DMSO
+from octstage.cellpainting.normalize import decode_tiff, histogram, plate_normalization, to_uint8
 from octstage.cellpainting.plate import CellPaintingConfig
 from octstage.cellpainting.synth import PHENOTYPES, TwinInfo
 from octstage.cli import main
@@ -83,8 +84,8 @@ def test_normalization_is_per_channel_robust_percentiles() -> None:
     field = np.stack([rng.uniform(100, 200, (32, 32)), rng.uniform(1000, 5000, (32, 32))]).astype(
         np.float32
     )
-    field[0, 0, 0] = 1e6  # one hot pixel must not set the range
-    norms = plate_normalization([field.reshape(2, -1)], 1.0, 99.0)
+    field[0, 0, 0] = 6e4  # one hot pixel must not set the range
+    norms = plate_normalization(histogram(field), 1.0, 99.0)
     assert (
         100 <= norms[0].low < norms[0].high <= 200 and 1000 <= norms[1].low < norms[1].high <= 5000
     )
@@ -99,7 +100,9 @@ def test_a_bad_tiff_is_a_rejection_naming_the_file() -> None:
 
 def test_a_load_data_table_without_a_channel_column_is_refused_naming_it() -> None:
     rows = [{"Metadata_Plate": "P1", "Metadata_Well": "A01", "Metadata_Site": "1"}]
-    with pytest.raises(CellPaintingError, match=r"t\.csv: missing column\(s\) FileName_OrigDNA"):
+    with pytest.raises(
+        CellPaintingError, match=r"t\.csv: missing column\(s\) URL_OrigDNA or FileName_OrigDNA"
+    ):
         layout.parse_load_data(rows, "t.csv", "/root")
 
 
@@ -109,18 +112,24 @@ def test_absolute_path_names_must_lie_under_the_source_root() -> None:
         layout.relative_name(f"{root}/images/B/images/P/", "a.tiff", root)
         == "images/B/images/P/a.tiff"
     )
-    with pytest.raises(CellPaintingError, match="not under the source root"):
+    with pytest.raises(CellPaintingError, match=r"not under the source root.*--map-prefix"):
         layout.relative_name("s3://elsewhere/images/", "a.tiff", root)
+    # A mirror or local copy: the prefix map rewrites the release's URLs onto it.
+    prefixes = layout.PrefixMap.parse([f"{root}/=/data/jump/source_4/"])
+    assert (
+        layout.relative_name(f"{root}/images/B/images/P/", "a.tiff", "/data/jump", prefixes)
+        == "source_4/images/B/images/P/a.tiff"
+    )
 
 
 def test_twin_builds_from_s3_into_a_verified_cache_that_stages(
     s3_twin: str, twin: tuple[Path, TwinInfo], tmp_path: Path, s3_server: S3Double
 ) -> None:
-    _, info = twin
+    root, info = twin
     cache = tmp_path / "cache"
     rc = main(
         ["build-cache", "--kind", "cellpainting", "--source", s3_twin, "--out", str(cache),
-         "--metadata", "metadata/perturbations.csv", "--json", str(tmp_path / "r.json")]
+         "--metadata", str(root.parent / info.metadata), "--json", str(tmp_path / "r.json")]
     )  # fmt: skip
     assert rc == 1  # the planted truncated TIFF, and nothing else, is rejected
     m = mf.load(cache / "manifest.json")
@@ -130,19 +139,23 @@ def test_twin_builds_from_s3_into_a_verified_cache_that_stages(
         f"{info.truncated[0]}: not a readable TIFF: " + m.rejected[0].reason.split("TIFF: ")[1]
     ]
     # Splits by plate; labels index the perturbations; controls marked.
-    assert all(len({f.split for f in m.fields if f.plate == p}) == 1 for p in ("P1", "P2"))
+    assert all(len({f.split for f in m.fields if f.plate == p}) == 1 for p in info.plates)
     assert {f.split for f in m.fields} == {"train", "val"}
     assert set(m.classes) == set(PHENOTYPES)
     assert all(f.label is not None and m.classes[f.label] == f.perturbation for f in m.fields)
-    assert {f.is_control for f in m.fields if f.perturbation == "DMSO"} == {True}
+    assert {f.is_control for f in m.fields if f.perturbation == DMSO} == {True}
+    # Types joined from the datasets tables: controls from perturbation_control.csv, the rest
+    # from the table that lists the id.
+    assert {f.perturbation: f.perturbation_type for f in m.fields} == {
+        p: kind for p, (kind, _, _) in PHENOTYPES.items()
+    }
     f = m.fields[0]
     assert f.shape == (5, CP_SIZE, CP_SIZE) and f.channels == layout.CHANNELS and len(f.illum) == 5
-    assert f.sources[0].path.startswith("images/B1/images/") and f.source_dtype == "uint16"
+    assert f.sources[0].path.startswith(f"{f.source}/images/") and f.source_dtype == "uint16"
+    assert {g.source for g in m.fields} == set(info.sources)
     # The SHA1 recorded is the source object's.
     bucket = s3_twin.split("/")[2]
-    raw = s3_server.client().get_object(
-        Bucket=bucket, Key=f"cpg0016-jump/source_0/{f.sources[3].path}"
-    )
+    raw = s3_server.client().get_object(Bucket=bucket, Key=f"cpg0016-jump/{f.sources[3].path}")
     assert hashlib.sha1(raw["Body"].read()).hexdigest() == f.sources[3].sha1
     # Every channel uses its range: normalization per plate and channel.
     arr = zarr.open_array(str(cache / f.array_path), mode="r")
@@ -170,13 +183,15 @@ def test_twin_builds_from_s3_into_a_verified_cache_that_stages(
 def test_a_tls_error_is_an_environment_failure_retried_on_the_next_run(
     s3_twin: str, twin: tuple[Path, TwinInfo], tmp_path: Path
 ) -> None:
-    _, info = twin
+    root, info = twin
+    meta = str(root.parent / info.metadata)
     inner = open_storage(s3_twin)
-    # The bad object: plate P1's first field's ER image.
-    victim = next(r for r in _rows(s3_twin) if r.plate == "P1").images[2][1]
+    # The bad object: the first plate's first field's ER image.
+    first = _rows(s3_twin)[0]
+    victim = first.images[2][1]
     flaky = FlakyStorage(inner, victim, times=10)
     cache2 = tmp_path / "cache2"
-    report, m = build(flaky, cache2, metadata="metadata/perturbations.csv", retries=2)
+    report, m = build(flaky, cache2, metadata=meta, retries=2)
     assert exit_code(report) == 3
     assert flaky.calls == 3  # tried, then retried twice in the run
     assert [e["source"] for e in report.environment] == [next(r for r in _rows(s3_twin)).item_id]
@@ -184,12 +199,12 @@ def test_a_tls_error_is_an_environment_failure_retried_on_the_next_run(
         "SSL" in report.environment[0]["reason"]
         and "WRONG_VERSION_NUMBER" in report.environment[0]["reason"]
     )
-    assert report.plates_left_out == ["P1"]
+    assert report.plates_left_out == [first.plate]
     assert all("SSL" not in r.reason for r in m.rejected)  # never called a bad file
-    assert {f.plate for f in m.fields} == {"P2"}
+    assert {f.plate for f in m.fields} == set(info.plates) - {first.plate}
     written = report.written
     # The next run (the network healthy again) retries it and keeps what was done.
-    report2, m2 = build(inner, cache2, metadata="metadata/perturbations.csv")
+    report2, m2 = build(inner, cache2, metadata=meta)
     assert exit_code(report2) == 1 and not report2.environment  # only the planted bad TIFF
     assert len(m2.fields) == info.fields - 1 and report2.kept == written
     assert verify(cache2 / "manifest.json").ok
@@ -200,7 +215,8 @@ def test_a_transient_tls_error_is_retried_within_the_run(s3_twin: str, tmp_path:
     victim = _rows(s3_twin)[0].images[0][1]
     flaky = FlakyStorage(inner, victim, times=1)
     report, m = build(flaky, tmp_path / "c", config=CellPaintingConfig(), retries=2)
-    assert flaky.calls == 2 and not report.environment
+    # failed, retried in the run (pass 1), then read once more to be written (pass 2)
+    assert flaky.calls == 3 and not report.environment
     assert any(f.sources[0].path == victim for f in m.fields)
 
 
@@ -208,10 +224,10 @@ def test_the_cli_says_exit_3_for_an_unreadable_object(
     tmp_path: Path, twin: tuple[Path, TwinInfo]
 ) -> None:
     """An illum file that is a folder (EISDIR on read): an OS error, not a data fault."""
-    root, _ = twin
+    root, info = twin
     copy = tmp_path / "src"
     shutil.copytree(root, copy)
-    illum = next((copy / "images/B1/illum/P2").glob("*IllumDNA.npy"))
+    illum = next(copy.glob(f"*/images/*/illum/{info.plates[1]}/*IllumDNA.npy"))
     illum.unlink()
     illum.mkdir()
     rc = main(
@@ -223,36 +239,59 @@ def test_the_cli_says_exit_3_for_an_unreadable_object(
             str(copy),
             "--out",
             str(tmp_path / "c"),
+            "--map-prefix",
+            f"s3://{info.bucket}/cpg0016-jump/={copy}/",
         ]
     )
     assert rc == 3
     m = json.loads((tmp_path / "c" / "manifest.json").read_text())
-    assert {f["plate"] for f in m["fields"]} == {"P1"} and m["rejected"] == []
+    assert {f["plate"] for f in m["fields"]} == {info.plates[0]} and m["rejected"] == []
 
 
 def _rows(url: str) -> list[layout.FieldRow]:
     storage = open_storage(url)
-    name = "workspace/load_data_csv/B1/P1/load_data_with_illum.csv"
+    name = find_tables(storage)[0]
     return layout.parse_load_data(
         layout.read_table(storage.read_bytes(name), name), name, storage.url
     )
 
 
-def test_synth_cli_writes_the_jump_layout(tmp_path: Path) -> None:
+def test_synth_cli_writes_the_release_layout(tmp_path: Path) -> None:
     out = tmp_path / "twin"
-    assert main(["synth", "--kind", "cellpainting", str(out), "--plates", "1", "--sites", "1",
+    assert main(["synth", "--kind", "cellpainting", str(out), "--plates", "2", "--sites", "1",
                  "--size", "48", "--no-traps"]) == 0  # fmt: skip
-    table = out / "workspace/load_data_csv/B1/P1/load_data_with_illum.csv"
-    rows = layout.parse_load_data(layout.read_table(table.read_bytes(), str(table)), "t", str(out))
-    assert len(rows) == 24 and {r.well for r in rows} == {
-        f"{r}{c:02d}" for r in "ABCD" for c in range(1, 7)
-    }
-    image = decode_tiff((out / rows[0].images[0][1]).read_bytes(), "dna")
-    assert image.dtype == np.uint16 and image.shape == (48, 48)
-    assert np.load(out / rows[0].illum[0][1]).shape == (48, 48)
-    meta = layout.read_table((out / "metadata/perturbations.csv").read_bytes(), "m")
-    perts = layout.parse_perturbations(meta, "m")
-    assert sum(p.is_control for p in perts.values()) == 4 and len(perts) == 24
+    root = out / "cpg0016-jump"
+    tables = find_tables(open_storage(str(root)))
+    assert [t.rpartition("/")[2] for t in tables] == ["load_data_with_illum.parquet"] * 2
+    prefixes = layout.PrefixMap.parse([f"s3://cellpainting-gallery/cpg0016-jump/={root}/"])
+    for table in tables:
+        data = (root / table).read_bytes()
+        rows = layout.parse_load_data(layout.read_table(data, table), table, str(root), prefixes)
+        # the CSV beside the parquet says the same
+        csv = table.replace(".parquet", ".csv")
+        assert rows == layout.parse_load_data(
+            layout.read_table((root / csv).read_bytes(), csv), csv, str(root), prefixes
+        )
+        assert len(rows) == 24 and {r.well for r in rows} == {
+            f"{r}{c:02d}" for r in "ABCD" for c in range(1, 7)
+        }
+        image = decode_tiff((root / rows[0].images[0][1]).read_bytes(), "dna")
+        assert image.dtype == np.uint16 and image.shape == (48, 48)
+        assert np.load(root / rows[0].illum[0][1]).shape == (48, 48)
+    cv8000, phenix = (
+        sorted(r.images[0][1] for r in _table_rows(root, t, prefixes)) for t in tables
+    )
+    assert phenix[0].startswith("source_4/images/2021_04_26_Batch1/images/BR00117035__2021-")
+    assert "-Measurement1/Images/r01c01f01p01-ch5sk1fk1fl1.tiff" in phenix[0]  # DNA is ch5
+    assert cv8000[0] == (  # DNA is C01 on a CV8000 (channel_mapping.csv, source 2)
+        "source_2/images/20210607_Batch_2/images/P02_APTJUM002/"
+        "P02_APTJUM002_A01_T0001F001L01A01Z01C01.tif"
+    )
+
+
+def _table_rows(root: Path, table: str, prefixes: layout.PrefixMap) -> list[layout.FieldRow]:
+    data = (root / table).read_bytes()
+    return layout.parse_load_data(layout.read_table(data, table), table, str(root), prefixes)
 
 
 @pytest.mark.parametrize(

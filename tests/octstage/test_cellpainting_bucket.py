@@ -25,8 +25,6 @@ from octstage.storage import open_storage
 from tests.doubles.fixtures import clear_client_caches
 from tests.doubles.gcs import GcsDouble
 
-METADATA = "metadata/perturbations.csv"
-
 
 @pytest.fixture
 def bucket_url(
@@ -51,15 +49,16 @@ def test_a_cellpainting_cache_builds_into_a_bucket_stages_and_verifies(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _, info = twin
+    root, info = twin
+    meta = str(root.parent / info.metadata)
     folder = tmp_path / "folder"
-    _, local = build(s3_twin, folder, metadata=METADATA)
-    # The scratch of corrected fields goes to the machine's temp folder, and away after.
+    _, local = build(s3_twin, folder, metadata=meta)
+    # No scratch: nothing lands in the machine's temp folder.
     scratch_root = tmp_path / "tmp"
     scratch_root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
     args = ["build-cache", "--kind", "cellpainting", "--source", s3_twin, "--out", bucket_url,
-            "--metadata", METADATA, "--manifest", str(tmp_path / "m.json")]  # fmt: skip
+            "--metadata", meta, "--manifest", str(tmp_path / "m.json")]  # fmt: skip
     assert main([*args, "--json", str(tmp_path / "first.json")]) == 1  # the planted bad TIFF
     assert list(scratch_root.iterdir()) == []
     first = json.loads((tmp_path / "first.json").read_text())
