@@ -412,6 +412,11 @@ class Trainer:
         the same verdict (it decides the best checkpoint and early stopping on each)."""
         if not values:
             return {}
+        if self.backend.step_is_global:
+            # Each scalar is already a value of the step's program (replicated): copy it as it
+            # is. Stacking or casting on the device would be a program of its own, one more
+            # XLA compile and an execution at every read.
+            return {k: float(t.detach().cpu().float().reshape(())) for k, t in values.items()}
         stacked = torch.stack([t.detach().float().reshape(()) for t in values.values()])
         if not self.backend.step_is_global:
             stacked = self.backend.reduce_step_sum(stacked) / self.backend.world_size
