@@ -246,6 +246,8 @@ def one_seed(
     random_enc = encoder_from_config(dataclasses.replace(model_cfg, input_shape=b.shape))
     state = load_checkpoint(ckpt)
     target_enc, _, _ = encoder_from_state(state, ckpt, model_cfg, "target")
+    # Random init sees its input as the pretrained encoder does (the same input statistics).
+    random_enc.input_norm.load_state_dict(target_enc.input_norm.state_dict())
     scores = {}
     for name, enc in (("random", random_enc), ("pretrained", target_enc)):
         feats = {s: tokens_of(enc, manifest, s) for s in SPLITS}

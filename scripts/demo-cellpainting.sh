@@ -48,6 +48,17 @@ octtrain pretrain --config configs/pretrain/dino-tiny.yaml --manifest "$OUT/stag
   schedule.warmup_steps=20 dino.warmup_teacher_temp_steps=66 logging.log_every=50 \
   logging.wandb_mode=offline
 
+# Do the teacher's targets carry the image? Per-crop entropy well below the batch's (and below
+# log K) says each crop gets its own prototypes; equal ones would raise the run's alarm.
+python - "$OUT/runs/dino/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if "train/teacher_entropy" in line]
+last = rows[-1]
+crop, batch, k = (last[f"train/teacher_{n}"] for n in ("entropy", "batch_entropy", "log_k"))
+print(f"teacher at step {last['step']}: per-crop entropy {crop:.3f}, batch entropy {batch:.3f}, "
+      f"log K {k:.3f}: gap {batch - crop:.3f} nats ({(batch - crop) / k:.0%} of log K)")
+PY
+
 step "7/7 profile the EMA teacher: well profiles, copairs mAP, beside the baselines"
 octtrain profile --checkpoint "$OUT/runs/dino/checkpoints" --manifest "$OUT/staged/manifest.json" \
   --out "$OUT/profile"

@@ -25,7 +25,7 @@ from octstage.dataset.labels import Participant
 from octstage.dataset.release import DEVICE_MODELS, TSV_NAME, TsvRow, split_region
 from octstage.dataset.witness import check_row
 from octstage.errors import OctstageError
-from octstage.manifest import Normalization, Volume
+from octstage.manifest import Intensity, Normalization, Volume
 from octstage.provenance import config_hash
 
 INVENTORY_FORMAT = "octstage-inventory/1"
@@ -162,9 +162,11 @@ class Record:
     dtype: str
     normalization: Normalization
     checksum: str
+    intensity: Intensity | None = None  # records written before it have none
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        extra = {} if self.intensity is None else {"intensity": asdict(self.intensity)}
+        return extra | {
             "format": RECORD_FORMAT,
             "cache_key": self.cache_key,
             "source_sha1": self.source_sha1,
@@ -201,9 +203,16 @@ class Record:
                 dtype=str(data["dtype"]),
                 normalization=Normalization(**data["normalization"]),
                 checksum=str(data["checksum"]),
+                intensity=_intensity(data.get("intensity")),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"incomplete record: {exc!r}") from exc
+
+
+def _intensity(raw: Any) -> Intensity | None:
+    if raw is None:
+        return None
+    return Intensity(tuple(float(x) for x in raw["mean"]), tuple(float(x) for x in raw["std"]))
 
 
 def _triple(values: Sequence[Any], kind: type[Any]) -> Any:
@@ -293,6 +302,7 @@ def volume_entry(
         shape=record.shape,
         dtype=record.dtype,
         normalization=record.normalization,
+        intensity=record.intensity,
         checksum=record.checksum,
         cache_key=record.cache_key,
         device_model=model,

@@ -40,7 +40,7 @@ from octstage.config import BuildConfig
 from octstage.dataset.dicom import read_header, read_volume
 from octstage.dataset.ids import parse_oct_path
 from octstage.errors import DicomEnvironmentError, DicomError, OctstageError, UnsafePathError
-from octstage.manifest import CACHE_VERSION
+from octstage.manifest import CACHE_VERSION, Intensity
 from octstage.storage import LocalStorage, Storage, check_name, open_storage
 
 _READ_CHUNK = 4 << 20
@@ -306,6 +306,7 @@ def _process(task: Task, spool: Spool) -> Outcome:
         dtype=str(array.dtype),
         normalization=norm,
         checksum=checksum,
+        intensity=Intensity.of(array, channels_first=False),
     )
     root.write_json(record_name(key), record.to_dict())
     return Outcome(name, sha1, record=record, read=True, decoded=True)

@@ -222,6 +222,7 @@ class _Written:
     shape: tuple[int, int, int] = (0, 0, 0)
     existed: bool = False
     environment: str = ""
+    intensity: mf.Intensity | None = None  # the stored array's, per channel (the trainer's input)
 
 
 def _one_pixel_type(
@@ -318,7 +319,9 @@ def build_plate(
                 if cache.has_field(rel):
                     stored = cache.open_array(rel)
                     out.existed, out.shape = True, tuple(stored.shape)  # type: ignore[assignment]
-                    out.checksum = array_checksum(np.asarray(stored[...]))
+                    values = np.asarray(stored[...])
+                    out.checksum = array_checksum(values)
+                    out.intensity = mf.Intensity.of(values, channels_first=True)
                     return out
                 corrected, _, _ = _decode(storage, r.row, illum, retries, expect=r.sources)
                 array = to_uint8(corrected, norms)
@@ -328,6 +331,7 @@ def build_plate(
                     rel, array, channels, {"item_id": r.row.item_id}, config.chunk, config.clevel
                 )
                 out.shape = (array.shape[0], array.shape[1], array.shape[2])
+                out.intensity = mf.Intensity.of(array, channels_first=True)
             except (EnvironmentFault, CellPaintingError, StorageError, OSError) as exc:
                 # pass 1 decoded these very bytes: a failure now is the machine's, not the data's
                 out.environment = str(exc)
@@ -367,6 +371,7 @@ def build_plate(
                     normalization=norms,
                     illum=illum_sources,
                     source_dtype=r.dtype,
+                    intensity=w.intensity,
                 ),
                 pert.perturbation if pert else "",
             )

@@ -44,6 +44,7 @@ from octstage.manifest.model import ChannelSource as ChannelSource
 from octstage.manifest.model import Concept as Concept
 from octstage.manifest.model import Field as Field
 from octstage.manifest.model import Header as Header
+from octstage.manifest.model import Intensity as Intensity
 from octstage.manifest.model import Item as Item
 from octstage.manifest.model import Manifest as Manifest
 from octstage.manifest.model import Normalization as Normalization

@@ -35,6 +35,24 @@ class Normalization:
 
 
 @dataclass(frozen=True)
+class Intensity:
+    """Mean and standard deviation of a stored uint8 array's values, per channel (an OCT volume
+    has one), measured when build-cache wrote it: what the trainer standardises its input with.
+    Manifests built before it have none (``None`` on the item)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def of(cls, array: Any, channels_first: bool) -> Intensity:
+        """The statistics of a numpy array: per leading channel, or of the whole array."""
+        rows = array.reshape(array.shape[0] if channels_first else 1, -1)
+        mean = rows.mean(axis=1, dtype="float64")
+        std = rows.std(axis=1, dtype="float64")
+        return cls(tuple(round(float(m), 4) for m in mean), tuple(round(float(x), 4) for x in std))
+
+
+@dataclass(frozen=True)
 class Volume:
     """One cached OCT volume and everything the trainer may know about it."""
 
@@ -68,6 +86,7 @@ class Volume:
     # The participant's clinical values build-cache copied (--concept): concept id (as a string,
     # the JSON key) -> value; a concept the participant has no usable value for is absent.
     clinical: dict[str, float] = field(default_factory=dict)
+    intensity: Intensity | None = None  # of the stored array; None in older manifests
 
     @property
     def array_path(self) -> str:
@@ -117,6 +136,7 @@ class Field:
     normalization: tuple[Normalization, ...]  # per channel, in ``channels`` order
     illum: tuple[ChannelSource, ...] = ()  # illumination functions applied (empty: none)
     source_dtype: str = "uint16"  # the TIFFs' dtype (checked per file, never assumed)
+    intensity: Intensity | None = None  # per channel, of the stored array; None in older manifests
 
     @property
     def array_path(self) -> str:

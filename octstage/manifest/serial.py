@@ -18,6 +18,7 @@ from octstage.manifest.model import (
     Concept,
     Field,
     Header,
+    Intensity,
     Manifest,
     Normalization,
     Rejected,
@@ -49,7 +50,24 @@ def _field_to_dict(f: Field) -> dict[str, Any]:
         d[key] = list(d[key])
     for key in ("sources", "illum", "normalization"):
         d[key] = [dict(x) for x in d[key]]
+    return _intensity_to_dict(d)
+
+
+def _intensity_to_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """An item's ``intensity`` as JSON lists, or no key at all when it was not measured."""
+    if d.get("intensity") is None:
+        d.pop("intensity", None)
+    else:
+        d["intensity"] = {k: list(v) for k, v in d["intensity"].items()}
     return d
+
+
+def _intensity_from_dict(d: dict[str, Any]) -> None:
+    raw = d.get("intensity")
+    if raw is not None:
+        d["intensity"] = Intensity(
+            tuple(float(x) for x in raw["mean"]), tuple(float(x) for x in raw["std"])
+        )
 
 
 def _field_from_dict(d: dict[str, Any]) -> Field:
@@ -59,6 +77,7 @@ def _field_from_dict(d: dict[str, Any]) -> Field:
     d["sources"] = tuple(ChannelSource(**s) for s in d["sources"])
     d["illum"] = tuple(ChannelSource(**s) for s in d.get("illum", ()))
     d["normalization"] = tuple(Normalization(**n) for n in d["normalization"])
+    _intensity_from_dict(d)
     return Field(**d)
 
 
@@ -66,7 +85,7 @@ def _volume_to_dict(v: Volume) -> dict[str, Any]:
     d = asdict(v)
     for key in ("source_shape", "spacing_mm", "shape"):
         d[key] = list(d[key])
-    return d
+    return _intensity_to_dict(d)
 
 
 def from_dict(data: dict[str, Any], source: str = "<manifest>") -> Manifest:
@@ -106,6 +125,7 @@ def _volume_from_dict(d: dict[str, Any]) -> Volume:
     for key in ("source_shape", "spacing_mm", "shape"):
         d[key] = tuple(d[key])
     d["clinical"] = {str(k): float(x) for k, x in d.get("clinical", {}).items()}
+    _intensity_from_dict(d)
     return Volume(**d)
 
 

@@ -16,6 +16,8 @@ from octtrain.config.loader import read_values
 from octtrain.config.pretrain import OptimConfig, ScheduleConfig
 from octtrain.config.sections import (
     ATTENTIONS,
+    INPUT_NORMS,
+    POS_EMBEDS,
     CheckpointConfig,
     DataConfig,
     LoggingConfig,
@@ -67,6 +69,12 @@ class Vit2dConfig:
     mlp_ratio: float = 4.0
     drop_path: float = 0.0
     attention: str = "auto"
+    # The first op and the positions (models/inputs.py, docs/learning-inputs.md): "dataset"
+    # standardises each channel with the train split's statistics from the manifest, "sample"
+    # each crop by its own (DINO4Cells), "none" the legacy [-1, 1] input; positions "learned"
+    # (std 0.02, DINOv2) or "sincos" (the legacy fixed table).
+    input_norm: str = "dataset"
+    pos_embed: str = "learned"
 
     def __post_init__(self) -> None:
         known = list(VIT2D_PRESETS)
@@ -77,6 +85,8 @@ class Vit2dConfig:
         check(self.mlp_ratio > 0, "mlp_ratio must be positive")
         check(0.0 <= self.drop_path < 1.0, "drop_path must be in [0, 1)")
         check(self.attention in ATTENTIONS, f"attention must be one of {ATTENTIONS}")
+        check(self.input_norm in INPUT_NORMS, f"input_norm must be one of {INPUT_NORMS}")
+        check(self.pos_embed in POS_EMBEDS, f"pos_embed must be one of {POS_EMBEDS}")
 
     @property
     def patch_size(self) -> int:

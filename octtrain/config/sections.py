@@ -17,6 +17,11 @@ from octtrain.errors import ConfigError
 WANDB_MODES = ("online", "offline", "disabled")
 DEVICES = ("auto", "cpu", "cuda", "xla")
 PRECISIONS = ("auto", "bf16", "fp32")
+# The ViTs' input rule and positions (models/inputs.py); LEGACY is what a model config written
+# before these options meant (the [-1, 1] input, fixed sin-cos at full scale).
+INPUT_NORMS = ("dataset", "sample", "none")
+POS_EMBEDS = ("learned", "sincos")
+LEGACY_INPUTS: dict[str, str] = {"input_norm": "none", "pos_embed": "sincos"}
 ATTENTIONS = ("auto", "sdpa", "blocked", "flash", "math")
 
 
@@ -87,6 +92,11 @@ class ModelConfig:
     attention: str = "auto"
     attention_block: int = 1024  # query rows per block for the blocked attention
     activation_checkpointing: bool = False
+    # The encoder's first op (models/inputs.py, docs/learning-inputs.md): "dataset" standardises
+    # with the train split's mean/std from the manifest, "sample" each volume by its own (the
+    # per-volume rule: a device's gain and offset go), "none" the legacy [-1, 1] input.
+    input_norm: str = "dataset"
+    pos_embed: str = "learned"  # "learned" (std 0.02) or "sincos" (legacy fixed table)
 
     def __post_init__(self) -> None:
         check(self.preset in PRESETS, f"preset {self.preset!r} unknown (known: {list(PRESETS)})")
@@ -106,6 +116,8 @@ class ModelConfig:
         check(0.0 <= self.drop_path < 1.0, "drop_path must be in [0, 1)")
         check(self.attention in ATTENTIONS, f"attention must be one of {ATTENTIONS}")
         check(self.attention_block > 0, "attention_block must be positive")
+        check(self.input_norm in INPUT_NORMS, f"input_norm must be one of {INPUT_NORMS}")
+        check(self.pos_embed in POS_EMBEDS, f"pos_embed must be one of {POS_EMBEDS}")
 
     def sizes(self) -> Preset:
         """The preset with any explicitly set sizes replacing the preset's."""
@@ -266,6 +278,11 @@ class ValidationConfig:
     continue_on_failure: bool = True  # a failing validation is logged and counted, not fatal
     collapse_max_share: float = 0.8  # finetuning: alarm when one class takes more than this
     collapse_min_rank: float = 1.5  # pretraining: alarm when feature effective rank falls below
+    # Targets that carry no image (eval/collapse.py, docs/learning-inputs.md): DINO's teacher
+    # per-crop entropy within this share of log K of its batch entropy; V-JEPA's target
+    # features varying across samples by less than this share of their mean.
+    blind_entropy_margin: float = 0.03
+    blind_min_spread: float = 0.02
     participant_level: bool = True  # finetuning: also participant-averaged probabilities
 
     def __post_init__(self) -> None:
@@ -274,6 +291,8 @@ class ValidationConfig:
         check(self.batch_size is None or self.batch_size > 0, "batch_size must be positive")
         check(0.0 < self.collapse_max_share <= 1.0, "collapse_max_share must be in (0, 1]")
         check(self.collapse_min_rank >= 0, "collapse_min_rank must be >= 0")
+        check(0.0 <= self.blind_entropy_margin < 1.0, "blind_entropy_margin must be in [0, 1)")
+        check(self.blind_min_spread >= 0, "blind_min_spread must be >= 0")
 
 
 @dataclass(frozen=True)

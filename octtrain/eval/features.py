@@ -32,6 +32,7 @@ from octtrain.config.sections import ModelConfig
 from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
 from octtrain.errors import CheckpointError, DataError
 from octtrain.models.classifier import classifier_from_state, encoder_from_state
+from octtrain.models.inputs import legacy_model
 from octtrain.runtime.backend import Backend
 from octtrain.runtime.checkpoint import state_from_bytes
 
@@ -57,7 +58,7 @@ def load_encoder(
     ``which`` says)."""
     if state.get("kind") == "finetune":
         model, _ = classifier_from_state(state)
-        cfg = from_dict(ModelConfig, state["config"]["model"])
+        cfg = from_dict(ModelConfig, legacy_model(state["config"]["model"]))
         encoder: nn.Module = model.encoder
         name = "finetuned"
     else:
@@ -66,7 +67,8 @@ def load_encoder(
         saved = state.get("config", {}).get("model")
         if saved is None:
             raise CheckpointError(f"{url}: not a pretraining checkpoint (no config.model)")
-        encoder, cfg, _ = encoder_from_state(state, url, from_dict(ModelConfig, saved), which)
+        saved_cfg = from_dict(ModelConfig, legacy_model(saved))
+        encoder, cfg, _ = encoder_from_state(state, url, saved_cfg, which)
         name = which
     if cfg.input_shape is None:
         raise CheckpointError(f"{url}: the checkpoint's model config has no input_shape")

@@ -46,6 +46,7 @@ from octtrain.eval.recipe import RecipeConfig
 from octtrain.eval.retrieval import KINDS, RESAMPLES, Retrieval, map_interval, paired_difference
 from octtrain.eval.retrieval import retrieval as score_retrieval
 from octtrain.models.dino import build_student
+from octtrain.models.inputs import legacy_model
 from octtrain.models.vit2d import ViT2D
 from octtrain.runtime.checkpoint import load_checkpoint
 
@@ -75,13 +76,18 @@ def encoders(
     state = load_checkpoint(checkpoint)
     if state.get("kind") != "dino":
         raise CheckpointError(f"{checkpoint}: not a DINO checkpoint (kind {state.get('kind')!r})")
-    cfg = from_dict(DinoConfig, state["config"])
+    saved = dict(state["config"])
+    saved["model"] = legacy_model(saved.get("model", {}))  # an old checkpoint's input rule
+    cfg = from_dict(DinoConfig, saved)
     teacher = build_student(cfg, in_chans)
     teacher.load_state_dict(state["teacher"])
     randoms = []
     for i in range(random_seeds):
         torch.manual_seed(cfg.train.seed + 1 + i)
-        randoms.append(build_student(cfg, in_chans).backbone.eval())
+        random = build_student(cfg, in_chans).backbone
+        # Random init sees its input as the trained encoder does (the same channel statistics).
+        random.input_norm.load_state_dict(teacher.backbone.input_norm.state_dict())
+        randoms.append(random.eval())
     return cfg, teacher.backbone.eval(), randoms
 
 

@@ -1,4 +1,5 @@
-"""Model selection: early stopping on a validation metric where higher is better (pure)."""
+"""Model selection: early stopping on a validation metric where higher is better (pure); the
+skeleton refuses a validation as best while the targets carry no image (``refuse``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ class EarlyStopping:
             return True
         self.bad += 1
         return False
+
+    def refuse(self) -> None:
+        """Record a validation whose checkpoint may not be the best (its targets carry no
+        image): it counts against the patience, never as an improvement."""
+        self.bad += 1
 
     @property
     def should_stop(self) -> bool:

@@ -20,6 +20,7 @@ from octtrain.config.loader import from_dict
 from octtrain.config.sections import ModelConfig
 from octtrain.errors import CheckpointError, ConfigError
 from octtrain.models.heads import Classifier, ClassifierHead
+from octtrain.models.inputs import legacy_model
 from octtrain.models.vit3d import ViT3D, encoder_from_config
 
 ENCODER_KEYS = {"target": "target_encoder", "context": "encoder"}
@@ -43,7 +44,7 @@ def resolve_model(cfg: ModelConfig, saved: dict[str, Any], source: str) -> Model
     """This run's model config with ``input_shape`` taken from the checkpoint when unset;
     ``CheckpointError`` listing every architecture field that differs."""
     try:
-        saved_cfg = from_dict(ModelConfig, dict(saved))
+        saved_cfg = from_dict(ModelConfig, legacy_model(dict(saved)))
     except ConfigError as exc:
         raise CheckpointError(f"{source}: unreadable model config in checkpoint: {exc}") from exc
     if cfg.input_shape is None:
@@ -57,7 +58,8 @@ def resolve_model(cfg: ModelConfig, saved: dict[str, Any], source: str) -> Model
             + "; ".join(diffs)
             + f". Set the config's model section to the checkpoint's (preset {saved_cfg.preset!r})."
         )
-    return cfg
+    # The encoder keeps the input rule and positions it was trained with (models/inputs.py).
+    return dataclasses.replace(cfg, input_norm=saved_cfg.input_norm, pos_embed=saved_cfg.pos_embed)
 
 
 def encoder_from_state(
@@ -99,7 +101,7 @@ def classifier_from_state(state: dict[str, Any]) -> tuple[Classifier, tuple[str,
     """Rebuild a finetuned classifier from its checkpoint (``finetune`` format)."""
     if state.get("kind") != "finetune":
         raise CheckpointError("not a finetuning checkpoint (kind != 'finetune')")
-    model_cfg = from_dict(ModelConfig, state["config"]["model"])
+    model_cfg = from_dict(ModelConfig, legacy_model(state["config"]["model"]))
     head_cfg = from_dict(HeadConfig, state["config"]["head"])
     classes = tuple(state["classes"])
     encoder = encoder_from_config(model_cfg)

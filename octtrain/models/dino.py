@@ -156,6 +156,9 @@ def build_student(cfg: DinoConfig, in_chans: int) -> DinoStudent:
         mlp_ratio=m.mlp_ratio,
         drop_path=m.drop_path,
         attention=m.attention,
+        input_norm=m.input_norm,
+        pos_embed=m.pos_embed,
+        crop=cfg.crops.global_size,
     )
     dim = backbone.embed_dim
 

@@ -1,9 +1,11 @@
-"""The 3D ViT encoder: Conv3d tubelet patches, fixed 3D sin-cos positions, configurable attention.
+"""The 3D ViT encoder: Conv3d tubelet patches, positions, configurable attention.
 
 ``ViT3D.forward(x, keep_idx)`` embeds a volume ``x [B, 1, D, H, W]`` into ``N`` patch tokens and,
 when ``keep_idx [B, M]`` is given, keeps only those tokens before the transformer (the V-JEPA
 context encoder sees only unmasked patches). It returns ``[B, N or M, embed_dim]`` after a final
-LayerNorm. Sizes come from the named presets in ``octtrain.config.sections``; the attention kernel
+LayerNorm. Its first op standardises the input and its positions are learned (or the legacy
+fixed sin-cos table): ``model.input_norm`` and ``model.pos_embed``, see models/inputs.py. Sizes
+come from the named presets in ``octtrain.config.sections``; the attention kernel
 from ``model.attention`` (models/attention.py). With ``checkpointing`` each block's activations are
 recomputed in the backward pass instead of kept (``model.activation_checkpointing``).
 """
@@ -19,6 +21,7 @@ from torch import nn
 
 from octtrain.config.sections import ModelConfig
 from octtrain.models.attention import attend
+from octtrain.models.inputs import InputNorm, learned_positions
 
 
 def sincos_3d(grid: tuple[int, int, int], dim: int) -> torch.Tensor:
@@ -160,6 +163,8 @@ class ViT3D(nn.Module):
         attention: str = "auto",
         attention_block: int = 1024,
         checkpointing: bool = False,
+        input_norm: str = "dataset",
+        pos_embed: str = "learned",
     ) -> None:
         super().__init__()
         if any(s % p for s, p in zip(input_shape, patch, strict=True)):
@@ -173,8 +178,15 @@ class ViT3D(nn.Module):
         )
         self.num_patches = self.grid[0] * self.grid[1] * self.grid[2]
         self.embed_dim = embed_dim
+        self.input_norm = InputNorm(1, input_norm)
         self.patch_embed = nn.Conv3d(1, embed_dim, kernel_size=patch, stride=patch)
-        self.register_buffer("pos_embed", sincos_3d(self.grid, embed_dim)[None], persistent=False)
+        if pos_embed == "learned":
+            self.pos_embed = learned_positions(self.num_patches, embed_dim)
+        elif pos_embed == "sincos":  # legacy: fixed, not saved with the weights
+            table = sincos_3d(self.grid, embed_dim)[None]
+            self.register_buffer("pos_embed", table, persistent=False)
+        else:
+            raise ValueError(f"pos_embed {pos_embed!r} is not 'learned' or 'sincos'")
         rates = [drop_path * i / max(1, depth - 1) for i in range(depth)]
         self.checkpointing = checkpointing
         self.blocks = nn.ModuleList(
@@ -184,8 +196,13 @@ class ViT3D(nn.Module):
         self.apply(init_weights)
         rescale_blocks(self.blocks)
 
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Patch tokens ``[B, N, D]`` with positions, before the blocks (content-share test)."""
+        tokens: torch.Tensor = self.patch_embed(self.input_norm(x)).flatten(2).transpose(1, 2)
+        return tokens + self.pos_embed.to(tokens.dtype)
+
     def forward(self, x: torch.Tensor, keep_idx: torch.Tensor | None = None) -> torch.Tensor:
-        tokens = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos_embed
+        tokens = self.embed(x)
         if keep_idx is not None:
             tokens = gather_tokens(tokens, keep_idx)
         tokens = run_blocks(self.blocks, tokens, self.checkpointing and self.training)
@@ -208,4 +225,6 @@ def encoder_from_config(cfg: ModelConfig) -> ViT3D:
         cfg.attention,
         cfg.attention_block,
         cfg.activation_checkpointing,
+        cfg.input_norm,
+        cfg.pos_embed,
     )

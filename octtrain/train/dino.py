@@ -36,8 +36,10 @@ from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import to_dict
 from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, fields_loader, to_views
 from octtrain.data.dataset import read_manifest
+from octtrain.data.intensity import pooled
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.cell_pictures import attention_heads, channel_strip, features_pca
+from octtrain.eval.collapse import target_entropies
 from octtrain.eval.profile_run import ProfiledField, field_embeddings, profile_metrics, profiled
 from octtrain.models.attention_maps import AttentionCapture
 from octtrain.models.dino import build_student, make_teacher, teacher_outputs
@@ -49,6 +51,7 @@ from octtrain.models.dino_loss import (
     teacher_probs,
     update_center,
 )
+from octtrain.models.inputs import legacy_hint, legacy_model
 from octtrain.models.jepa import ema_update
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
@@ -75,12 +78,9 @@ def manifest_fields(manifest: Manifest, split: str) -> list[FieldRecord]:
 def collapse_entropies(probs: torch.Tensor) -> dict[str, float]:
     """DINO's two collapses, in nats (``log K`` is uniform): one prototype for every crop makes
     the batch-mean distribution's entropy fall to 0; uniform targets make each crop's entropy
-    rise to ``log K``. Healthy training keeps the first high and the second well below it."""
-    p = probs.float().clamp_min(1e-12)
-    per_crop = -(p * p.log()).sum(dim=-1).mean()
-    mean = p.mean(dim=0)
-    batch = -(mean * mean.log()).sum()
-    return {"train/teacher_entropy": float(per_crop), "train/teacher_batch_entropy": float(batch)}
+    rise to ``log K``. Healthy training keeps the first high and the second well below it (the
+    step hands the same values to the skeleton as device scalars: ``target_entropies``)."""
+    return {k: float(v) for k, v in target_entropies(probs).items()}
 
 
 def teacher_temperature(step: int, cfg: DinoConfig) -> float:
@@ -124,6 +124,8 @@ class DinoJob:
             raise ConfigError(f"model.in_chans {cfg.model.in_chans} but fields have {channels}")
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every replica
         self.raw = build_student(cfg, in_chans).to(backend.device)
+        # The train split's channel statistics (manifest), before the teacher copies them.
+        self.raw.backbone.input_norm.set_stats(*pooled(train, in_chans).to_input())
         self.student: nn.Module = self.raw
         self.teacher = make_teacher(self.raw)
         self.teacher_forward: nn.Module = self.teacher  # compiled in start() with ``compile``
@@ -192,12 +194,15 @@ class DinoJob:
     def load_state(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "dino":
             raise CheckpointError(f"not a DINO checkpoint (kind {state.get('kind')!r})")
-        saved, current = state["config"], to_dict(self.cfg)
+        saved, current = dict(state["config"]), to_dict(self.cfg)
+        saved["model"] = legacy_model(saved.get("model", {}))
         for section in ("model", "dino"):
             if saved.get(section) != current[section]:
+                old, new = saved.get(section) or {}, current[section]
+                diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
                 raise CheckpointError(
-                    f"the checkpoint's {section} config differs from this run's: "
-                    f"{saved.get(section)} vs {current[section]}"
+                    f"the checkpoint's {section} config differs from this run's (checkpoint, "
+                    f"run): {diff}" + legacy_hint(diff)
                 )
         self.raw.load_state_dict(state["student"])
         self.teacher.load_state_dict(state["teacher"])
@@ -332,9 +337,10 @@ class DinoJob:
         if done % self.cfg.logging.log_every == 0 or done == self.total_steps or step == 0:
             # The users' breakdown (dino / ibot / koleo); read only on logged steps.
             host |= {f"train/{k}_loss": float(v.detach()) for k, v in parts.items()}
-            host |= collapse_entropies(probs.detach())
         rows = monitor_rows(out.global_cls.detach()[:, None, :])
-        return StepResult(loss.detach(), grad_norm.detach(), rows, host)
+        # Read by the skeleton one step later: the alarm for targets that carry no image.
+        monitors = target_entropies(probs)
+        return StepResult(loss.detach(), grad_norm.detach(), rows, host, monitors)
 
     def _targets(
         self,

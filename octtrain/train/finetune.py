@@ -42,6 +42,7 @@ from octtrain.data.dataset import (
     to_model_input,
     volume_shape,
 )
+from octtrain.data.intensity import pooled
 from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.samplers import balanced_probabilities
 from octtrain.data.select import Selection, prepare
@@ -87,7 +88,12 @@ def initial_encoder(
         )
         model = dataclasses.replace(cfg.model, input_shape=shape)
         cfg = dataclasses.replace(cfg, model=model)
-        return encoder_from_config(model), cfg, {"url": None, "encoder": "random", "step": 0}
+        encoder = encoder_from_config(model)
+        # A pretrained encoder brings the statistics it was trained with; a random one the
+        # train split's, as pretraining would have.
+        train = manifest.split(cfg.data.train_split)
+        encoder.input_norm.set_stats(*pooled(train, 1).to_input())
+        return encoder, cfg, {"url": None, "encoder": "random", "step": 0}
     if init is None:
         raise ConfigError(f"init_encoder={cfg.init_encoder!r} needs --init CHECKPOINT")
     state = hosts.load_once(init, backend)
@@ -388,20 +394,35 @@ def check_kernel_lengths(kernel: str, model: ModelConfig) -> None:
 def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
     """Finetune from the pretraining checkpoint ``init`` (None with ``init_encoder: random``)."""
     d = cfg.data
-    manifest, selection = prepare(
-        read_manifest(d.manifest, "finetune"),
-        d.select,
-        d.label,
-        [d.train_split, d.val_split],
-        d.train_split,
-    )
     backend = make_backend(cfg.train.device, cfg.train.precision, cfg.train.xla_cache_dir)
     if backend.kind == "cpu":
         torch.set_num_threads(cpu_threads(cfg.train.cpu_threads, cfg.data.num_workers))
+
+    def prepared() -> tuple[Manifest, Selection | None]:
+        manifest, selection = prepare(
+            read_manifest(d.manifest, "finetune"),
+            d.select,
+            d.label,
+            [d.train_split, d.val_split],
+            d.train_split,
+        )
+        # The job's own split check runs before its first collective (the checkpoint's
+        # broadcast): run it here too, so a host whose copy fails it cannot pair its agreement
+        # with the others' broadcast.
+        check_splits(manifest, [d.train_split, d.val_split])
+        return manifest, selection
+
     try:
+        # A manifest one host cannot read or accept stops every host here, with its message;
+        # then a failure while the job is built (after the broadcast) is agreed the same way.
+        manifest, selection = hosts.agreed(backend, "reading the manifest", prepared)
         kernel, why = choose(cfg.model.attention, backend.device)
         log.info("attention: %s (%s)", kernel, why)
-        job = FinetuneJob(cfg, manifest, init, backend, selection)
+        job = hosts.agreed(
+            backend,
+            "setting up the job",
+            lambda: FinetuneJob(cfg, manifest, init, backend, selection),
+        )
         check_kernel_lengths(kernel, job.cfg.model)
         trainer = Trainer(job, settings(job.cfg), backend)
         if backend.is_main:

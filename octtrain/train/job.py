@@ -38,6 +38,9 @@ class StepResult:
     grad_norm: torch.Tensor  # before clipping, before zeroing
     features: torch.Tensor | None = None  # [rows, D] from ``monitor_rows``, inside the step
     host: dict[str, float] = field(default_factory=dict)  # lr, weight decay, EMA momentum...
+    # Device scalars the skeleton reads one step later, on logged steps and before a validation
+    # (teacher entropies, target spread: the alarm for targets that carry no image).
+    monitors: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -17,6 +17,9 @@ end adds (finetuning's epoch metrics) and validation. The trainer owns everythin
 * the collapse monitor: feature spread and effective rank of the step's features (rows drawn
   from every sample, not one), and the alarms (console banner + tracker alert) that the job's
   validation or epoch metrics raise;
+* the alarm for targets that carry no image: the step's monitors (DINO's teacher entropies,
+  V-JEPA's target spread across samples), read on logged steps and on the step before each
+  validation; while it holds, no validation is picked as the best checkpoint;
 * validation and checkpoint timing, in the run's unit (steps or epochs), the best checkpoint by
   the validation score (higher is better), early stopping, and counting failed validations.
 """
@@ -34,11 +37,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from rich.console import Console
 
 from octtrain.data.loaders import Prefetcher
 from octtrain.errors import CheckpointError, DataError, NonFiniteLossError, OcttrainError
-from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
+from octtrain.eval.collapse import (
+    blind_targets_alarm,
+    effective_rank,
+    feature_std,
+    representation_alarm,
+)
 from octtrain.eval.report import print_collapse
 from octtrain.eval.selection import EarlyStopping
 from octtrain.eval.validation import ValidationError
@@ -52,6 +61,7 @@ from octtrain.train.job import Job, RunResult, Settings, StepResult
 
 log = logging.getLogger("octtrain")
 console = Console(stderr=True)
+NO_IMAGE = "targets carry no image"  # the alert title of that alarm (eval/collapse.py)
 
 
 @dataclass
@@ -60,6 +70,7 @@ class _Pending:
     result: StepResult
     host: dict[str, float]
     log: bool
+    judge: bool = False  # read the monitors even when not logged (the step before a validation)
 
 
 class Trainer:
@@ -121,6 +132,7 @@ class Trainer:
         self.result = RunResult(self.run_dir, 0, None, None, None, None, None, False, 0, [])
         self.start_step = 0
         self._pending: collections.deque[_Pending] = collections.deque()
+        self._blind: str | None = None  # the last judged step's no-image alarm, if any
         self._window = {"wait": 0.0, "time": 0.0, "n": 0.0}  # since the last logged step
         self._unit = {"wait": 0.0, "time": 0.0}  # since the last unit's end
         self._read_compiles = 0  # programs compiled to copy monitor rows to the host (XLA)
@@ -133,7 +145,10 @@ class Trainer:
         if url is None:
             return
         state = hosts.load_once(url, self.backend)
-        self.job.load_state(state)
+        try:
+            self.job.load_state(state)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{url}: {exc}") from exc
         loop = state.get("loop", {})
         self.start_step = int(state["step"])
         self.stopper.best = float(loop.get("best", self.stopper.best))
@@ -266,6 +281,8 @@ class Trainer:
             last and (bool(every) or job.validates_last)
         )
         save = unit % s.checkpoint.every == 0 or last or validate
+        if validate and self._pending:
+            self._pending[-1].judge = True  # the alarm judges the weights this validation sees
         self._check_pending()  # a non-finite step stops here, before anything is saved
         # The unit's training time (steps only: no validation, no saves), for benchmarks.
         u = self._unit
@@ -319,11 +336,24 @@ class Trainer:
                 raise
             return None, False, {"val_failed": 1.0}
         metrics = {**ev.metrics, "val/time_s": self.clock() - start}
+        v = self.s.validation
+        blind = blind_targets_alarm(ev.metrics, v.blind_entropy_margin, v.blind_min_spread)
+        # Its score may be fine (a probe can read positions or a device's look); its targets
+        # still carry no image, so it never becomes the best checkpoint.
+        refusal = (f"val, unit {unit}: {blind}" if blind else None) or self._blind
+        if refusal and ev.score is not None:
+            metrics["val/best_refused"] = 1.0
         self.tracker.log(metrics, unit)
         if ev.images:
             self.tracker.log_images(ev.images, unit)
         if ev.alarm:
             self._alarm(ev.alarm)
+        if blind:
+            self._alarm(f"val, unit {unit}: {blind}", NO_IMAGE)
+        if refusal and ev.score is not None:
+            self.stopper.refuse()
+            self._alarm(f"unit {unit} is not picked as the best checkpoint: {refusal}", NO_IMAGE)
+            return ev.score, False, metrics
         improved = ev.score is not None and self.stopper.update(ev.score)
         if improved:
             self.result.best_unit, self.result.best_score = unit, ev.score
@@ -344,11 +374,21 @@ class Trainer:
                 f"{where}. Lower the learning rate, raise the warmup or check the inputs."
             )
         self.result.last_loss = value
+        if not (p.log or p.judge):
+            return
+        monitors = self._monitors(p.result.monitors)
+        if monitors:
+            v = self.s.validation
+            blind = blind_targets_alarm(monitors, v.blind_entropy_margin, v.blind_min_spread)
+            self._blind = f"train, step {p.step}: {blind}" if blind else None
+            if self._blind:
+                self._alarm(self._blind, NO_IMAGE)
         if not p.log:
             return
         # Logged: the mean over replicas (under DDP each process holds its own shard's loss).
         loss = hosts.mean_over_replicas(self.backend, p.result.loss)
         metrics = {"train/loss": loss, "train/grad_norm": norm, **p.result.host, **p.host}
+        metrics |= monitors
         if p.result.features is not None:
             # A transfer (selecting here would be a graph). Under SPMD the rows are sharded over
             # the batch and their copy compiles a replication program of its own: counted
@@ -366,6 +406,21 @@ class Trainer:
             if alarm:
                 self._alarm(f"train, step {p.step}: {alarm}")
         self.tracker.log(metrics, p.step)
+
+    def _monitors(self, values: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The step's monitors averaged over replicas in one reduction, so every process reaches
+        the same verdict (it decides the best checkpoint and early stopping on each)."""
+        if not values:
+            return {}
+        if self.backend.step_is_global:
+            # Each scalar is already a value of the step's program (replicated): copy it as it
+            # is. Stacking or casting on the device would be a program of its own, one more
+            # XLA compile and an execution at every read.
+            return {k: float(t.detach().cpu().float().reshape(())) for k, t in values.items()}
+        stacked = torch.stack([t.detach().float().reshape(()) for t in values.values()])
+        if not self.backend.step_is_global:
+            stacked = self.backend.reduce_step_sum(stacked) / self.backend.world_size
+        return dict(zip(values, stacked.cpu().tolist(), strict=True))
 
     def _timing(self, done: int) -> dict[str, float]:
         w, batch = self._window, self.job.global_batch
@@ -388,11 +443,11 @@ class Trainer:
 
     # --- alarms --------------------------------------------------------------------------------
 
-    def _alarm(self, message: str) -> None:
+    def _alarm(self, message: str, title: str = "collapse") -> None:
         if self.backend.is_main:  # every process computed the same verdict; one speaks
             if self.s.logging.console:
                 print_collapse(console, message)
-            self.tracker.alert("collapse", message)
+            self.tracker.alert(title, message)
 
     def _stall_exit(self, phase: str, idle: float, step: int) -> None:
         """The watchdog's backstop (its thread): the main thread is stuck, most likely in a

@@ -31,16 +31,23 @@ from octtrain.data.dataset import (
     to_model_input,
     volume_shape,
 )
+from octtrain.data.intensity import pooled
 from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.masks import SampleMasker, mask_overlay, num_masked
 from octtrain.data.select import select
 from octtrain.errors import CheckpointError, ConfigError, DataError
-from octtrain.eval.collapse import effective_rank, feature_std, representation_alarm
+from octtrain.eval.collapse import (
+    effective_rank,
+    feature_std,
+    representation_alarm,
+    sample_spread,
+)
 from octtrain.eval.pictures import attention_overlay, pca_rgb
 from octtrain.eval.probe import knn_balanced_accuracy
 from octtrain.eval.validation import collect
 from octtrain.models import flash_blocks
 from octtrain.models.attention import choose
+from octtrain.models.inputs import legacy_hint, legacy_model
 from octtrain.models.jepa import build_student, ema_update, jepa_loss, make_target, target_features
 from octtrain.models.vit3d import Block
 from octtrain.runtime import checkpoint as ckpt
@@ -119,6 +126,8 @@ class PretrainJob:
         self.local_batch = hosts.local_batch(cfg.data.batch_size, backend)
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every replica
         self.raw = build_student(cfg.model).to(backend.device)
+        stats = pooled(manifest.split(cfg.data.train_split), 1)
+        self.raw.encoder.input_norm.set_stats(*stats.to_input())  # before the target copies it
         self.student: torch.nn.Module = self.raw
         self.grid = self.raw.encoder.grid
         self.target = make_target(self.raw.encoder)
@@ -157,11 +166,14 @@ class PretrainJob:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        saved = state["config"]["model"]
+        saved = legacy_model(state["config"]["model"])
         current = to_dict(self.cfg)["model"]
         if saved != current:
             diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
-            raise CheckpointError(f"the checkpoint's model config differs from this run's: {diff}")
+            raise CheckpointError(
+                f"the checkpoint's model config differs from this run's (checkpoint, run): {diff}"
+                + legacy_hint(diff)
+            )
         self.raw.encoder.load_state_dict(state["encoder"])
         self.raw.predictor.load_state_dict(state["predictor"])
         self.target.load_state_dict(state["target_encoder"])
@@ -212,7 +224,9 @@ class PretrainJob:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
         self.optimizer.step()
         ema_update(self.target, self.raw.encoder, hyper["train/ema_momentum"])
-        return StepResult(loss.detach(), grad_norm.detach(), monitor_rows(tokens), hyper)
+        # Read by the skeleton one step later: the alarm for targets that carry no image.
+        monitors = {"train/target_spread": sample_spread(tokens)}
+        return StepResult(loss.detach(), grad_norm.detach(), monitor_rows(tokens), hyper, monitors)
 
     def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
         return {}, None
@@ -285,6 +299,8 @@ class PretrainJob:
             "val/samples": float(n),
             "val/feat_std": feature_std(features),
             "val/feat_erank": erank,
+            # Pooled target features across the validation volumes: ~0 when they ignore the input.
+            "val/target_spread": float(sample_spread(features)),
         }
         # Selection by a k-NN probe of the pooled target features on the labels: a collapsed
         # encoder can win on loss, never on the probe. No labels to probe: no selection.

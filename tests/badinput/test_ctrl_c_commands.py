@@ -1,4 +1,4 @@
-"""Ctrl-C in ``octtrain doctor``, ``octtrain profile`` and ``octstage stage``/``verify``/
+"""Ctrl-C in ``octtrain doctor``, ``octtrain profile`` and ``octstage stage``/``verify``/``mirror``/
 ``audit-ids``, sent to the process group as a terminal sends it: exit 130, one line, no
 traceback, nothing half-written.
 
@@ -137,3 +137,16 @@ def test_ctrl_c_in_stage_and_verify_while_a_volume_is_read(tmp_path: Path, comma
     assert not (dst / "manifest.json").exists()
     assert not dst.exists() or not list(dst.rglob(".stage-*"))  # no half-fetched volume
     assert not (dst / volume.zarr_path).exists()  # the one cut short is not kept
+
+
+def test_ctrl_c_in_octstage_mirror_leaves_no_report(tmp_path: Path) -> None:
+    """Interrupted while it hashes the source (a slow read of one object): nothing copied is
+    claimed, no report is written."""
+    src, dst = tmp_path / "src" / "v3", tmp_path / "dst"
+    src.mkdir(parents=True)
+    (src / "a.dcm").write_bytes(b"x" * 1000)
+    report = tmp_path / "report.json"
+    args = ["mirror", str(src), str(dst), "--hash-missing", "--json", str(report)]
+    code, out = _interrupted_while_reading("octstage.cli", args, src / "b.dcm")
+    _assert_interrupted(code, out)
+    assert not report.exists()

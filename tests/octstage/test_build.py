@@ -7,6 +7,7 @@ test_build_resume.py, other sources and schedulers in test_build_sources.py.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -116,6 +117,10 @@ def test_stored_volumes_equal_an_independent_decode_and_normalization(built: Bui
         assert (norm.low, norm.high) == (v.normalization.low, v.normalization.high), v.source_path
         np.testing.assert_array_equal(got, want, err_msg=v.source_path)
         assert v.checksum == volumestore.array_checksum(got)
+        # What the trainer standardises its input with: the stored array's mean and std.
+        assert v.intensity is not None, v.source_path
+        assert v.intensity.mean == pytest.approx((got.mean(),), abs=1e-3)
+        assert v.intensity.std == pytest.approx((got.std(),), abs=1e-3)
 
 
 def test_array_attributes_hold_no_other_header_field(built: Built) -> None:
@@ -274,6 +279,8 @@ def test_record_round_trips_and_refuses_partial_documents() -> None:
         "sha256:" + "0" * 64,
     )
     assert Record.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    measured = dataclasses.replace(record, intensity=mf.Intensity((41.5,), (12.25,)))
+    assert Record.from_dict(json.loads(json.dumps(measured.to_dict()))) == measured
     partial = record.to_dict()
     del partial["checksum"]
     with pytest.raises(ValueError, match="incomplete"):

@@ -161,6 +161,10 @@ def test_twin_builds_from_s3_into_a_verified_cache_that_stages(
     arr = zarr.open_array(str(cache / f.array_path), mode="r")
     assert arr.chunks == (5, 64, 64) and arr.dtype == np.uint8
     assert all(np.asarray(arr[c]).max() > 100 for c in range(5))
+    stored = np.asarray(arr[:]).reshape(5, -1)  # recorded per channel, for the trainer's input
+    assert f.intensity is not None
+    assert f.intensity.mean == pytest.approx(tuple(stored.mean(axis=1)), abs=1e-3)
+    assert f.intensity.std == pytest.approx(tuple(stored.std(axis=1)), abs=1e-3)
     report = verify(cache / "manifest.json")
     assert report.ok and report.verified == len(m.fields) and report.schema == "valid"
     assert report.kind == "cellpainting"  # its summary counts fields, not volumes

@@ -36,6 +36,8 @@ class CellField:
     site: int = 1
     perturbation: str = "DMSO"
     is_control: bool = True
+    # What build-cache measures of the stored array (the trainer standardises with it).
+    intensity: manifest.Intensity | None = None
 
 
 def synth_field(
@@ -100,6 +102,7 @@ def write_cell_cache(
                 site=site,
                 perturbation="cmpd1" if label else "DMSO",
                 is_control=not label,
+                intensity=manifest.Intensity.of(data, channels_first=True),
             )
         )
     write_manifest(root, records, checksums)
@@ -135,6 +138,7 @@ def write_manifest(root: Path, records: list[CellField], checksums: list[str]) -
             perturbation_type="negcon" if r.is_control else "compound",
             is_control=r.is_control,
             normalization=tuple(manifest.Normalization(1.0, 99.8, 0.0, 1.0) for _ in channels),
+            intensity=r.intensity,
         )
         for r, checksum in zip(records, checksums, strict=True)
     )

@@ -7,6 +7,7 @@ would), ``validation`` (its validation loader raises from its ninth volume on), 
 (its checkpoint write raises a ``CheckpointError``, as a full disk or a refused bucket would),
 ``checkpoint-any`` (its write raises a ``PermissionError``, as a storage client's HTTP 401 would),
 ``setup`` (its manifest cannot be read: a ``DataError`` before the first step),
+``finetune-setup`` (the same in ``octtrain finetune``; ``POD_JOB=finetune`` runs that command),
 ``hang`` (its ninth training volume never arrives, as a read from a dead mount).
 ``{rank}`` in an argument becomes this process's rank. Writes ``<out>/rank<r>.json`` with the
 CLI's exit code, the first line of each error it logged, when the first was and when it ended,
@@ -29,7 +30,7 @@ from octtrain.cli import main
 from octtrain.data.dataset import ManifestDataset
 from octtrain.errors import CheckpointError, DataError
 from octtrain.runtime.checkpoint import CheckpointManager
-from octtrain.train import pretrain
+from octtrain.train import finetune, pretrain
 
 
 def inject(point: str, rank: int) -> None:
@@ -39,6 +40,13 @@ def inject(point: str, rank: int) -> None:
             raise DataError(f"{path}: truncated JSON in host {rank}'s copy of the manifest")
 
         pretrain.read_manifest = unreadable  # type: ignore[assignment]
+        return
+    if point == "finetune-setup":
+
+        def unreadable_here(path: Any, *kinds: Any) -> Any:
+            raise DataError(f"{path}: truncated JSON in host {rank}'s copy of the manifest")
+
+        finetune.read_manifest = unreadable_here  # type: ignore[assignment]
         return
     if point == "checkpoint-any":
 
@@ -90,7 +98,7 @@ if __name__ == "__main__":
     errors = Errors()
     logging.getLogger("octtrain").addHandler(errors)
     out, args = Path(sys.argv[1]), [a.replace("{rank}", str(rank)) for a in sys.argv[2:]]
-    code = main(["pretrain", *args])
+    code = main([os.environ.get("POD_JOB", "pretrain"), *args])
     record = {
         "code": code,
         "errors": errors.lines,

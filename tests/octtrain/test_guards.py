@@ -29,6 +29,7 @@ from octtrain.config.sections import (
     ValidationConfig,
 )
 from octtrain.errors import NonFiniteLossError
+from octtrain.eval.collapse import target_entropies
 from octtrain.runtime.backend import make_backend
 from octtrain.train.job import Evaluation, Settings, StepResult, monitor_rows
 from octtrain.train.loop import Trainer
@@ -69,6 +70,7 @@ class ScriptedJob:
     stall_s: float = 0.0
     stall_in: str = "compute"
     collapsed_features: bool = False
+    blind_steps: tuple[int, ...] = ()  # steps whose teacher targets carry no image
     val_alarm: str | None = None
     scores: dict[int, float] = field(default_factory=dict)
     epoch_metrics: bool = False
@@ -107,7 +109,10 @@ class ScriptedJob:
         else:
             features = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(done))
         rows = monitor_rows(features)
-        return StepResult(torch.tensor(loss), torch.tensor(norm), rows, {"lr": 0.1})
+        # Teacher targets: the same for every crop on a blind step, one prototype each otherwise.
+        probs = torch.full((4, 8), 1 / 8) if done in self.blind_steps else torch.eye(8)[:4]
+        monitors = target_entropies(probs)
+        return StepResult(torch.tensor(loss), torch.tensor(norm), rows, {"lr": 0.1}, monitors)
 
     def end_of_unit(self, unit: int) -> tuple[dict[str, float], str | None]:
         if self.stall_in == "end of epoch" and unit == self.stall_at:
@@ -236,6 +241,31 @@ def test_the_best_checkpoint_is_the_highest_score(tmp_path: Path) -> None:
     s = settings(run, validation=ValidationConfig(every=2))
     result = train(ScriptedJob(total_steps=6), s)
     assert result.best_unit == 6 and result.best_checkpoint.endswith("step_00000006.pt")
+
+
+def test_a_checkpoint_whose_targets_carry_no_image_is_never_the_best(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=1), checkpoint=CheckpointConfig(every=1))
+    # Scores rise every unit, but from step 3 on the teacher's targets ignore the input; the
+    # steps are not logged (log_every=100): the step before each validation is judged anyway.
+    result = train(ScriptedJob(total_steps=4, blind_steps=(3, 4)), s)
+    assert result.best_unit == 2 and result.best_checkpoint.endswith("step_00000002.pt")
+    alerts = [r for r in records(run) if r.get("event") == "alert"]
+    assert {a["title"] for a in alerts} == {"targets carry no image"}
+    texts = " | ".join(a["text"] for a in alerts)
+    assert "train, step 3" in texts and "unit 3 is not picked as the best checkpoint" in texts
+    refused = [r for r in records(run) if r.get("val/best_refused")]
+    assert [r["step"] for r in refused] == [3, 4]
+
+
+def test_healthy_targets_log_their_entropies_and_raise_no_alarm(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    s = settings(run, logging=LoggingConfig(wandb_mode="disabled", log_every=1, console=False))
+    train(ScriptedJob(total_steps=2), s)
+    assert not [r for r in records(run) if r.get("event") == "alert"]
+    logged = [r for r in records(run) if "train/loss" in r]
+    gaps = [r["train/teacher_entropy_gap"] for r in logged]
+    assert gaps == [pytest.approx(math.log(4))] * 2  # batch log 4, each crop 0
 
 
 def test_a_blank_run_dir_is_a_timestamped_folder_never_none(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -35,8 +37,16 @@ def test_sincos_positions_are_distinct_and_fixed() -> None:
     pos = sincos_3d((2, 4, 4), 48)
     assert pos.shape == (32, 48)
     assert torch.cdist(pos, pos).fill_diagonal_(1.0).min() > 0.1
+    legacy = encoder_from_config(dataclasses.replace(CFG, pos_embed="sincos"))
+    assert "pos_embed" not in dict(legacy.named_parameters())
+    assert "pos_embed" not in legacy.state_dict()  # old checkpoints never saved it
+
+
+def test_learned_positions_start_at_dinov2_scale() -> None:
     encoder = encoder_from_config(CFG)
-    assert "pos_embed" not in dict(encoder.named_parameters())
+    pos = dict(encoder.named_parameters())["pos_embed"]
+    assert pos.shape == (1, 32, 48)
+    assert 0.015 < float(pos.detach().std()) < 0.025
 
 
 def test_student_predicts_k_target_features() -> None:
@@ -56,7 +66,8 @@ def test_presets_have_the_advertised_encoder_sizes() -> None:
     def count(preset: str) -> float:
         with torch.device("meta"):
             enc = encoder_from_config(ModelConfig(preset=preset, input_shape=(64, 384, 384)))
-        return sum(p.numel() for p in enc.parameters()) / 1e6
+        # The learned position table grows with the input shape, not the preset (4.7M here).
+        return sum(p.numel() for n, p in enc.named_parameters() if n != "pos_embed") / 1e6
 
     assert 27 < count("vit29m") < 31
     assert 84 < count("vit90m") < 92

@@ -232,6 +232,7 @@ FAILURES = {  # point -> what the failing host's own message says
     "checkpoint": "no space left",
     "checkpoint-any": "PermissionError: ",
     "setup": "truncated JSON",
+    "finetune-setup": "truncated JSON",
 }
 
 
@@ -243,6 +244,7 @@ FAILURES = {  # point -> what the failing host's own message says
         ("checkpoint", 0, "writing the checkpoint of step 2", 2),
         ("checkpoint-any", 0, "writing the checkpoint of step 2", 2),  # not a CheckpointError
         ("setup", 1, "setting up the job", 4),  # one host's manifest, before any step
+        ("finetune-setup", 1, "reading the manifest", 4),  # the same in finetune
     ],
 )
 def test_a_failure_on_one_host_stops_both_with_its_message(
@@ -252,13 +254,21 @@ def test_a_failure_on_one_host_stops_both_with_its_message(
     and torchrun kills it once the failing one exits: it never reaches its own verdict."""
     out = tmp_path / "out"
     out.mkdir()
-    args = [str(FAULT_WORKER), str(out), "--config", str(PRETRAIN_TINY)]
+    finetune = point.startswith("finetune")
+    config = FINETUNE_TINY if finetune else PRETRAIN_TINY
+    args = [str(FAULT_WORKER), str(out), "--config", str(config)]
     args += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run"]
-    args += ["train.max_steps=6", "validation.every=2", "validation.continue_on_failure=false"]
-    args += ["checkpoint.every=2", f"checkpoint.dir={tmp_path}/host{{rank}}"]
+    if finetune:  # from scratch: no pretraining checkpoint needed to reach the manifest
+        args += ["init_encoder=random", "train.epochs=1"]
+    else:
+        args += ["train.max_steps=6", "validation.every=2", "validation.continue_on_failure=false"]
+        args += ["checkpoint.every=2", f"checkpoint.dir={tmp_path}/host{{rank}}"]
     started = time.monotonic()
     torchrun(
-        [*args, "data.batch_size=8"], timeout=STALL_TIMEOUT_S + 120, POD_FAIL=f"{point}:{host}"
+        [*args, "data.batch_size=8"],
+        timeout=STALL_TIMEOUT_S + 120,
+        POD_FAIL=f"{point}:{host}",
+        POD_JOB="finetune" if finetune else "pretrain",
     )
     elapsed = time.monotonic() - started
     found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

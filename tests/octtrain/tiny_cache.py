@@ -115,6 +115,7 @@ def cached_volume(
         normalization=mf.Normalization(1.0, 99.0, 0.0, 255.0),
         checksum=checksum,
         cache_key=key,
+        intensity=mf.Intensity.of(array, channels_first=False),
     )
 
 

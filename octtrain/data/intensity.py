@@ -1,0 +1,64 @@
+"""The input statistics a ViT standardises with (``input_norm: dataset``), pooled from the
+manifest.
+
+build-cache records each stored array's mean and standard deviation per channel
+(``octstage.manifest.Intensity``); the train split's are pooled here (every item weighs the
+same: a split's items share one shape). A manifest built before those statistics has none: the
+run then falls back to ``DEFAULT_UINT8`` (mean 127.5, std 127.5 on the uint8 scale, which is the
+legacy [-1, 1] input), logs a warning, and says to rebuild the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from octstage.manifest import Intensity
+
+log = logging.getLogger("octtrain")
+
+DEFAULT_UINT8 = (127.5, 127.5)  # (mean, std): the identity on the [-1, 1] input
+
+
+@dataclass(frozen=True)
+class InputStats:
+    """Per-channel mean and std on the stored uint8 scale, and where they came from."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    items: int  # items pooled; 0: the default
+
+    def to_input(self) -> tuple[list[float], list[float]]:
+        """The same statistics in the model input's scale (``v * 2/255 - 1``)."""
+        return [m / 127.5 - 1.0 for m in self.mean], [max(s, 1e-3) / 127.5 for s in self.std]
+
+
+def pooled(items: Sequence[object], channels: int, what: str = "the train split") -> InputStats:
+    """The pooled statistics of the manifest items (Volumes or Fields) that record them; the
+    default (with a warning) when none does."""
+    found = [getattr(i, "intensity", None) for i in items]
+    measured = [m for m in found if isinstance(m, Intensity) and len(m.mean) == channels]
+    if not measured:
+        log.warning(
+            "the manifest records no intensity statistics for %s (built before octstage "
+            "measured them): standardising with the default mean %.1f, std %.1f per channel, "
+            "i.e. the legacy [-1, 1] input; rebuild the cache to standardise with its own",
+            what,
+            *DEFAULT_UINT8,
+        )
+        return InputStats((DEFAULT_UINT8[0],) * channels, (DEFAULT_UINT8[1],) * channels, 0)
+    if len(measured) < len(items):
+        log.warning(
+            "%d of %d items of %s record no intensity statistics; pooling the %d that do",
+            len(items) - len(measured),
+            len(items),
+            what,
+            len(measured),
+        )
+    n = len(measured)
+    mean = [sum(m.mean[c] for m in measured) / n for c in range(channels)]
+    square = [sum(m.std[c] ** 2 + m.mean[c] ** 2 for m in measured) / n for c in range(channels)]
+    std = [math.sqrt(max(q - mu**2, 0.0)) for q, mu in zip(square, mean, strict=True)]
+    return InputStats(tuple(mean), tuple(std), n)
