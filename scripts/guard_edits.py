@@ -477,7 +477,7 @@ EDITS: list[Edit] = [
         "        return EXIT_DATA\n",
         "        return EXIT_REFUSED\n",
         (OT + "test_doctor.py",),
-        "a data error exits 2 instead of the documented 4",
+        "a data error gets the refusal's exit code, not its own",
     ),
     Edit(
         "exitcode-nonfinite",
@@ -485,7 +485,7 @@ EDITS: list[Edit] = [
         "NONFINITE = ExitCode(\n    3,",
         "NONFINITE = ExitCode(\n    2,",
         (EXIT_PATH + "[nonfinite-3-]",),
-        "a non-finite loss exits 2 (the refusal code)",
+        "a non-finite loss gets the refusal's exit code, not its own",
     ),
     # --- JUMP reading ---------------------------------------------------------------------------
     Edit(
