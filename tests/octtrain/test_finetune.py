@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from octstage import manifest as mf
-from octtrain.errors import CheckpointError
+from octtrain.errors import CheckpointError, ConfigError
 from octtrain.eval.validation import ValidationError
 from octtrain.runtime.backend import TorchBackend
 from octtrain.train.finetune import FinetuneJob, run_finetune
@@ -373,3 +373,23 @@ def test_prediction_collapse_alarm_and_grad_norm_in_finetuning(
     assert any(a.startswith("train, epoch 1: prediction collapse") for a in alerts), alerts
     norms = [r["train/grad_norm"] for r in records if "train/grad_norm" in r]
     assert norms and all(n > 1000 * clip for n in norms)  # before clipping and zero_grad
+
+
+def test_flash_with_a_length_its_blocks_cannot_take_is_refused_before_training(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off a TPU ``choose`` never picks flash: pretend it did (as on a TPU) and finetune must
+    refuse the encoder's token count before the first step, not fail in step 0's backward."""
+    import octtrain.train.finetune as finetune_module
+
+    monkeypatch.setattr(finetune_module, "choose", lambda *_: ("flash", "as on a TPU"))
+    cfg = finetune_config(
+        tiny_cache[0],
+        tmp_path / "run",
+        "init_encoder=random",
+        "model.input_shape=[8,32,24]",
+        "model.patch=[1,4,4]",
+    )
+    with pytest.raises(ConfigError, match="the encoder sees 384 tokens"):
+        run_finetune(cfg, None)
+    assert not list((tmp_path / "run").glob("checkpoints/step_*"))
