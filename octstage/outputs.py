@@ -281,9 +281,10 @@ def clear_manifest(dst: Path) -> None:
 
 
 @contextlib.contextmanager
-def _ctrl_c_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C back until the block ends (a few renames), then raise it: the folder shows
-    the old report or the new one, never half of each."""
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C back until the block ends (a few renames; a loader's iterator being built),
+    then raise it: the folder shows the old report or the new one, never half of each. Off the
+    main thread, or with SIGINT ignored, it does nothing."""
     main = threading.current_thread() is threading.main_thread()
     if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # ignored: stays so
         yield
@@ -337,7 +338,7 @@ def replace_report(
         raise refuse(f"{what} {folder}: cannot write into the folder: {exc.strerror}") from None
     try:
         write(tmp)
-        with _ctrl_c_deferred():
+        with ctrl_c_deferred():
             old = sorted(p for p in folder.iterdir() if p != tmp and belongs(p.name))
             aside = None
             if old:

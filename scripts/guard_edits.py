@@ -341,8 +341,8 @@ EDITS: list[Edit] = [
     Edit(
         "outputs-report-partial",
         "octstage/outputs.py",
-        "        write(tmp)\n        with _ctrl_c_deferred():",
-        "        write(folder)\n        with _ctrl_c_deferred():",
+        "        write(tmp)\n        with ctrl_c_deferred():",
+        "        write(folder)\n        with ctrl_c_deferred():",
         (OS + "test_outputs.py",),
         "the report is written file by file into the folder (a failure leaves half of it)",
     ),

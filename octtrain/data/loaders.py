@@ -10,10 +10,8 @@ A process with no samples at all still runs its batches of fillers and joins eve
 
 from __future__ import annotations
 
-import contextlib
 import math
 import queue
-import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -23,6 +21,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from octstage.manifest import ctrl_c_deferred
 from octtrain.config.sections import DataConfig
 from octtrain.data.dataset import ManifestDataset
 from octtrain.data.samplers import EpochSampler, shard
@@ -122,23 +121,6 @@ def padded_loader(
     return DataLoader(padded, batch_size=batch_size, shuffle=False, drop_last=False, **workers)
 
 
-@contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[None]:
-    """Hold a SIGINT back until the block ends, then raise it (main thread only)."""
-    main = threading.current_thread() is threading.main_thread()
-    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # ignored: stays so
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
-
-
 class Prefetcher(Iterator[dict[str, Any]]):
     """Pulls batches from a loader in a background thread, ``depth`` batches ahead.
 
@@ -160,7 +142,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
         # Ctrl-C is held back until it is whole: one cut off half-built has no ``_workers`` to
         # shut down (a traceback from its ``__del__``) and could leave its queues' feeder threads
         # for the exit to wait on; a whole one is shut down when the interrupt drops it.
-        with _ctrl_c_held():
+        with ctrl_c_deferred():
             batches = iter(loader)
         self._thread = threading.Thread(
             target=self._run, args=(batches,), name="batch-prefetch", daemon=True

@@ -85,6 +85,18 @@ def test_a_report_path_that_is_a_file_or_cannot_be_made_is_refused(tmp_path: Pat
     assert (tmp_path / "f").read_text() == "x"
 
 
+def test_a_folder_nobody_may_write_is_refused_before_any_work() -> None:
+    """/proc/1 exists on every Linux machine and no one may write it, root included (root
+    passes every permission bit, so a chmod'ed folder would prove nothing in CI)."""
+    folder = Path("/proc/1")
+    if not folder.is_dir() or os.access(folder, os.W_OK | os.X_OK):
+        pytest.fail("this test needs a Linux /proc: /proc/1 must be a folder nobody may write")
+    written: list[Path] = []
+    with pytest.raises(Refused, match="is not writable"):
+        replace_report(folder, _belongs, written.append, Refused)
+    assert written == []  # refused up front: the report was never written
+
+
 def _trained_run(run: Path, index: object | None) -> None:
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("x: 1\n")
