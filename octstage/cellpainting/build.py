@@ -187,7 +187,8 @@ def load_metadata(
         return load_release(read)
     where, data = (
         _table(metadata, anonymous)
-        if ("://" in metadata or local.exists())
+        # An absolute path names a local file, never a key under the source root.
+        if ("://" in metadata or local.exists() or local.is_absolute())
         else (metadata, storage.read_bytes(metadata))
     )
     return load_single(layout.read_table(data, where), where)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,3 +94,18 @@ def sigint_as_at_a_terminal() -> None:
     the background of a script, ``cmd &``, has it ignored) and Python keeps it ignored, so the
     interrupt would never arrive and the run would go on."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_as_at_a_terminal(module: str, args: list[str], root: Path) -> subprocess.Popen[bytes]:
+    """``python -m MODULE ARGS`` in a process group of its own (a Ctrl-C test signals the whole
+    group), SIGINT at its default, output merged into one pipe, wandb off."""
+    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled", "COLUMNS": "1000"}
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=root,
+        preexec_fn=sigint_as_at_a_terminal,
+        start_new_session=True,
+    )

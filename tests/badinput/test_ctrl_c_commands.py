@@ -12,14 +12,12 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.badinput.conftest import sigint_as_at_a_terminal
+from tests.badinput.conftest import start_as_at_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,16 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _interrupted_while_reading(module: str, args: list[str], pipe: Path) -> tuple[int, str]:
     """Run ``python -m MODULE ARGS``; Ctrl-C its group while it waits on reading ``pipe``."""
     os.mkfifo(pipe)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "COLUMNS": "1000"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=ROOT,
-        preexec_fn=sigint_as_at_a_terminal,
-        start_new_session=True,
-    )
+    proc = start_as_at_a_terminal(module, args, ROOT)
     writer, started = -1, time.monotonic()
     try:
         while writer < 0 and proc.poll() is None and time.monotonic() - started < 120:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from octtrain import cli
-from tests.badinput.conftest import sigint_as_at_a_terminal
+from tests.badinput.conftest import start_as_at_a_terminal
 from tests.badinput.test_octtrain_inputs import FINETUNE, ROOT, assert_clean, pristine
 
 __all__ = ["pristine"]
@@ -25,16 +24,7 @@ def _interrupted(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``octtrain ARGS`` in its own process group; Ctrl-C the group once ``marker`` was
     printed (or ``after_s`` seconds passed)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "octtrain.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=ROOT,
-        preexec_fn=sigint_as_at_a_terminal,
-        start_new_session=True,
-    )
+    proc = start_as_at_a_terminal("octtrain.cli", args, ROOT)
     assert proc.stdout is not None
     seen, started = b"", time.monotonic()
     os.set_blocking(proc.stdout.fileno(), False)

@@ -4,6 +4,7 @@ received, and the contradictions between the tables that stop a build."""
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,13 @@ def test_tables_that_contradict_each_other_are_refused_naming_table_row_and_id(c
     change, message = BAD[case]
     with pytest.raises(CellPaintingError, match=message):
         load_release(_reader({**GOOD, **change}))
+
+
+def test_an_absolute_metadata_path_that_does_not_exist_is_named_as_missing(tmp_path: Path) -> None:
+    """Not read as a key under the source root (which refused it as an "unsafe object name")."""
+    from octstage.cellpainting.build import load_metadata
+    from octstage.errors import OctstageError
+    from octstage.storage import open_storage
+
+    with pytest.raises(OctstageError, match="no such object"):
+        load_metadata(str(tmp_path / "nope.csv"), open_storage(str(tmp_path)))
