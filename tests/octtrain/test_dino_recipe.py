@@ -80,7 +80,7 @@ def test_the_teacher_sees_the_global_crops_unmasked(
     the whole global crops, not on the crops with the student's mask tokens in."""
     job, batch = _job(cell_cache, tmp_path)
     assert bool(batch["masks"].any())
-    g, _, masks = to_views(batch)
+    g, _, masks = to_views(batch, job.channel_stats)
     before_teacher, before_center = copy.deepcopy(job.teacher), job.center.clone()
     with torch.no_grad():
         whole = before_teacher(g).global_logits
@@ -114,7 +114,11 @@ def test_the_teacher_moves_towards_the_student_by_the_cosine_momentum(
 def test_the_ema_momentum_is_a_cosine_not_a_ramp(
     cell_cache: tuple[Path, list[CellField]], tmp_path: Path
 ) -> None:
-    job, _ = _job(cell_cache, tmp_path, ["train.max_steps=100", "schedule.ema_start=0.9"])
+    job, _ = _job(
+        cell_cache,
+        tmp_path,
+        ["train.max_steps=100", "schedule.ema_start=0.9", "schedule.ema_end=0.99"],
+    )
     quarter = job.hyperparameters(25)["train/ema_momentum"]
     # 0.9 -> 0.99 on a cosine: 14.6% of the way at a quarter of the run (a ramp: 25%).
     assert quarter == pytest.approx(0.9 + 0.09 * (1 - math.cos(math.pi / 4)) / 2, abs=1e-9)
@@ -125,7 +129,8 @@ def test_the_ema_momentum_is_a_cosine_not_a_ramp(
 def test_the_teacher_temperature_warms_up_from_0_04_to_0_07(
     cell_cache: tuple[Path, list[CellField]], tmp_path: Path
 ) -> None:
-    job, _ = _job(cell_cache, tmp_path, ["train.max_steps=200"])
+    warm = ["dino.teacher_temp=0.07", "dino.warmup_teacher_temp_steps=60"]  # DINOv2's shape
+    job, _ = _job(cell_cache, tmp_path, ["train.max_steps=200", *warm])
     temps = [job.hyperparameters(s)["train/teacher_temp"] for s in (0, 30, 60, 199)]
     assert temps == pytest.approx([0.04, 0.055, 0.07, 0.07])
 
@@ -215,7 +220,7 @@ def test_the_ibot_centre_moves_to_the_masked_tokens_mean_not_the_padding_s(
     job, batch = _job(cell_cache, tmp_path, ["data.batch_size=8"])
     valid = batch["mask_weight"] > 0
     assert valid.any() and not valid.all()  # the index list is padded
-    global_views, _, masks = to_views(batch)
+    global_views, _, masks = to_views(batch, job.channel_stats)
     _, t_masked, _ = teacher_outputs(job.teacher, global_views, masks, batch["mask_index"])
     m = job.cfg.dino.center_momentum
     job.train_step(batch, 0)
