@@ -34,12 +34,15 @@ from octstage.manifest.checks import Finding as Finding
 from octstage.manifest.checks import check as check
 from octstage.manifest.checks import consistency_problems as consistency_problems
 from octstage.manifest.checks import refuse as refuse
+from octstage.manifest.columnar import ItemTable as ItemTable
 from octstage.manifest.model import CACHE_VERSION as CACHE_VERSION
 from octstage.manifest.model import CELLPAINTING_CHANNELS as CELLPAINTING_CHANNELS
+from octstage.manifest.model import FORMS as FORMS
 from octstage.manifest.model import KINDS as KINDS
 from octstage.manifest.model import PERTURBATION_TYPES as PERTURBATION_TYPES
 from octstage.manifest.model import SCHEMA_PATH as SCHEMA_PATH
 from octstage.manifest.model import SCHEMA_VERSION as SCHEMA_VERSION
+from octstage.manifest.model import TABLE_SCHEMA_VERSION as TABLE_SCHEMA_VERSION
 from octstage.manifest.model import ChannelSource as ChannelSource
 from octstage.manifest.model import Concept as Concept
 from octstage.manifest.model import Field as Field
@@ -53,8 +56,11 @@ from octstage.manifest.model import Volume as Volume
 from octstage.manifest.model import count_summary as count_summary
 from octstage.manifest.model import field_counts as field_counts
 from octstage.manifest.serial import from_dict as from_dict
+from octstage.manifest.serial import header_bytes as header_bytes
+from octstage.manifest.serial import item_rows as item_rows
 from octstage.manifest.serial import load as load
 from octstage.manifest.serial import to_dict as to_dict
+from octstage.manifest.serial import to_header as to_header
 from octstage.manifest.serial import write as write
 from octstage.outputs import atomic_write_bytes as atomic_write_bytes
 from octstage.outputs import atomic_write_text as atomic_write_text

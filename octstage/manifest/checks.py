@@ -3,10 +3,15 @@ consumer before its work (``FATAL``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import pyarrow.compute as pc
+
+from octstage.manifest.columnar import ItemTable
 from octstage.manifest.model import (
+    Field,
     Item,
     Manifest,
 )
@@ -70,14 +75,18 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
     else:
         found += _volume_findings(manifest)
     shapes: dict[tuple[int, ...], int] = {}
-    for n, item in enumerate(items):
-        shapes.setdefault(tuple(item.shape), n)
-        if len(item.shape) != 3 or min(item.shape) < 1 or item.dtype != "uint8":
+    paths = _values(items, "zarr_path")
+    for n, (shape, dtype) in enumerate(
+        zip(_values(items, "shape"), _values(items, "dtype"), strict=True)
+    ):
+        shape = tuple(shape)
+        shapes.setdefault(shape, n)
+        if len(shape) != 3 or min(shape) < 1 or dtype != "uint8":
             found.append(
                 Finding(
                     "shape",
-                    f"{what}[{n}] ({item.zarr_path}): shape {list(item.shape)} dtype "
-                    f"{item.dtype}, expected 3 positive sizes of uint8",
+                    f"{what}[{n}] ({paths[n]}): shape {list(shape)} dtype "
+                    f"{dtype}, expected 3 positive sizes of uint8",
                 )
             )
     if len(shapes) > 1:
@@ -86,12 +95,29 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
     return found
 
 
-def _duplicates(items: tuple[Item, ...], what: str, keys: tuple[str, ...]) -> list[Finding]:
+def _values(items: Sequence[Item], name: str) -> list[Any]:
+    """One attribute of every item, in order; of an item table, its column (no item built)."""
+    if isinstance(items, ItemTable):
+        return items.column(name)
+    return [getattr(item, name) for item in items]
+
+
+def _all_distinct(items: Sequence[Item], name: str) -> bool:
+    """True when an item table's column holds no value twice (counted in Arrow); False when it
+    may: the caller then finds which (a list of Python objects is always looked at)."""
+    if not isinstance(items, ItemTable):
+        return False
+    column = items.column_array(name)
+    return bool(pc.count_distinct(column, mode="all").as_py() == len(column))
+
+
+def _duplicates(items: Sequence[Item], what: str, keys: tuple[str, ...]) -> list[Finding]:
     found = []
     for key in keys:
+        if _all_distinct(items, key):
+            continue
         seen: dict[object, int] = {}
-        for n, item in enumerate(items):
-            value = getattr(item, key)
+        for n, value in enumerate(_values(items, key)):
             if value in seen:
                 found.append(
                     Finding(
@@ -148,53 +174,83 @@ def _volume_findings(manifest: Manifest) -> list[Finding]:
     return found
 
 
+def _lengths(items: Sequence[Item], name: str) -> list[int]:
+    """How many values a list attribute (``channels``, ``sources``) holds, per item."""
+    if isinstance(items, ItemTable):
+        return pc.list_value_length(items.column_array(name)).to_pylist()  # type: ignore[no-any-return]
+    return [len(getattr(item, name)) for item in items]
+
+
+def _source_paths(items: Sequence[Field]) -> list[list[str]] | None:
+    """Every item's source file paths; None when an item table lists no path twice (counted
+    in Arrow, without a Python string per source file)."""
+    if isinstance(items, ItemTable):
+        paths = pc.struct_field(pc.list_flatten(items.column_array("sources")), "path")
+        if pc.count_distinct(paths, mode="all").as_py() == len(paths):
+            return None
+        sources = items.column("sources")
+        return [[s["path"] for s in row] for row in sources]
+    return [[s.path for s in item.sources] for item in items]
+
+
 def _field_findings(manifest: Manifest) -> list[Finding]:
-    found = _duplicates(manifest.items, "fields", ("zarr_path", "cache_key", "item_id"))
+    items = manifest.items
+    found = _duplicates(items, "fields", ("zarr_path", "cache_key", "item_id"))
+    ids, plates_of, splits = (_values(items, k) for k in ("item_id", "plate", "split"))
+    paths, labels, perturbations = (
+        _values(items, k) for k in ("zarr_path", "label", "perturbation")
+    )
+    shapes = _values(items, "shape")
+    channels, n_sources = _lengths(items, "channels"), _lengths(items, "sources")
     plates: dict[str, set[str]] = {}
+    for plate, split in zip(plates_of, splits, strict=True):
+        plates.setdefault(plate, set()).add(split)
     sources: dict[str, int] = {}
-    for n, f in enumerate(manifest.fields):
-        plates.setdefault(f.plate, set()).add(f.split)
-        for s in f.sources:
-            if s.path in sources and sources[s.path] != n:
+    for n, row in enumerate(_source_paths(manifest.fields) or ()):
+        for path in row:
+            if path in sources and sources[path] != n:
                 found.append(
                     Finding(
                         "shared-source",
-                        f"fields[{n}] ({f.item_id}): source {s.path!r} is also "
-                        f"fields[{sources[s.path]}]'s ({manifest.fields[sources[s.path]].item_id})",
+                        f"fields[{n}] ({ids[n]}): source {path!r} is also "
+                        f"fields[{sources[path]}]'s ({ids[sources[path]]})",
                     )
                 )
-            sources.setdefault(s.path, n)
-        parts = f.zarr_path.split("/")
-        if len(parts) < 3 or parts[0] != "fields" or parts[1] != f.plate:
+            sources.setdefault(path, n)
+    classes = manifest.classes
+    for n, (item_id, plate, path, label) in enumerate(
+        zip(ids, plates_of, paths, labels, strict=True)
+    ):
+        parts = path.split("/")
+        if len(parts) < 3 or parts[0] != "fields" or parts[1] != plate:
             found.append(
                 Finding(
                     "shared-source",
-                    f"fields[{n}] ({f.item_id}): of plate {f.plate} but stored at "
-                    f"{f.zarr_path!r}, not under fields/{f.plate}/",
+                    f"fields[{n}] ({item_id}): of plate {plate} but stored at "
+                    f"{path!r}, not under fields/{plate}/",
                 )
             )
-        if f.label is not None and not 0 <= f.label < len(manifest.classes):
+        if label is not None and not 0 <= label < len(classes):
             found.append(
                 Finding(
                     "label",
-                    f"fields[{n}] ({f.item_id}): label {f.label} outside the "
-                    f"{len(manifest.classes)} classes",
+                    f"fields[{n}] ({item_id}): label {label} outside the {len(classes)} classes",
                 )
             )
-        elif f.label is not None and manifest.classes[f.label] != f.perturbation:
+        elif label is not None and classes[label] != perturbations[n]:
             found.append(
                 Finding(
                     "label",
-                    f"fields[{n}] ({f.item_id}): label {f.label} is class "
-                    f"{manifest.classes[f.label]!r}, perturbation says {f.perturbation!r}",
+                    f"fields[{n}] ({item_id}): label {label} is class "
+                    f"{classes[label]!r}, perturbation says {perturbations[n]!r}",
                 )
             )
-        if f.shape[0] != len(f.channels) or len(f.sources) != len(f.channels):
+        if shapes[n][0] != channels[n] or n_sources[n] != channels[n]:
             found.append(
                 Finding(
                     "shape",
-                    f"fields[{n}] ({f.item_id}): {len(f.channels)} channels, shape "
-                    f"{list(f.shape)} and {len(f.sources)} source files",
+                    f"fields[{n}] ({item_id}): {channels[n]} channels, shape "
+                    f"{list(shapes[n])} and {n_sources[n]} source files",
                 )
             )
     for plate, seen in sorted(plates.items()):
