@@ -35,6 +35,7 @@ from octstage.manifest.checks import check as check
 from octstage.manifest.checks import consistency_problems as consistency_problems
 from octstage.manifest.checks import refuse as refuse
 from octstage.manifest.columnar import ItemTable as ItemTable
+from octstage.manifest.columnar import file_sha256 as file_sha256
 from octstage.manifest.model import CACHE_VERSION as CACHE_VERSION
 from octstage.manifest.model import CELLPAINTING_CHANNELS as CELLPAINTING_CHANNELS
 from octstage.manifest.model import FORMS as FORMS

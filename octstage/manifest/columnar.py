@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from octstage.errors import ManifestError
+from octstage.outputs import ITEMS_SUFFIX  # manifest.json -> manifest.items.parquet
 
-ITEMS_SUFFIX = ".items.parquet"  # manifest.json -> manifest.items.parquet
 ROWS_PER_GROUP = 16384  # rows per Parquet row group: what a writer holds as dicts at once
 FORMAT = "parquet"
 
@@ -197,6 +197,16 @@ def _plain(t: pa.DataType) -> pa.DataType:
     return t.value_type if pa.types.is_dictionary(t) else t
 
 
+def json_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A table row as the JSON form's item dict: an unmeasured ``intensity`` (null) is absent,
+    the ``clinical`` map (read as key-value pairs) an object."""
+    if row.get("intensity") is None:
+        row.pop("intensity", None)
+    if "clinical" in row:
+        row["clinical"] = dict(row["clinical"] or ())
+    return row
+
+
 class ItemTable(Sequence[T], Generic[T]):
     """A read-only sequence of a manifest's items over an Arrow table: ``table[i]`` builds the
     item's dataclass (``convert`` of the row's dict) when asked; slices and ``where`` are views.
@@ -247,6 +257,12 @@ class ItemTable(Sequence[T], Generic[T]):
         for batch in self.table.to_batches(max_chunksize=4096):
             for row in batch.to_pylist():
                 yield self._convert(row)
+
+    def json_rows(self) -> Iterator[dict[str, Any]]:
+        """The rows as the JSON form's item dicts (what the JSON Schema's $defs describe)."""
+        for batch in self.table.to_batches(max_chunksize=4096):
+            for row in batch.to_pylist():
+                yield json_row(row)
 
     def column(self, name: str) -> list[Any]:
         """One column's values, in order (Python values; no item is built)."""

@@ -173,13 +173,11 @@ def _items(
 
 
 def _field_row(d: dict[str, Any]) -> Field:
-    # intensity is a nullable struct column: null reads as None, which the JSON form omits.
-    return _field_from_dict(d)
+    return _field_from_dict(columnar.json_row(d))
 
 
 def _volume_row(d: dict[str, Any]) -> Volume:
-    d["clinical"] = dict(d["clinical"] or ())  # a map column reads as (key, value) pairs
-    return _volume_from_dict(d)
+    return _volume_from_dict(columnar.json_row(d))
 
 
 def _volume_from_dict(d: dict[str, Any]) -> Volume:
