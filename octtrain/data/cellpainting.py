@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from octstage.manifest import ItemTable
 from octtrain.config.dino import CropConfig
 from octtrain.config.sections import DataConfig
 from octtrain.data.arrayread import CachedArray, open_array
@@ -53,6 +54,14 @@ class FieldRecord(Protocol):
     def label(self) -> int | None: ...
     @property
     def split(self) -> str: ...
+
+
+def field_shapes(fields: Sequence[FieldRecord]) -> list[tuple[int, ...]]:
+    """Every field's shape, in order; of the columnar manifest's fields, its shape column (no
+    record built per field)."""
+    if isinstance(fields, ItemTable):
+        return [tuple(s) for s in fields.column("shape")]
+    return [tuple(f.shape) for f in fields]
 
 
 def _shape(
@@ -175,16 +184,17 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
         mask_ratio: tuple[float, float] = (0.1, 0.5),
         max_samples: int | None = None,
     ) -> None:
-        self.fields = list(fields)[:max_samples]
+        # A slice, not a list: the columnar manifest's fields stay Arrow columns (an ItemTable
+        # view) that loader workers share; ``self.fields[i]`` builds one record when read.
+        self.fields = fields[:max_samples]
         self.cache_root = Path(cache_root)
         self.crops, self.patch = crops, patch
         self.mask_probability, self.mask_ratio = mask_probability, mask_ratio
-        for f in self.fields:
-            _, h, w = f.shape
+        for n, (_, h, w) in enumerate(field_shapes(self.fields)):
             if min(h, w) < crops.global_size:
                 raise DataError(
-                    f"{f.zarr_path}: field {h}x{w} is smaller than crops.global_size "
-                    f"{crops.global_size}"
+                    f"{self.fields[n].zarr_path}: field {h}x{w} is smaller than "
+                    f"crops.global_size {crops.global_size}"
                 )
 
     def __len__(self) -> int:
