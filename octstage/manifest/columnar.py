@@ -162,19 +162,19 @@ def read_items(source: Path | bytes, kind: str, where: str, info: dict[str, Any]
     """The table a header names (a file, memory-mapped, or its bytes), checked against the header
     (row count, size) and the kind's schema; a mismatch is a ManifestError naming ``where``."""
     try:
+        size = len(source) if isinstance(source, bytes) else source.stat().st_size
+        # The size first: a table of another build, or a partial copy, is named as such.
+        if size != info.get("bytes"):
+            raise ManifestError(
+                f"{where}: the item table is {size} bytes, the header says {info.get('bytes')} "
+                "(a table of another build, or a partial copy): rebuild or restage the cache"
+            )
         if isinstance(source, bytes):
             table = pq.read_table(pa.BufferReader(source), read_dictionary=_dictionary(kind))
-            size = len(source)
         else:
-            size = source.stat().st_size
             table = pq.read_table(source, memory_map=True, read_dictionary=_dictionary(kind))
     except (OSError, pa.ArrowException) as exc:
         raise ManifestError(f"{where}: cannot read the manifest's item table: {exc}") from None
-    if size != info.get("bytes"):
-        raise ManifestError(
-            f"{where}: the item table is {size} bytes, the header says {info.get('bytes')} "
-            "(a table of another build, or a partial copy): rebuild or restage the cache"
-        )
     if table.num_rows != info.get("rows"):
         raise ManifestError(
             f"{where}: the item table has {table.num_rows} rows, the header says {info.get('rows')}"
