@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from octstage.errors import ManifestError
+from octstage.manifest.model import Intensity
 from octstage.outputs import ITEMS_SUFFIX  # manifest.json -> manifest.items.parquet
 
 ROWS_PER_GROUP = 16384  # rows per Parquet row group: what a writer holds as dicts at once
@@ -158,9 +160,38 @@ def write_items(
     return TableInfo(path.name, count, path.stat().st_size, file_sha256(path))
 
 
-def read_items(source: Path | bytes, kind: str, where: str, info: dict[str, Any]) -> pa.Table:
-    """The table a header names (a file, memory-mapped, or its bytes), checked against the header
-    (row count, size) and the kind's schema; a mismatch is a ManifestError naming ``where``."""
+class Columns:
+    """An item table's columns, each read when first asked for (from the file, memory-mapped, or
+    from its bytes) and kept unless asked not to: a trainer reads the few it uses, never the
+    source files' paths and hashes. Views of one table share one ``Columns``."""
+
+    def __init__(self, source: Path | bytes, kind: str, rows: int) -> None:
+        self.source, self.kind, self.rows = source, kind, rows
+        self.names: list[str] = ARROW_SCHEMAS[kind].names
+        self.kept: dict[str, pa.ChunkedArray] = {}
+
+    def get(self, name: str, keep: bool = True) -> pa.ChunkedArray:
+        """One column (a low-cardinality one as an Arrow dictionary)."""
+        if name in self.kept:
+            return self.kept[name]
+        source = pa.BufferReader(self.source) if isinstance(self.source, bytes) else self.source
+        dictionary = [name] if name in _DICTIONARY else None
+        column = pq.read_table(
+            source, columns=[name], memory_map=True, read_dictionary=dictionary
+        ).column(0)
+        if keep:
+            self.kept[name] = column
+        return column
+
+    def table(self) -> pa.Table:
+        """Every column (all read and kept)."""
+        return pa.table({name: self.get(name) for name in self.names})
+
+
+def read_items(source: Path | bytes, kind: str, where: str, info: dict[str, Any]) -> Columns:
+    """The table a header names (a file, or its bytes), checked against the header (size, row
+    count) and the kind's schema from its footer alone; a mismatch is a ManifestError naming
+    ``where``. Columns are read later, each when first used (``Columns``)."""
     try:
         size = len(source) if isinstance(source, bytes) else source.stat().st_size
         # The size first: a table of another build, or a partial copy, is named as such.
@@ -169,24 +200,21 @@ def read_items(source: Path | bytes, kind: str, where: str, info: dict[str, Any]
                 f"{where}: the item table is {size} bytes, the header says {info.get('bytes')} "
                 "(a table of another build, or a partial copy): rebuild or restage the cache"
             )
-        if isinstance(source, bytes):
-            table = pq.read_table(pa.BufferReader(source), read_dictionary=_dictionary(kind))
-        else:
-            table = pq.read_table(source, memory_map=True, read_dictionary=_dictionary(kind))
+        reader = pq.ParquetFile(pa.BufferReader(source) if isinstance(source, bytes) else source)
+        rows, schema = reader.metadata.num_rows, reader.schema_arrow
     except (OSError, pa.ArrowException) as exc:
         raise ManifestError(f"{where}: cannot read the manifest's item table: {exc}") from None
-    if table.num_rows != info.get("rows"):
+    if rows != info.get("rows"):
         raise ManifestError(
-            f"{where}: the item table has {table.num_rows} rows, the header says {info.get('rows')}"
+            f"{where}: the item table has {rows} rows, the header says {info.get('rows')}"
         )
     expected = ARROW_SCHEMAS[kind]
-    plain = pa.schema([pa.field(f.name, _plain(f.type)) for f in table.schema])
-    if not plain.equals(expected):
+    if not schema.equals(expected):
         raise ManifestError(
-            f"{where}: item table columns {plain.names} differ from a {kind!r} manifest's "
+            f"{where}: item table columns {schema.names} differ from a {kind!r} manifest's "
             f"({expected.names}) or their types: upgrade octstage or rebuild the cache"
         )
-    return table
+    return Columns(source, kind, rows)
 
 
 def _dictionary(kind: str) -> list[str]:
@@ -208,28 +236,29 @@ def json_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class ItemTable(Sequence[T], Generic[T]):
-    """A read-only sequence of a manifest's items over an Arrow table: ``table[i]`` builds the
-    item's dataclass (``convert`` of the row's dict) when asked; slices and ``where`` are views.
-    ``column`` gives one column's values without building any item."""
+    """A read-only sequence of a manifest's items over its Arrow columns: ``table[i]`` builds
+    the item's dataclass (``convert`` of the row's dict) when asked; slices and ``where`` are
+    views (row numbers in an Arrow array). ``column`` gives one column's values and ``common``
+    the few columns a trainer reads, without building any item."""
 
     def __init__(
         self,
-        table: pa.Table,
+        columns: Columns,
         convert: Callable[[dict[str, Any]], T],
         index: pa.Array | None = None,
     ) -> None:
-        self._table = table
+        self._columns = columns
         self._convert = convert
-        # Row numbers of the view (None: every row, in order); an Arrow array, not a Python list.
-        self._index = index
+        self._index = index  # row numbers of the view; None: every row, in order
 
     @property
     def table(self) -> pa.Table:
-        """The rows of this view as an Arrow table."""
-        return self._table if self._index is None else self._table.take(self._index)
+        """The rows of this view as an Arrow table (every column read)."""
+        table = self._columns.table()
+        return table if self._index is None else table.take(self._index)
 
     def __len__(self) -> int:
-        return self._table.num_rows if self._index is None else len(self._index)
+        return self._columns.rows if self._index is None else len(self._index)
 
     def _row(self, n: int) -> int:
         return n if self._index is None else int(self._index[n].as_py())
@@ -240,18 +269,15 @@ class ItemTable(Sequence[T], Generic[T]):
     def __getitem__(self, key: slice) -> ItemTable[T]: ...
     def __getitem__(self, key: int | slice) -> T | ItemTable[T]:
         if isinstance(key, slice):
-            rows = range(len(self))[key]
-            index = (
-                pa.array(rows, pa.int64())
-                if self._index is None
-                else self._index.take(pa.array(rows, pa.int64()))
-            )
-            return ItemTable(self._table, self._convert, index)
+            rows = pa.array(range(len(self))[key], pa.int64())
+            index = rows if self._index is None else self._index.take(rows)
+            return ItemTable(self._columns, self._convert, index)
         n = len(self)
         if not -n <= key < n:
             raise IndexError(f"item {key} of {n}")
-        row = self._table.slice(self._row(key % n), 1).to_pylist()[0]
-        return self._convert(row)
+        row = self._row(key % n)
+        names = self._columns.names
+        return self._convert({name: self._columns.get(name)[row].as_py() for name in names})
 
     def __iter__(self) -> Iterator[T]:
         for batch in self.table.to_batches(max_chunksize=4096):
@@ -264,14 +290,14 @@ class ItemTable(Sequence[T], Generic[T]):
             for row in batch.to_pylist():
                 yield json_row(row)
 
-    def column(self, name: str) -> list[Any]:
+    def column(self, name: str, keep: bool = True) -> list[Any]:
         """One column's values, in order (Python values; no item is built)."""
-        values: list[Any] = self.column_array(name).to_pylist()
+        values: list[Any] = self.column_array(name, keep).to_pylist()
         return values
 
-    def column_array(self, name: str) -> pa.ChunkedArray:
-        """One column as Arrow (dictionary columns decoded)."""
-        col = self._table.column(name)
+    def column_array(self, name: str, keep: bool = True) -> pa.ChunkedArray:
+        """One column as Arrow (dictionary columns decoded); ``keep``: cache it for reuse."""
+        col = self._columns.get(name, keep)
         if self._index is not None:
             col = col.take(self._index)
         return col.cast(_plain(col.type)) if pa.types.is_dictionary(col.type) else col
@@ -281,7 +307,18 @@ class ItemTable(Sequence[T], Generic[T]):
         mask = pc.equal(self.column_array(name), pa.scalar(value))
         rows = pc.indices_nonzero(pc.fill_null(mask, False))
         index = rows if self._index is None else self._index.take(rows)
-        return ItemTable(self._table, self._convert, index)
+        return ItemTable(self._columns, self._convert, index)
+
+    def common(self) -> CommonRows:
+        """The items' common part a trainer reads (path, shape, split, label, intensity), as
+        arrays; one small record is built per item when it is read."""
+        return CommonRows(
+            self.column_array("zarr_path").combine_chunks(),
+            np.array(self.column("shape"), dtype=np.int64).reshape(len(self), -1),
+            self.column_array("split").combine_chunks(),
+            self.column_array("label").combine_chunks(),
+            self.column_array("intensity").combine_chunks(),
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
@@ -292,3 +329,67 @@ class ItemTable(Sequence[T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"ItemTable({len(self)} rows)"
+
+
+@dataclass(frozen=True)
+class CommonRecord:
+    """The common part of one item that a trainer reads (see ``ItemTable.common``)."""
+
+    zarr_path: str
+    shape: tuple[int, ...]
+    split: str
+    label: int | None
+    intensity: Intensity | None
+
+    @property
+    def array_path(self) -> str:
+        return f"{self.zarr_path}/0"
+
+
+class CommonRows(Sequence[CommonRecord]):
+    """Items' common part as Arrow arrays and one numpy array of shapes: ``rows[i]`` builds one
+    ``CommonRecord``. Nothing here is a Python object per item, so forked loader workers share
+    these buffers instead of copying pages that reference counts write to."""
+
+    def __init__(
+        self,
+        zarr_path: pa.Array,
+        shapes: np.ndarray,
+        split: pa.Array,
+        label: pa.Array,
+        intensity: pa.Array,
+    ) -> None:
+        self.zarr_path, self.shapes, self.split = zarr_path, shapes, split
+        self.label, self.intensity = label, intensity
+
+    def __len__(self) -> int:
+        return len(self.zarr_path)
+
+    @overload
+    def __getitem__(self, key: int) -> CommonRecord: ...
+    @overload
+    def __getitem__(self, key: slice) -> CommonRows: ...
+    def __getitem__(self, key: int | slice) -> CommonRecord | CommonRows:
+        if isinstance(key, slice):
+            rows = range(len(self))[key]
+            s = slice(rows.start, rows.stop, rows.step)
+            take = pa.array(rows, pa.int64())
+            return CommonRows(
+                self.zarr_path.take(take),
+                self.shapes[s],
+                self.split.take(take),
+                self.label.take(take),
+                self.intensity.take(take),
+            )
+        n = len(self)
+        if not -n <= key < n:
+            raise IndexError(f"item {key} of {n}")
+        key %= n
+        stats = self.intensity[key].as_py()
+        return CommonRecord(
+            self.zarr_path[key].as_py(),
+            tuple(int(x) for x in self.shapes[key]),
+            self.split[key].as_py(),
+            self.label[key].as_py(),
+            None if stats is None else Intensity(tuple(stats["mean"]), tuple(stats["std"])),
+        )

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from octstage.manifest import ItemTable
+from octstage.manifest import CommonRows, ItemTable
 from octtrain.config.dino import CropConfig
 from octtrain.config.sections import DataConfig
 from octtrain.data.arrayread import CachedArray, open_array
@@ -56,12 +56,18 @@ class FieldRecord(Protocol):
     def split(self) -> str: ...
 
 
+def field_records(fields: Sequence[FieldRecord]) -> Sequence[FieldRecord]:
+    """What the dataset keeps of its fields: of the columnar manifest (an ``ItemTable``), the
+    common part as arrays (``CommonRows``: no Python object per field for loader workers to
+    copy on write); any other sequence as it is."""
+    return fields.common() if isinstance(fields, ItemTable) else fields
+
+
 def field_shapes(fields: Sequence[FieldRecord]) -> list[tuple[int, ...]]:
-    """Every field's shape, in order; of the columnar manifest's fields, its shape column (no
-    record built per field)."""
-    if isinstance(fields, ItemTable):
-        return [tuple(s) for s in fields.column("shape")]
-    return [tuple(f.shape) for f in fields]
+    """Every field's shape, in order (of ``CommonRows``: its array, no record built)."""
+    if isinstance(fields, CommonRows):
+        return [tuple(s) for s in fields.shapes.tolist()]
+    return [tuple(f.shape) for f in field_records(fields)]
 
 
 def _shape(
@@ -184,9 +190,9 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
         mask_ratio: tuple[float, float] = (0.1, 0.5),
         max_samples: int | None = None,
     ) -> None:
-        # A slice, not a list: the columnar manifest's fields stay Arrow columns (an ItemTable
-        # view) that loader workers share; ``self.fields[i]`` builds one record when read.
-        self.fields = fields[:max_samples]
+        # A slice, not a list: the columnar manifest's fields stay arrays (CommonRows) that
+        # loader workers share; ``self.fields[i]`` builds one record when read.
+        self.fields = field_records(fields)[:max_samples]
         self.cache_root = Path(cache_root)
         self.crops, self.patch = crops, patch
         self.mask_probability, self.mask_ratio = mask_probability, mask_ratio

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.compute as pc
 
-from octstage.manifest import Intensity, ItemTable
+from octstage.manifest import CommonRows, Intensity, ItemTable
 
 log = logging.getLogger("octtrain")
 
@@ -41,8 +41,8 @@ class InputStats:
 def pooled(items: Sequence[object], channels: int, what: str = "the train split") -> InputStats:
     """The pooled statistics of the manifest items (Volumes or Fields) that record them; the
     default (with a warning) when none does. Items of the columnar manifest (an ``ItemTable``)
-    are pooled from the intensity column, without building one Python object per item."""
-    if isinstance(items, ItemTable):
+    and their ``CommonRows`` are pooled from the intensity column, building no item."""
+    if isinstance(items, (ItemTable, CommonRows)):
         means, stds = _columns(items, channels)
         measured: Sequence[object] = range(len(means))
     else:
@@ -75,9 +75,13 @@ def pooled(items: Sequence[object], channels: int, what: str = "the train split"
     return InputStats(tuple(mean), tuple(std), n)
 
 
-def _columns(items: ItemTable[object], channels: int) -> tuple[np.ndarray, np.ndarray]:
+def _columns(items: ItemTable[object] | CommonRows, channels: int) -> tuple[np.ndarray, np.ndarray]:
     """``(means, stds)`` ``[n, channels]`` of the rows whose intensity has ``channels`` values."""
-    column = items.column_array("intensity").combine_chunks()
+    column = (
+        items.intensity
+        if isinstance(items, CommonRows)
+        else items.column_array("intensity").combine_chunks()
+    )
     mean, std = pc.struct_field(column, "mean"), pc.struct_field(column, "std")
     keep = pc.and_(column.is_valid(), pc.equal(pc.list_value_length(mean), channels))
     keep = pc.fill_null(keep, False)

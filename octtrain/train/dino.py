@@ -37,6 +37,7 @@ from octtrain.config.loader import to_dict
 from octtrain.data.cellpainting import (
     CellPaintingDataset,
     FieldRecord,
+    field_records,
     field_shapes,
     fields_loader,
     to_views,
@@ -79,7 +80,7 @@ def manifest_fields(manifest: Manifest, split: str) -> Sequence[FieldRecord]:
             f"the manifest (kind {manifest.kind!r}) lists no Cell Painting fields; job 'dino' "
             "needs a cache built with `octstage build-cache` from a Cell Painting load-data table"
         )
-    return manifest.split_fields(split)
+    return field_records(manifest.split_fields(split))
 
 
 def collapse_entropies(probs: torch.Tensor) -> dict[str, float]:
