@@ -15,6 +15,7 @@ from octstage.manifest.model import (
     Item,
     Manifest,
 )
+from octstage.manifest.tablechecks import first_shapes, plate_splits, suspect_rows
 
 # What ``check`` looks for, by name: the consumers differ only in which of these are fatal.
 CHECKS = ("kind", "empty", "duplicate", "split", "label", "shape", "shared-source")
@@ -74,32 +75,45 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
         found += _field_findings(manifest)
     else:
         found += _volume_findings(manifest)
-    shapes: dict[tuple[int, ...], int] = {}
-    paths = _values(items, "zarr_path")
-    for n, (shape, dtype) in enumerate(
-        zip(_values(items, "shape"), _values(items, "dtype"), strict=True)
+    # Of an item table, the per-row rules run over the rows Arrow finds suspect (tablechecks).
+    rows = _rows(manifest)
+    shapes = first_shapes(items) if isinstance(items, ItemTable) else {}
+    paths = _values(items, "zarr_path", rows)
+    for k, (shape, dtype) in enumerate(
+        zip(_values(items, "shape", rows), _values(items, "dtype", rows), strict=True)
     ):
-        shape = tuple(shape)
+        n, shape = rows[k], tuple(shape)
         shapes.setdefault(shape, n)
-        if len(shape) != 3 or min(shape) < 1 or dtype != "uint8":
+        if len(shape) != 3 or min(shape, default=0) < 1 or dtype != "uint8":
             found.append(
                 Finding(
                     "shape",
-                    f"{what}[{n}] ({paths[n]}): shape {list(shape)} dtype "
+                    f"{what}[{n}] ({paths[k]}): shape {list(shape)} dtype "
                     f"{dtype}, expected 3 positive sizes of uint8",
                 )
             )
+    shapes = dict(sorted(shapes.items(), key=lambda kv: kv[1]))  # in order of first listing
     if len(shapes) > 1:
         listed = ", ".join(f"{list(s)} at {what}[{n}]" for s, n in list(shapes.items())[:4])
         found.append(Finding("shape", f"{what} of {len(shapes)} shapes: {listed}"))
     return found
 
 
-def _values(items: Sequence[Item], name: str) -> list[Any]:
-    """One attribute of every item, in order; of an item table, its column (no item built)."""
+def _rows(manifest: Manifest) -> Sequence[int]:
+    """The rows the per-row rules look at: every row, or an item table's suspects."""
+    items = manifest.items
     if isinstance(items, ItemTable):
-        return items.column(name)
-    return [getattr(item, name) for item in items]
+        return suspect_rows(items, manifest.kind, manifest.classes)
+    return range(len(items))
+
+
+def _values(items: Sequence[Item], name: str, rows: Sequence[int] | None = None) -> list[Any]:
+    """One attribute of every item (or of ``rows``), in order; of an item table, its column
+    (no item built)."""
+    if isinstance(items, ItemTable):
+        return (items if rows is None else items.take(rows)).column(name, keep=False)
+    values = [getattr(item, name) for item in items]
+    return values if rows is None or isinstance(rows, range) else [values[n] for n in rows]
 
 
 def _all_distinct(items: Sequence[Item], name: str) -> bool:
@@ -107,7 +121,7 @@ def _all_distinct(items: Sequence[Item], name: str) -> bool:
     may: the caller then finds which (a list of Python objects is always looked at)."""
     if not isinstance(items, ItemTable):
         return False
-    column = items.column_array(name)
+    column = items.column_array(name, keep=False)
     return bool(pc.count_distinct(column, mode="all").as_py() == len(column))
 
 
@@ -174,21 +188,23 @@ def _volume_findings(manifest: Manifest) -> list[Finding]:
     return found
 
 
-def _lengths(items: Sequence[Item], name: str) -> list[int]:
-    """How many values a list attribute (``channels``, ``sources``) holds, per item."""
+def _lengths(items: Sequence[Item], name: str, rows: Sequence[int]) -> list[int]:
+    """How many values a list attribute (``channels``, ``sources``) holds, per item of ``rows``."""
     if isinstance(items, ItemTable):
-        return pc.list_value_length(items.column_array(name)).to_pylist()  # type: ignore[no-any-return]
-    return [len(getattr(item, name)) for item in items]
+        column = items.take(rows).column_array(name, keep=False)
+        return pc.list_value_length(column).to_pylist()  # type: ignore[no-any-return]
+    return [len(value) for value in _values(items, name, rows)]
 
 
 def _source_paths(items: Sequence[Field]) -> list[list[str]] | None:
     """Every item's source file paths; None when an item table lists no path twice (counted
     in Arrow, without a Python string per source file)."""
     if isinstance(items, ItemTable):
-        paths = pc.struct_field(pc.list_flatten(items.column_array("sources")), "path")
+        column = items.column_array("sources", keep=False)
+        paths = pc.struct_field(pc.list_flatten(column), "path")
         if pc.count_distinct(paths, mode="all").as_py() == len(paths):
             return None
-        sources = items.column("sources")
+        sources = column.to_pylist()
         return [[s["path"] for s in row] for row in sources]
     return [[s.path for s in item.sources] for item in items]
 
@@ -196,17 +212,16 @@ def _source_paths(items: Sequence[Field]) -> list[list[str]] | None:
 def _field_findings(manifest: Manifest) -> list[Finding]:
     items = manifest.items
     found = _duplicates(items, "fields", ("zarr_path", "cache_key", "item_id"))
-    ids, plates_of, splits = (_values(items, k) for k in ("item_id", "plate", "split"))
-    paths, labels, perturbations = (
-        _values(items, k) for k in ("zarr_path", "label", "perturbation")
-    )
-    shapes = _values(items, "shape")
-    channels, n_sources = _lengths(items, "channels"), _lengths(items, "sources")
     plates: dict[str, set[str]] = {}
-    for plate, split in zip(plates_of, splits, strict=True):
-        plates.setdefault(plate, set()).add(split)
+    if isinstance(items, ItemTable):
+        plates = plate_splits(items)
+    else:
+        for plate, split in zip(_values(items, "plate"), _values(items, "split"), strict=True):
+            plates.setdefault(plate, set()).add(split)
     sources: dict[str, int] = {}
-    for n, row in enumerate(_source_paths(manifest.fields) or ()):
+    every = _source_paths(manifest.fields)
+    ids = _values(items, "item_id") if every is not None else []
+    for n, row in enumerate(every or ()):
         for path in row:
             if path in sources and sources[path] != n:
                 found.append(
@@ -217,10 +232,13 @@ def _field_findings(manifest: Manifest) -> list[Finding]:
                     )
                 )
             sources.setdefault(path, n)
+    rows = _rows(manifest)
+    names = ("item_id", "plate", "zarr_path", "label", "perturbation", "shape")
+    values = zip(*(_values(items, name, rows) for name in names), strict=True)
+    channels, n_sources = _lengths(items, "channels", rows), _lengths(items, "sources", rows)
     classes = manifest.classes
-    for n, (item_id, plate, path, label) in enumerate(
-        zip(ids, plates_of, paths, labels, strict=True)
-    ):
+    for k, (item_id, plate, path, label, perturbation, shape) in enumerate(values):
+        n = rows[k]
         parts = path.split("/")
         if len(parts) < 3 or parts[0] != "fields" or parts[1] != plate:
             found.append(
@@ -237,20 +255,20 @@ def _field_findings(manifest: Manifest) -> list[Finding]:
                     f"fields[{n}] ({item_id}): label {label} outside the {len(classes)} classes",
                 )
             )
-        elif label is not None and classes[label] != perturbations[n]:
+        elif label is not None and classes[label] != perturbation:
             found.append(
                 Finding(
                     "label",
                     f"fields[{n}] ({item_id}): label {label} is class "
-                    f"{classes[label]!r}, perturbation says {perturbations[n]!r}",
+                    f"{classes[label]!r}, perturbation says {perturbation!r}",
                 )
             )
-        if shapes[n][0] != channels[n] or n_sources[n] != channels[n]:
+        if not shape or shape[0] != channels[k] or n_sources[k] != channels[k]:
             found.append(
                 Finding(
                     "shape",
-                    f"fields[{n}] ({item_id}): {channels[n]} channels, shape "
-                    f"{list(shapes[n])} and {n_sources[n]} source files",
+                    f"fields[{n}] ({item_id}): {channels[k]} channels, shape "
+                    f"{list(shape)} and {n_sources[k]} source files",
                 )
             )
     for plate, seen in sorted(plates.items()):

@@ -302,6 +302,13 @@ class ItemTable(Sequence[T], Generic[T]):
             col = col.take(self._index)
         return col.cast(_plain(col.type)) if pa.types.is_dictionary(col.type) else col
 
+    def take(self, rows: Sequence[int]) -> ItemTable[T]:
+        """The view of the given rows (of this view), in the given order."""
+        take = pa.array(rows, pa.int64())
+        return ItemTable(
+            self._columns, self._convert, take if self._index is None else self._index.take(take)
+        )
+
     def where(self, name: str, value: object) -> ItemTable[T]:
         """The view of the items whose column ``name`` equals ``value``, in order."""
         mask = pc.equal(self.column_array(name), pa.scalar(value))

@@ -349,6 +349,6 @@ def test_stage_refuses_an_item_table_of_another_build(tiny_cache: Path, tmp_path
     header = json.loads((src / "manifest.json").read_text())
     header["table"]["sha256"] = "0" * 64
     (src / "manifest.json").write_text(json.dumps(header))
-    with pytest.raises(mf.ManifestError, match="SHA-256 .* the header says 0000"):
+    with pytest.raises(mf.ManifestError, match=r"SHA-256 .* the header says 0000"):
         run_stage(str(src), tmp_path / "ssd", transfers=2)
     assert not (tmp_path / "ssd").exists()
