@@ -204,7 +204,8 @@ def measure(path: Path, root: Path) -> dict[str, Any]:
     t2 = time.perf_counter()
     del loaded
     manifest = read_manifest(str(path), "pretrain", "cellpainting")  # what the trainer runs
-    ds = CellPaintingDataset(manifest_fields(manifest, "train"), root, CropConfig(global_size=32, local_size=16), 4)
+    crops = CropConfig(global_size=32, local_size=16)
+    ds = CellPaintingDataset(manifest_fields(manifest, "train"), root, crops, 4)
     after_load = rss_mb()
     read, write = os.pipe()
     pid = os.fork()
