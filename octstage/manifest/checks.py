@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from octstage.manifest.columnar import ItemTable
+from octstage.manifest.columnar import SOURCE_PATHS, ItemTable
 from octstage.manifest.model import (
     Field,
     Item,
@@ -71,12 +71,25 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
         found.append(
             Finding("kind", f"kind {manifest.kind!r} but it also lists {len(other)} other items")
         )
-    if manifest.kind == "cellpainting":
-        found += _field_findings(manifest)
-    else:
-        found += _volume_findings(manifest)
-    # Of an item table, the per-row rules run over the rows Arrow finds suspect (tablechecks).
-    rows = _rows(manifest)
+    try:
+        # Of an item table, the per-row rules run over the rows Arrow finds suspect.
+        rows = _rows(manifest)
+        if manifest.kind == "cellpainting":
+            found += _field_findings(manifest, rows)
+        else:
+            found += _volume_findings(manifest)
+        found += _shape_findings(manifest, what, rows)
+    finally:
+        if isinstance(items, ItemTable):
+            items.release()  # the columns the check read: not the trainer's to keep
+    return found
+
+
+def _shape_findings(manifest: Manifest, what: str, rows: Sequence[int]) -> list[Finding]:
+    """Shapes that are not 3 positive sizes of uint8 (of ``rows``), and items of more than one
+    shape."""
+    found: list[Finding] = []
+    items = manifest.items
     shapes = first_shapes(items) if isinstance(items, ItemTable) else {}
     paths = _values(items, "zarr_path", rows)
     for k, (shape, dtype) in enumerate(
@@ -122,7 +135,7 @@ def _all_distinct(items: Sequence[Item], name: str) -> bool:
     if not isinstance(items, ItemTable):
         return False
     column = items.column_array(name, keep=False)
-    return bool(pc.count_distinct(column, mode="all").as_py() == len(column))
+    return len(pc.unique(column)) == len(column)
 
 
 def _duplicates(items: Sequence[Item], what: str, keys: tuple[str, ...]) -> list[Finding]:
@@ -191,7 +204,7 @@ def _volume_findings(manifest: Manifest) -> list[Finding]:
 def _lengths(items: Sequence[Item], name: str, rows: Sequence[int]) -> list[int]:
     """How many values a list attribute (``channels``, ``sources``) holds, per item of ``rows``."""
     if isinstance(items, ItemTable):
-        column = items.take(rows).column_array(name, keep=False)
+        column = items.take(rows).column_array(SOURCE_PATHS if name == "sources" else name, False)
         return pc.list_value_length(column).to_pylist()  # type: ignore[no-any-return]
     return [len(value) for value in _values(items, name, rows)]
 
@@ -200,16 +213,16 @@ def _source_paths(items: Sequence[Field]) -> list[list[str]] | None:
     """Every item's source file paths; None when an item table lists no path twice (counted
     in Arrow, without a Python string per source file)."""
     if isinstance(items, ItemTable):
-        column = items.column_array("sources", keep=False)
+        column = items.column_array(SOURCE_PATHS, keep=False)
         paths = pc.struct_field(pc.list_flatten(column), "path")
-        if pc.count_distinct(paths, mode="all").as_py() == len(paths):
+        if len(pc.unique(paths)) == len(paths):
             return None
         sources = column.to_pylist()
         return [[s["path"] for s in row] for row in sources]
     return [[s.path for s in item.sources] for item in items]
 
 
-def _field_findings(manifest: Manifest) -> list[Finding]:
+def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
     items = manifest.items
     found = _duplicates(items, "fields", ("zarr_path", "cache_key", "item_id"))
     plates: dict[str, set[str]] = {}
@@ -232,7 +245,6 @@ def _field_findings(manifest: Manifest) -> list[Finding]:
                     )
                 )
             sources.setdefault(path, n)
-    rows = _rows(manifest)
     names = ("item_id", "plate", "zarr_path", "label", "perturbation", "shape")
     values = zip(*(_values(items, name, rows) for name in names), strict=True)
     channels, n_sources = _lengths(items, "channels", rows), _lengths(items, "sources", rows)

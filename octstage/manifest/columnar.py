@@ -36,6 +36,9 @@ from octstage.outputs import ITEMS_SUFFIX  # manifest.json -> manifest.items.par
 
 ROWS_PER_GROUP = 16384  # rows per Parquet row group: what a writer holds as dicts at once
 FORMAT = "parquet"
+# The Parquet path of the sources' file paths alone: what the checks read of ``sources`` (a
+# tenth of its bytes without the hashes, channels and sizes).
+SOURCE_PATHS = "sources.list.element.path"
 
 _NORM = pa.struct([(k, pa.float64()) for k in ("p_low", "p_high", "low", "high")])
 _INTENSITY = pa.struct([("mean", pa.list_(pa.float64())), ("std", pa.list_(pa.float64()))])
@@ -169,19 +172,25 @@ class Columns:
         self.source, self.kind, self.rows = source, kind, rows
         self.names: list[str] = ARROW_SCHEMAS[kind].names
         self.kept: dict[str, pa.ChunkedArray] = {}
+        self.scratch: dict[str, pa.ChunkedArray] = {}
 
     def get(self, name: str, keep: bool = True) -> pa.ChunkedArray:
-        """One column (a low-cardinality one as an Arrow dictionary)."""
-        if name in self.kept:
-            return self.kept[name]
+        """One column (a low-cardinality one as an Arrow dictionary), or one leaf of a nested
+        column by its Parquet path (``SOURCE_PATHS``: a list of structs holding only it).
+        Not kept (``keep`` False), it stays until ``release``: one check reads it once."""
+        for cache in (self.kept, self.scratch):
+            if name in cache:  # not ``or``: an empty column is falsy
+                return cache[name]
         source = pa.BufferReader(self.source) if isinstance(self.source, bytes) else self.source
         dictionary = [name] if name in _DICTIONARY else None
-        column = pq.read_table(
-            source, columns=[name], memory_map=True, read_dictionary=dictionary
-        ).column(0)
-        if keep:
-            self.kept[name] = column
+        reader = pq.ParquetFile(source, memory_map=True, read_dictionary=dictionary)
+        column = reader.read(columns=[name]).column(0)
+        (self.kept if keep else self.scratch)[name] = column
         return column
+
+    def release(self) -> None:
+        """Forget the columns read without ``keep`` (a check's, not a trainer's)."""
+        self.scratch.clear()
 
     def table(self) -> pa.Table:
         """Every column (all read and kept)."""
@@ -301,6 +310,10 @@ class ItemTable(Sequence[T], Generic[T]):
         if self._index is not None:
             col = col.take(self._index)
         return col.cast(_plain(col.type)) if pa.types.is_dictionary(col.type) else col
+
+    def release(self) -> None:
+        """Forget the columns read without ``keep`` (see ``Columns.release``)."""
+        self._columns.release()
 
     def take(self, rows: Sequence[int]) -> ItemTable[T]:
         """The view of the given rows (of this view), in the given order."""

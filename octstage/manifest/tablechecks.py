@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from octstage.manifest.columnar import ItemTable
+from octstage.manifest.columnar import SOURCE_PATHS, ItemTable
 
 
 def suspect_rows(items: ItemTable[Any], kind: str, classes: tuple[str, ...]) -> list[int]:
@@ -26,7 +26,8 @@ def suspect_rows(items: ItemTable[Any], kind: str, classes: tuple[str, ...]) -> 
     bad |= _mask(pc.not_equal(items.column_array("dtype", keep=False), "uint8"))
     if kind == "cellpainting":
         channels = _lengths(items, "channels")
-        bad |= (three & (shapes[:, 0] != channels)) | (_lengths(items, "sources") != channels)
+        sources = _lengths(items, SOURCE_PATHS)
+        bad |= (three & (shapes[:, 0] != channels)) | (sources != channels)
         bad |= _outside_plate(items)
         bad |= _label_suspects(items, classes)
     return [int(n) for n in np.flatnonzero(bad)]
