@@ -34,10 +34,10 @@ from octstage.manifest.checks import Finding as Finding
 from octstage.manifest.checks import check as check
 from octstage.manifest.checks import consistency_problems as consistency_problems
 from octstage.manifest.checks import refuse as refuse
-from octstage.manifest.columnar import CommonRecord as CommonRecord
-from octstage.manifest.columnar import CommonRows as CommonRows
-from octstage.manifest.columnar import ItemTable as ItemTable
 from octstage.manifest.columnar import file_sha256 as file_sha256
+from octstage.manifest.itemtable import CommonRecord as CommonRecord
+from octstage.manifest.itemtable import CommonRows as CommonRows
+from octstage.manifest.itemtable import ItemTable as ItemTable
 from octstage.manifest.model import CACHE_VERSION as CACHE_VERSION
 from octstage.manifest.model import CELLPAINTING_CHANNELS as CELLPAINTING_CHANNELS
 from octstage.manifest.model import FORMS as FORMS

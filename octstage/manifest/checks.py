@@ -9,7 +9,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from octstage.manifest.columnar import SOURCE_PATHS, ItemTable
+from octstage.manifest.columnar import SOURCE_PATHS
+from octstage.manifest.itemtable import ItemTable
 from octstage.manifest.model import (
     Field,
     Item,

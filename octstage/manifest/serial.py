@@ -15,6 +15,7 @@ from typing import Any
 
 from octstage.errors import ManifestError
 from octstage.manifest import columnar
+from octstage.manifest.itemtable import ItemTable
 from octstage.manifest.model import (
     CACHE_VERSION,
     FORMS,
@@ -168,8 +169,8 @@ def _items(
         raise ManifestError(f"{source}: table {info!r} is not a {columnar.FORMAT} item table")
     arrow = columnar.read_items(table, kind, f"{source}: {info.get('path')}", info)
     if kind == "cellpainting":
-        return (), columnar.ItemTable(arrow, _field_row)
-    return columnar.ItemTable(arrow, _volume_row), ()
+        return (), ItemTable(arrow, _field_row)
+    return ItemTable(arrow, _volume_row), ()
 
 
 def _field_row(d: dict[str, Any]) -> Field:

@@ -16,7 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from octstage.manifest.columnar import SOURCE_PATHS, ItemTable
+from octstage.manifest.columnar import SOURCE_PATHS
+from octstage.manifest.itemtable import ItemTable
+from octstage.manifest.itemtable import shape_array as sizes
 
 
 def suspect_rows(items: ItemTable[Any], kind: str, classes: tuple[str, ...]) -> list[int]:
@@ -36,12 +38,10 @@ def suspect_rows(items: ItemTable[Any], kind: str, classes: tuple[str, ...]) -> 
 def shape_array(items: ItemTable[Any]) -> tuple[np.ndarray, np.ndarray]:
     """``(shapes, three)``: ``[n, 3]`` sizes (zeros where a shape has not 3) and which have 3."""
     column = items.column_array("shape", keep=False).combine_chunks()
-    three = pc.fill_null(pc.equal(pc.list_value_length(column), 3), False)
+    three = _mask(pc.equal(pc.list_value_length(column), 3), default=False)
     shapes = np.zeros((len(column), 3), dtype=np.int64)
-    values = pc.list_flatten(column.filter(three)).to_numpy(zero_copy_only=False)
-    mask = _mask(three, default=False)
-    shapes[mask] = np.asarray(values, dtype=np.int64).reshape(-1, 3)
-    return shapes, mask
+    shapes[three] = sizes(column.filter(pa.array(three)))
+    return shapes, three
 
 
 def first_shapes(items: ItemTable[Any]) -> dict[tuple[int, ...], int]:

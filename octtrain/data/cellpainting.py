@@ -63,11 +63,12 @@ def field_records(fields: Sequence[FieldRecord]) -> Sequence[FieldRecord]:
     return fields.common() if isinstance(fields, ItemTable) else fields
 
 
-def field_shapes(fields: Sequence[FieldRecord]) -> list[tuple[int, ...]]:
-    """Every field's shape, in order (of ``CommonRows``: its array, no record built)."""
+def field_shapes(fields: Sequence[FieldRecord]) -> np.ndarray:
+    """Every field's ``[C, Y, X]``, in order, as an ``[n, 3]`` array (of ``CommonRows``: its
+    own array, no record built)."""
     if isinstance(fields, CommonRows):
-        return [tuple(s) for s in fields.shapes.tolist()]
-    return [tuple(f.shape) for f in field_records(fields)]
+        return fields.shapes
+    return np.array([tuple(f.shape) for f in field_records(fields)], dtype=np.int64).reshape(-1, 3)
 
 
 def _shape(
@@ -196,12 +197,14 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
         self.cache_root = Path(cache_root)
         self.crops, self.patch = crops, patch
         self.mask_probability, self.mask_ratio = mask_probability, mask_ratio
-        for n, (_, h, w) in enumerate(field_shapes(self.fields)):
-            if min(h, w) < crops.global_size:
-                raise DataError(
-                    f"{self.fields[n].zarr_path}: field {h}x{w} is smaller than "
-                    f"crops.global_size {crops.global_size}"
-                )
+        shapes = field_shapes(self.fields)
+        small = np.flatnonzero(shapes[:, 1:].min(axis=1, initial=1 << 62) < crops.global_size)
+        if len(small):
+            _, h, w = shapes[small[0]]
+            raise DataError(
+                f"{self.fields[int(small[0])].zarr_path}: field {h}x{w} is smaller than "
+                f"crops.global_size {crops.global_size}"
+            )
 
     def __len__(self) -> int:
         return len(self.fields)

@@ -124,7 +124,7 @@ class DinoJob:
         self.local_batch = hosts.local_batch(cfg.data.batch_size, backend)
         if not train:
             raise DataError(f"the manifest has no fields in split {cfg.data.train_split!r}")
-        channels = {s[0] for s in field_shapes(train)}
+        channels = {int(c) for c in np.unique(field_shapes(train)[:, 0])}
         if len(channels) != 1:
             raise DataError(f"fields with different channel counts: {sorted(channels)}")
         in_chans = cfg.model.in_chans or channels.pop()
