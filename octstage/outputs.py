@@ -258,7 +258,7 @@ def remove_unlisted(dst: Path, volumes: Iterable[str]) -> int:
         if rel in keep or _inside(rel, keep):
             continue
         for name in files:
-            if rel or not (name == MANIFEST or name.endswith(ITEMS_SUFFIX)):
+            if rel or name != MANIFEST:
                 (Path(top) / name).unlink()
                 removed += 1
         for name in dirs:

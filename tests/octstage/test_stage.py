@@ -352,3 +352,13 @@ def test_stage_refuses_an_item_table_of_another_build(tiny_cache: Path, tmp_path
     with pytest.raises(mf.ManifestError, match=r"SHA-256 .* the header says 0000"):
         run_stage(str(src), tmp_path / "ssd", transfers=2)
     assert not (tmp_path / "ssd").exists()
+
+
+def test_a_stage_stopped_between_the_table_and_the_header_resumes(
+    tiny_cache: Path, tmp_path: Path
+) -> None:
+    src = columnar_copy(tiny_cache, tmp_path / "src")
+    assert stage(str(src), tmp_path / "ssd", tmp_path)[0] == 0
+    (tmp_path / "ssd" / "manifest.json").unlink()  # killed after the table, before the header
+    code, report = stage(str(src), tmp_path / "ssd", tmp_path)
+    assert code == 0 and report["present"] == 8 and report["manifest_written"]
