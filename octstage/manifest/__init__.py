@@ -1,8 +1,12 @@
 """The manifest: the one contract between octstage and octtrain.
 
-A manifest is one JSON file (schema in ``octstage/manifest.schema.json``, shipped with the
-package) listing every cached item with its labels, provenance and a checksum of the stored
-array, plus every rejected source file with its reason. It is written last and atomically;
+A manifest (schema in ``octstage/manifest.schema.json``, shipped with the package) lists every
+cached item with its labels, provenance and a checksum of the stored array, plus every rejected
+source file with its reason. It has two forms that ``load`` tells apart and reads alike (see
+docs/manifest.md): **JSON** (schema version 1), one file listing every item; **columnar**
+(version 2, ``write(..., form="table")``), a JSON header naming a Parquet item table beside it,
+whose items load as an ``ItemTable`` (a lazy sequence over the columns; ``ItemTable.common()`` is
+what a trainer keeps). Either is written last and atomically (the table before its header);
 readers check the schema and cache versions before trusting anything. This module imports neither
 torch nor any cloud SDK.
 
@@ -21,8 +25,10 @@ its source files with their hashes; the rest is typed per kind. ``Manifest.items
 common part of either kind (what ``verify`` and ``stage`` need).
 
 The package, by concern: ``model`` (the items, header and constants), ``checks`` (the one check
-of a manifest and which findings stop which consumer), ``serial`` (the JSON form, load and
-write). Import from ``octstage.manifest``: octtrain imports nothing else of octstage.
+of a manifest and which findings stop which consumer), ``tablechecks`` (the rows of an item table
+the checks must see, found in Arrow), ``serial`` (both forms, load and write), ``columnar`` (the
+item table's schemas, writer and column reader), ``itemtable`` (the items over its columns).
+Import from ``octstage.manifest``: octtrain imports nothing else of octstage.
 """
 
 from __future__ import annotations
