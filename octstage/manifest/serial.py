@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from octstage.errors import ManifestError
-from octstage.manifest import columnar
+from octstage.manifest.columnar import FORMAT as TABLE_FORMAT
+from octstage.manifest.columnar import TableInfo, items_name, json_row, read_items, write_items
 from octstage.manifest.itemtable import ItemTable
 from octstage.manifest.model import (
     CACHE_VERSION,
@@ -44,7 +45,7 @@ def to_dict(manifest: Manifest) -> dict[str, Any]:
     return out
 
 
-def to_header(manifest: Manifest, table: columnar.TableInfo) -> dict[str, Any]:
+def to_header(manifest: Manifest, table: TableInfo) -> dict[str, Any]:
     """The columnar form's header: everything but the items, and the table that holds them."""
     out = _head(manifest, TABLE_SCHEMA_VERSION)
     out["table"] = table.as_dict()
@@ -165,20 +166,20 @@ def _items(
 ) -> tuple[Sequence[Volume], Sequence[Field]]:
     """The table's items as a lazy ``ItemTable``: fields (Cell Painting) or volumes (OCT)."""
     info = data["table"]
-    if not isinstance(info, dict) or info.get("format") != columnar.FORMAT:
-        raise ManifestError(f"{source}: table {info!r} is not a {columnar.FORMAT} item table")
-    arrow = columnar.read_items(table, kind, f"{source}: {info.get('path')}", info)
+    if not isinstance(info, dict) or info.get("format") != TABLE_FORMAT:
+        raise ManifestError(f"{source}: table {info!r} is not a {TABLE_FORMAT} item table")
+    arrow = read_items(table, kind, f"{source}: {info.get('path')}", info)
     if kind == "cellpainting":
         return (), ItemTable(arrow, _field_row)
     return ItemTable(arrow, _volume_row), ()
 
 
 def _field_row(d: dict[str, Any]) -> Field:
-    return _field_from_dict(columnar.json_row(d))
+    return _field_from_dict(json_row(d))
 
 
 def _volume_row(d: dict[str, Any]) -> Volume:
-    return _volume_from_dict(columnar.json_row(d))
+    return _volume_from_dict(json_row(d))
 
 
 def _volume_from_dict(d: dict[str, Any]) -> Volume:
@@ -227,9 +228,7 @@ def write(manifest: Manifest, path: str | os.PathLike[str], form: str = "json") 
     if form == "json":
         text = json.dumps(to_dict(manifest), indent=1, sort_keys=False)
     else:
-        info = columnar.write_items(
-            p.with_name(columnar.items_name(p)), manifest.kind, item_rows(manifest)
-        )
+        info = write_items(p.with_name(items_name(p)), manifest.kind, item_rows(manifest))
         text = json.dumps(to_header(manifest, info), indent=1, sort_keys=False)
     atomic_write_text(p, text + "\n")
 
@@ -240,7 +239,7 @@ def header_bytes(manifest: Manifest, form: str, put: Callable[[str, Path], None]
     if form == "json":
         return (json.dumps(to_dict(manifest), indent=1) + "\n").encode()
     with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / columnar.items_name(Path("manifest.json"))
-        info = columnar.write_items(local, manifest.kind, item_rows(manifest))
+        local = Path(tmp) / items_name(Path("manifest.json"))
+        info = write_items(local, manifest.kind, item_rows(manifest))
         put(info.path, local)
     return (json.dumps(to_header(manifest, info), indent=1) + "\n").encode()
