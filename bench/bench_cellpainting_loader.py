@@ -165,7 +165,8 @@ def per_core(load: Loader, n: int) -> float:
 
 def chunk_bytes(array: CachedArray, region: tuple[slice, ...]) -> list[bytes]:
     """The stored bytes of every chunk ``region`` covers, from the array's one shard (what
-    the codec floor decodes): found here through the shard index, independently of the reader."""
+    the codec floor decodes: without a chunk's crc32c, which the reader checks and the floor
+    does not): found here through the shard index, independently of the reader."""
     lay = array.layout
     grid = [math.ceil(o / i) for o, i in zip(lay.outer, lay.inner, strict=True)]
     if not lay.sharded or tuple(lay.outer) < tuple(lay.shape):
@@ -176,11 +177,12 @@ def chunk_bytes(array: CachedArray, region: tuple[slice, ...]) -> list[bytes]:
     axes = [
         range(s.start // c, (s.stop - 1) // c + 1) for s, c in zip(region, lay.inner, strict=True)
     ]
+    crc = 4 if lay.chunk_crc else 0  # a chunk's crc32c after its blosc bytes: not decoded
     out = []
     for coords in itertools.product(*axes):
         offset, length = (int(v) for v in index[np.ravel_multi_index(coords, grid)])
         if offset != 2**64 - 1:
-            out.append(raw[offset : offset + length])
+            out.append(raw[offset : offset + length - crc])
     return out
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from octtrain import exitcodes
 from octtrain.errors import ConfigError, DataError, NonFiniteLossError, OcttrainError
+from octtrain.runtime.interrupt import remembered_ctrl_c
 
 if TYPE_CHECKING:
     from octtrain.eval.breakdown import BootstrapSpec
@@ -396,7 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     setup_logging(args.verbose)
     try:
-        code: int = args.func(args)
+        with remembered_ctrl_c():  # a Ctrl-C dropped in a __del__ or fork hook is raised again
+            code: int = args.func(args)
     except NonFiniteLossError as exc:
         log.error("%s", exc)
         return EXIT_NONFINITE

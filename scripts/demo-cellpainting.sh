@@ -45,7 +45,7 @@ octstage verify "$OUT/staged/manifest.json"
 step "6/7 pretrain DINOv2 (DINO + iBOT + KoLeo, tiny ViT) on the staged fields (CPU; W&B offline)"
 octtrain pretrain --config configs/pretrain/dino-tiny.yaml --manifest "$OUT/staged/manifest.json" \
   train.run_dir="$OUT/runs/dino" train.max_steps=200 checkpoint.every=100 data.batch_size=16 \
-  schedule.warmup_steps=20 dino.warmup_teacher_temp_steps=66 logging.log_every=50 \
+  schedule.warmup_steps=20 logging.log_every=50 \
   logging.wandb_mode=offline
 
 # Do the teacher's targets carry the image? Per-crop entropy well below the batch's (and below

@@ -5,7 +5,8 @@ are missing or changed, volume folders under ``CACHE/volumes`` the manifest does
 (extra: a local walk of the cache, never a bucket listing), and validates the manifest against
 the JSON Schema that ships with the package (``octstage/manifest.schema.json``). Exit 0 clean,
 1 problems, each one line: a volume missing (its folder, its metadata or a data object that held
-values: zarr would silently read fill values), changed (the bytes are there and differ), extra,
+values: zarr would silently read fill values), changed (the bytes are there and differ: the
+values' checksum, or the crc32c that caches written since it have after each chunk), extra,
 a schema violation, or the manifest contradicting itself (``manifest.consistency_problems``).
 """
 
@@ -28,6 +29,9 @@ from octstage.cache import volumestore
 from octstage.progress import counter, interval
 
 console = Console(stderr=True)
+# How zarr's crc32c codec (after blosc in each chunk, after a shard's index) says that bytes
+# changed since they were written: said here in words instead (any other text is shown as is).
+ZARR_CRC_MISMATCH = "Stored and computed checksum do not match"
 T = TypeVar("T")
 SCHEMA = mf.SCHEMA_PATH
 
@@ -92,6 +96,13 @@ def _compare(cache: Path, volume: mf.Item) -> str | None:
     """Why the stored values differ from the manifest's, or None when they match."""
     try:
         array = volumestore.read_volume(cache, volume.zarr_path)
+    except ValueError as exc:
+        if str(exc).startswith(ZARR_CRC_MISMATCH):
+            return (
+                "unreadable: a chunk or shard index fails its crc32c checksum "
+                "(its bytes changed after they were written)"
+            )
+        return f"unreadable: {type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - any read failure of this volume is its finding
         return f"unreadable: {type(exc).__name__}: {exc}"
     if tuple(array.shape) != tuple(volume.shape) or str(array.dtype) != volume.dtype:

@@ -1,12 +1,13 @@
 """One cached volume on disk: an OME-Zarr (0.5) group whose array ``0`` is uint8, sharded whole.
 
 Layout under the cache root: ``volumes/<participant_id>/<cache_key>.ome.zarr/`` with the group's
-``zarr.json`` (OME multiscales metadata with the DICOM spacing) and array ``0`` (blosc-zstd,
-chunks (16,128,128), one shard per volume, so one data object per volume). A volume is written
-into a hidden temporary folder and renamed into place, so a half-written volume is never found
-under its final name (``write_atomic``); for a bucket its objects are encoded in memory and
-uploaded data first (``encode_objects``). Cell Painting fields (``cellpainting.fieldstore``) are
-written by the same two functions.
+``zarr.json`` (OME multiscales metadata with the DICOM spacing) and array ``0`` (blosc-zstd
+then a crc32c of the compressed bytes per chunk, chunks (16,128,128), one shard per volume, so
+one data object per volume; caches written before the crc32c have blosc alone and read alike).
+A volume is written into a hidden temporary folder and renamed into place, so a half-written
+volume is never found under its final name (``write_atomic``); for a bucket its objects are
+encoded in memory and uploaded data first (``encode_objects``). Cell Painting fields
+(``cellpainting.fieldstore``) are written by the same two functions.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import zarr
-from zarr.codecs import BloscCodec, BloscShuffle
+from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.storage import MemoryStore
 
@@ -101,7 +102,12 @@ def _create(
         dtype=np.uint8,
         chunks=chunks,
         shards=shard,
-        compressors=BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.shuffle),
+        # The crc32c after blosc: a chunk whose bytes change yet still decode (a flipped
+        # literal byte) fails its checksum instead of reading as other values.
+        compressors=[
+            BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.shuffle),
+            Crc32cCodec(),
+        ],
         dimension_names=AXES,
         attributes=dict(attributes),
     )[...] = array

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import zarr
-from zarr.codecs import BloscCodec, BloscShuffle
+from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
 
 from octstage.cache.volumestore import array_checksum, encode_objects, write_atomic
 
@@ -80,7 +80,12 @@ def _create(
         dtype=np.uint8,
         chunks=chunks,
         shards=shard,
-        compressors=BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.bitshuffle),
+        # The crc32c after blosc: a chunk whose bytes change yet still decode (a flipped
+        # literal byte) fails its checksum instead of reading as other values.
+        compressors=[
+            BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.bitshuffle),
+            Crc32cCodec(),
+        ],
         dimension_names=("c", "y", "x"),
         attributes=dict(attributes),
     )[...] = array

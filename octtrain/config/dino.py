@@ -117,12 +117,19 @@ class CropConfig:
     # between the two: on a large field, field-wide local crops at native scale almost never
     # fall inside a global crop, and the local-to-global pairs then compare unrelated cells.
     local_in_global: bool = True
+    # The second global crop inside a window this many times the first's side, centred on it
+    # (0: anywhere in the field, DINOv2's rule, where the field is one photo's object). Two
+    # native-scale crops of a large field otherwise show different cells: views that share only
+    # what every crop of the well shares, and DINO's targets for them go uniform.
+    global_window: float = 0.0
     ratio: tuple[float, float] = (0.75, 1.333)
     flip: float = 0.5
     rot90: bool = True
     channel_drop: float = 0.2
-    brightness: float = 0.1  # per-channel additive shift in [-b, b] (image range [-1, 1])
-    contrast: float = 0.2  # per-channel gain in [1 - c, 1 + c]
+    # Per channel, in the channel's own units (data/cellpainting.to_views): a shift of [-b, b]
+    # standard deviations and a gain on the intensity in [1 - c, 1 + c].
+    brightness: float = 0.1
+    contrast: float = 0.2
 
     def __post_init__(self) -> None:
         check(self.global_size > 0 and self.local_size > 0, "crop sizes must be positive")
@@ -130,6 +137,10 @@ class CropConfig:
         for name in ("global_scale", "local_scale", "ratio"):
             lo, hi = getattr(self, name)
             check(0 < lo <= hi, f"{name} must be 0 < low <= high")
+        check(
+            self.global_window == 0 or self.global_window >= 1,
+            "global_window must be 0 (anywhere in the field) or >= 1 (crop sides)",
+        )
         check(self.scale_unit in SCALE_UNITS, f"scale_unit must be one of {SCALE_UNITS}")
         if self.scale_unit == "field":
             check(self.global_scale[1] <= 1 and self.local_scale[1] <= 1, "scales must be <= 1")

@@ -25,6 +25,7 @@ from octstage.manifest import ctrl_c_deferred
 from octtrain.config.sections import DataConfig
 from octtrain.data.dataset import ManifestDataset
 from octtrain.data.samplers import EpochSampler, shard
+from octtrain.runtime.interrupt import check_interrupted
 
 
 def loader_kwargs(cfg: DataConfig) -> dict[str, Any]:
@@ -170,6 +171,7 @@ class Prefetcher(Iterator[dict[str, Any]]):
     def __next__(self) -> dict[str, Any]:
         item: Any = self._END
         while not self._stop.is_set():
+            check_interrupted()  # a Ctrl-C Python dropped (in a __del__, a fork hook) ends here
             try:
                 item = self._queue.get(timeout=0.1)
                 break

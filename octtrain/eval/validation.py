@@ -45,6 +45,7 @@ from torch import nn
 from octtrain.errors import OcttrainError
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
+from octtrain.runtime.interrupt import check_interrupted
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ def collect(
     try:
         with torch.no_grad():
             for batch in batches:
+                check_interrupted()  # a Ctrl-C dropped while the loader started its workers
                 with backend.autocast():
                     rows = rows_fn(batch)
                 valid = batch["valid"].float()[:, None]

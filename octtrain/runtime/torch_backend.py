@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from octstage.manifest import ctrl_c_deferred
 from octtrain.errors import BackendError
 
 
@@ -58,7 +59,13 @@ class TorchBackend:
 
     def wrap_loader(self, loader: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         non_blocking = self.kind == "cuda"
-        for batch in loader:
+        # The loader's iterator (a validation loader forks its workers here) is built with
+        # Ctrl-C held back, as the Prefetcher builds the training one: one cut off half-built
+        # prints a traceback from its __del__, and workers forked as it arrives drop it in
+        # their at-fork hooks ("Exception ignored"); forked while it is held, they keep it held.
+        with ctrl_c_deferred():
+            batches = iter(loader)
+        for batch in batches:
             yield {
                 k: v.to(self.device, non_blocking=non_blocking)
                 if isinstance(v, torch.Tensor)

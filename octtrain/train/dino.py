@@ -133,7 +133,10 @@ class DinoJob:
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every replica
         self.raw = build_student(cfg, in_chans).to(backend.device)
         # The train split's channel statistics (manifest), before the teacher copies them.
-        self.raw.backbone.input_norm.set_stats(*pooled(train, in_chans).to_input())
+        stats = pooled(train, in_chans).to_input()
+        self.raw.backbone.input_norm.set_stats(*stats)
+        # The views' jitter is in these units too (to_views), whatever the model's input_norm.
+        self.channel_stats = (torch.tensor(stats[0]), torch.tensor(stats[1]))
         self.student: nn.Module = self.raw
         self.teacher = make_teacher(self.raw)
         self.teacher_forward: nn.Module = self.teacher  # compiled in start() with ``compile``
@@ -292,7 +295,7 @@ class DinoJob:
         hyper = self.hyperparameters(step)
         frozen = step < d.freeze_last_layer_steps  # the prototypes: DINOv2's first epoch
         set_hyperparameters(self.optimizer, hyper["train/lr"], hyper["train/weight_decay"], frozen)
-        global_views, local_views, masks = to_views(batch)
+        global_views, local_views, masks = to_views(batch, self.channel_stats)
         mask_index, mask_weight = batch["mask_index"], batch["mask_weight"]
         self.student.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -394,7 +397,7 @@ class DinoJob:
     def images(self, batch: dict[str, Any], result: StepResult) -> dict[str, np.ndarray]:
         """The first field's first global crop: its channels, the student's last-block CLS
         attention per head (through the wrapper, as the step runs it) and its patch PCA."""
-        global_views, _, _ = to_views(batch)
+        global_views, _, _ = to_views(batch, self.channel_stats)
         x = global_views[:1]
         with torch.no_grad(), AttentionCapture(self.student) as cap:
             out = cap(x, None, None)

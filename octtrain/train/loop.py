@@ -54,6 +54,7 @@ from octtrain.eval.validation import ValidationError
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
+from octtrain.runtime.interrupt import check_interrupted
 from octtrain.runtime.rundir import code_version, new_run_dir, write_run_info
 from octtrain.runtime.tracking import Tracker
 from octtrain.runtime.watchdog import STALL_EXIT_CODE, StallWatchdog
@@ -225,6 +226,7 @@ class Trainer:
         job, s = self.job, self.s
         last_end = self.clock()
         for step in range(self.start_step, job.total_steps):
+            check_interrupted()  # a Ctrl-C that Python dropped (a __del__, a fork hook) ends here
             done = step + 1
             job.before_step(step)
             watchdog.set_phase("data")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.badinput.conftest import Ran, assert_clean
+from tests.octstage.chunk_damage import flip_decodable
 
 CLI = Callable[..., Ran]
 
@@ -106,6 +107,10 @@ def _flip_data(cache: Path, vol: dict[str, object]) -> None:
     shard.write_bytes(bytes(data))
 
 
+def _flip_decodable(cache: Path, vol: dict[str, object]) -> None:
+    flip_decodable(cache / str(vol["zarr_path"]) / "0")  # blosc still decodes it: other values
+
+
 def _drop_volume(cache: Path, vol: dict[str, object]) -> None:
     import shutil
 
@@ -116,6 +121,11 @@ DAMAGE = [
     # (case, damage, the line verify prints)
     ("data objects deleted", _drop_data, "missing {zarr_path}: data object(s) 0/c/0/0/0 gone"),
     ("shard bytes changed", _flip_data, "changed {zarr_path}: "),
+    (
+        "a chunk changed yet still decodable",
+        _flip_decodable,
+        "changed {zarr_path}: unreadable: a chunk or shard index fails its crc32c checksum",
+    ),
     ("volume folder deleted", _drop_volume, "missing {zarr_path}: not in the cache"),
 ]
 

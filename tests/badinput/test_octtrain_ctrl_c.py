@@ -20,10 +20,10 @@ __all__ = ["pristine"]
 
 
 def _interrupted(
-    args: list[str], marker: str | None, after_s: float
+    args: list[str], marker: str | None, after_s: float, then_s: float = 0.0
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``octtrain ARGS`` in its own process group; Ctrl-C the group once ``marker`` was
-    printed (or ``after_s`` seconds passed)."""
+    """Run ``octtrain ARGS`` in its own process group; Ctrl-C the group ``then_s`` seconds
+    after ``marker`` was printed (or once ``after_s`` seconds passed)."""
     proc = start_as_at_a_terminal("octtrain.cli", args, ROOT)
     assert proc.stdout is not None
     seen, started = b"", time.monotonic()
@@ -35,6 +35,7 @@ def _interrupted(
         ):
             break
         time.sleep(0.02)
+    time.sleep(then_s)
     assert proc.poll() is None, seen.decode(errors="replace")[-2000:]  # still working
     os.killpg(proc.pid, signal.SIGINT)
     try:
@@ -51,8 +52,12 @@ def test_ctrl_c_in_finetune_as_it_prints_its_split_sizes(pristine: Path, tmp_pat
     args = ["finetune", "--config", str(FINETUNE), "--manifest", str(pristine / "manifest.json"),
             f"train.output_dir={tmp_path}", "init_encoder=random", "data.num_workers=2",
             "train.epochs=1000"]  # fmt: skip
-    for _ in range(3):  # the moment varies from run to run
-        assert_clean(_interrupted(args, "train / ", 0), 130, "interrupted")
+    # Right after the split sizes come the first steps and the first validation, whose loader
+    # forks its workers: a Ctrl-C that lands in a __del__ or an at-fork hook there is dropped
+    # by Python, and the run went on (issue 29: "hangs forever", 3 of 6 tries; here ~1 in 10
+    # tries at these delays, on a terminal). The moment varies from run to run.
+    for then_s in (0.0, 0.1, 0.2, 0.3, 0.4):
+        assert_clean(_interrupted(args, "train / ", 0, then_s), 130, "interrupted")
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from octtrain import cli, exitcodes
 from octtrain.runtime.checkpoint import load_checkpoint
 from octtrain.runtime.watchdog import STALL_EXIT_CODE
 from tests.badinput.conftest import sigint_as_at_a_terminal
+from tests.octstage.chunk_damage import flip_decodable
 from tests.octtrain.tiny_cache import write_tiny_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +76,10 @@ def corrupt_middle(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def flip_in_shard(path: Path) -> None:
+    flip_decodable(path.parents[3])  # the array's folder; blosc still decodes the chunk
+
+
 def each_shard(damage: Callable[[Path], None]) -> Callable[[Path], None]:
     return lambda cache: [damage(p) for p in train_shards(cache)] and None
 
@@ -103,6 +108,13 @@ DATA_CASES = [
         (r"does not decode",),
     ),
     Case("shard corrupt (blosc)", each_shard(corrupt_middle), (), 4, (r"does not decode",)),
+    Case(
+        "a chunk changed yet still decodable, in a loader worker",
+        each_shard(flip_in_shard),
+        ("data.num_workers=1",),
+        4,
+        (r"does not decode .*fails its crc32c checksum", r"octstage verify"),
+    ),
     Case(
         "volume missing, in a loader worker",
         remove_volumes,

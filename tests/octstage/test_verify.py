@@ -16,6 +16,8 @@ from octstage.cache.verify import SCHEMA, validate_schema, verify
 from octstage.cli import main
 from octstage.config import BuildConfig
 from octstage.dataset.labels import STUDY_GROUPS
+from tests.octstage.chunk_damage import flip_decodable
+from tests.octtrain.cell_cache import write_cell_cache
 
 
 def make_cache(root: Path, n: int = 3) -> Path:
@@ -200,3 +202,29 @@ def test_verify_runs_with_no_optional_extra_installed(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     code, loaded = json.loads(proc.stdout.splitlines()[-1])
     assert code == 0 and loaded == []
+
+
+@pytest.mark.parametrize("kind", ["oct", "cellpainting"])
+def test_a_chunk_changed_yet_still_decodable_is_a_change_named_by_its_checksum(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte of a chunk's compressed bytes flipped so that blosc still decodes it: zarr's
+    read checks the chunk's crc32c, and verify says so in words, one line, exit 1."""
+    if kind == "oct":
+        path = make_cache(tmp_path)
+    else:
+        write_cell_cache(tmp_path, n=4, splits=("train",))
+        path = tmp_path / "manifest.json"
+    assert verify(path).ok
+    target = mf.load(path).items[1]
+    flip_decodable(tmp_path / target.zarr_path / "0")
+    report = verify(path)
+    assert [c["zarr_path"] for c in report.changed] == [target.zarr_path]
+    assert report.changed[0]["why"] == (
+        "unreadable: a chunk or shard index fails its crc32c checksum "
+        "(its bytes changed after they were written)"
+    )
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 1
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert f"changed {target.zarr_path}: unreadable: a chunk" in err and "Traceback" not in err

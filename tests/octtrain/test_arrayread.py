@@ -5,18 +5,22 @@ missing or damaged data object is a DataError, never zeros."""
 from __future__ import annotations
 
 import itertools
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 import pytest
 import zarr
+from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec, ZstdCodec
 
 from octstage.cache.volumestore import write_volume
 from octstage.cellpainting.fieldstore import write_field
 from octtrain.data import arrayread
 from octtrain.data.arrayread import open_array
 from octtrain.errors import DataError
+from tests.octstage.chunk_damage import flip_decodable
 
 SHARD = Path("c/0/0/0")
 
@@ -245,8 +249,12 @@ def test_a_chunk_whose_header_gives_another_size_is_a_data_error(tmp_path: Path)
     """A chunk that would decode to fewer bytes than its place would leave stale bytes there."""
     path, _ = volume(tmp_path)
     raw = bytearray((path / SHARD).read_bytes())
-    offset = int(shard_index(path, 27)[4, 0])
+    offset, length = (int(v) for v in shard_index(path, 27)[4])
     raw[offset + 4 : offset + 8] = (1000).to_bytes(4, "little")  # blosc's decoded size
+    # The chunk's crc32c made to agree (as a writer with a bug would store it): the size
+    # check, not the checksum, is what refuses this chunk.
+    payload = bytes(raw[offset : offset + length - 4])
+    raw[offset + length - 4 : offset + length] = google_crc32c.value(payload).to_bytes(4, "little")
     (path / SHARD).write_bytes(bytes(raw))
     array = open_array(path, "x")
     for region in (None, (slice(0, 4), slice(16, 20), slice(16, 20))):
@@ -267,3 +275,79 @@ def test_threads_reading_at_once_each_read_their_own_values(tmp_path: Path) -> N
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(read, jobs * 5))
+
+
+CHANGED = r"x: data does not decode \(object c/0/0/0: .*fails its crc32c checksum.*octstage verify"
+
+
+@pytest.mark.parametrize("make", [volume, field], ids=["volume", "field"])
+def test_a_chunk_changed_yet_still_decodable_is_a_data_error(make: object, tmp_path: Path) -> None:
+    """A byte of a chunk's compressed bytes flipped so that blosc still decodes the chunk (to
+    other values): the chunk's crc32c, checked before it decodes, refuses it, for a whole read
+    and for a crop of that chunk alone; a crop of other chunks still reads."""
+    path, data = make(tmp_path)  # type: ignore[operator]
+    assert open_array(path, "x").layout.chunk_crc  # octstage writes the chunk checksum
+    flip_decodable(path)
+    array = open_array(path, "x")
+    inner = array.layout.inner
+    first = tuple(slice(0, c) for c in inner)  # the flipped chunk is stored first: chunk 0
+    for region in (None, first):
+        with pytest.raises(DataError, match=CHANGED):
+            array.read(region)
+    last = tuple(slice(s - 1, s) for s in array.shape)
+    np.testing.assert_array_equal(array.read(last), data[last])
+
+
+def old_layout(tmp_path: Path, data: np.ndarray, shuffle: BloscShuffle) -> Path:
+    """``data`` as octstage wrote caches before the chunk checksum: sharded, each chunk
+    ``bytes`` + ``blosc`` only (the index has its crc32c)."""
+    array = zarr.create_array(
+        store=str(tmp_path / "old"),
+        shape=data.shape,
+        chunks=(data.shape[0], 32, 32),
+        shards=(data.shape[0], 96, 96),  # the inner chunks' multiple, as octstage's writers
+        dtype="uint8",
+        compressors=BloscCodec(cname="zstd", clevel=3, shuffle=shuffle),
+    )
+    array[...] = data
+    return tmp_path / "old"
+
+
+@pytest.mark.parametrize("shuffle", [BloscShuffle.shuffle, BloscShuffle.bitshuffle])
+def test_a_cache_written_without_chunk_checksums_reads_as_before(
+    shuffle: BloscShuffle, tmp_path: Path
+) -> None:
+    """Every region reads zarr's values; a flipped byte that still decodes reads as other
+    values there, as it always did (only ``octstage verify``'s checksum of the values sees it)."""
+    data = field(tmp_path)[1]
+    path = old_layout(tmp_path, data, shuffle)
+    array = open_array(path, "x")
+    assert not array.layout.chunk_crc
+    np.testing.assert_array_equal(array.read(), data)
+    for region in edge_regions(array.shape, array.layout.inner):
+        np.testing.assert_array_equal(array.read(region), data[region], err_msg=str(region))
+    flip_decodable(path)
+    assert not np.array_equal(open_array(path, "x").read(), data)
+
+
+def test_plain_chunks_with_a_crc32c_read_and_a_changed_one_is_a_data_error(tmp_path: Path) -> None:
+    path, data = plain(tmp_path, compressors=[ZstdCodec(), Crc32cCodec()])
+    array = open_array(path, "x")
+    assert array.layout.chunk_crc and array.layout.codec == "zstd"
+    np.testing.assert_array_equal(array.read(), data)
+    chunk = path / "c/0/1/2"
+    raw = bytearray(chunk.read_bytes())
+    raw[-1] ^= 0x01  # the stored crc32c itself: the bytes before it no longer match it
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"object c/0/1/2: .*fails its crc32c checksum"):
+        array.read((slice(None), slice(40, 41), slice(80, 81)))
+    corner = (slice(None), slice(0, 3), slice(0, 3))  # another chunk: it still reads
+    np.testing.assert_array_equal(array.read(corner), data[corner])
+
+
+def test_a_checksum_before_the_compressor_is_not_read_here(tmp_path: Path) -> None:
+    meta = json.loads((volume(tmp_path)[0] / "zarr.json").read_text())
+    codecs = meta["codecs"][0]["configuration"]["codecs"]
+    codecs[1], codecs[2] = codecs[2], codecs[1]  # bytes, crc32c, blosc
+    with pytest.raises(DataError, match=r"codecs \['bytes', 'crc32c', 'blosc'\] are not"):
+        arrayread.parse_layout(meta, "x")

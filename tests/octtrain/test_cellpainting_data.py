@@ -20,7 +20,7 @@ from octtrain.data.cellpainting import (
     to_views,
 )
 from octtrain.data.intensity import pooled
-from octtrain.errors import DataError
+from octtrain.errors import ConfigError, DataError
 from tests.octtrain.cell_cache import CellField, write_cell_cache
 
 CROPS = CropConfig(global_size=32, local_size=16, n_local=3)
@@ -117,9 +117,42 @@ def test_views_apply_each_crops_channel_jitter_on_the_device_crop_major() -> Non
     assert g.shape == (4, c, 4, 4) and loc.shape == (2, c, 2, 2) and masks.shape == (4, 4)
     # crop-major rows: (crop 0, field 0), (crop 0, field 1), (crop 1, field 0), (crop 1, field 1)
     assert torch.all(g[0, 1] == 0) and torch.all(g[0, 0] == 1.0)
-    assert torch.allclose(g[3, 2], torch.full((4, 4), 0.5)) and torch.all(g[2, 2] == 1.0)
+    # The gain multiplies the intensity (x + 1 on [-1, 1]): full scale at gain 0.5 is mid-scale.
+    assert torch.allclose(g[3, 2], torch.full((4, 4), 0.0)) and torch.all(g[2, 2] == 1.0)
     assert torch.allclose(loc[1, 0], torch.full((2, 2), -0.75))
     assert bool(masks[1, 3]) and int(masks.sum()) == 1
+
+
+def test_views_jitter_is_in_each_channels_own_units() -> None:
+    """A dark, narrow channel (mean -0.9, std 0.15 on [-1, 1], as Cell Painting's are): a 10 %
+    gain leaves its black level black and moves its mean by a small share of its std, a shift of
+    0.5 moves it by half a std, and a dropped channel is its mean (0 once standardised), not 0 on
+    [-1, 1] (six standard deviations above a dark channel's mean)."""
+    c = 2
+    mean, std = torch.tensor([-0.9, -0.8]), torch.tensor([0.15, 0.5])
+    image = torch.zeros((1, 2, c, 4, 4), dtype=torch.uint8)
+    image[..., :2, :] = 13  # a dim quarter of the crop, the rest black background
+    batch = {
+        "global": image,
+        "local": torch.zeros((1, 0, c, 2, 2), dtype=torch.uint8),
+        "gain": torch.tensor([[[1.1, 1.0], [1.0, 1.0]]]),
+        "shift": torch.tensor([[[0.0, 0.0], [0.5, 0.0]]]),
+        "keep": torch.tensor([[[1.0, 0.0], [1.0, 1.0]]]),
+        "masks": torch.zeros(1, 2, 4, dtype=torch.bool),
+    }
+    plain = to_views(
+        {**batch, "gain": torch.ones(1, 2, c), "shift": torch.zeros(1, 2, c)}, (mean, std)
+    )[0]
+    g = to_views(batch, (mean, std))[0]
+    z = lambda x: (x[0] - mean[0]) / std[0]  # noqa: E731 - channel 0 standardised
+    # crop 0, channel 0, gain 1.1: black stays black, the dim part brightens by 10 % of its signal
+    assert torch.allclose(g[0, 0, 2:], torch.full((2, 4), -1.0))
+    moved = (z(g[0]) - z(plain[0])).mean()
+    assert 0 < float(moved) < 0.1
+    # crop 0, channel 1 dropped: its mean
+    assert torch.allclose(g[0, 1], torch.full((4, 4), -0.8))
+    # crop 1, channel 0, shift 0.5: half a standard deviation everywhere
+    assert torch.allclose(z(g[1]) - z(plain[1]), torch.full((4, 4), 0.5), atol=1e-5)
 
 
 def test_a_field_smaller_than_the_global_crop_is_refused(tmp_path: Path) -> None:
@@ -170,3 +203,29 @@ def test_the_columnar_manifest_gives_the_same_items_without_a_list_of_fields(
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
     assert [int(item["index"]) for item in loader] == list(range(6))
     assert pooled(train, 5) == pooled(list(as_json.split_fields("train")), 5)
+
+
+def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> int:
+    dy = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
+    dx = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
+    return max(0, dy) * max(0, dx)
+
+
+def test_global_window_keeps_the_two_global_crops_on_shared_cells(tmp_path: Path) -> None:
+    """Native-scale global crops of a large field: drawn anywhere, most pairs share no pixel;
+    with ``global_window`` 1.5 every pair overlaps (the second lies within 1.5 crop sides of
+    the first), so the two views DINO aligns show some of the same cells."""
+    crop = dict(global_size=32, local_size=16, n_local=2, scale_unit="crop")
+    fields = [CellField("f", (5, 512, 512), "train", 0)]
+    share = {}
+    for window in (0.0, 1.5):
+        ds = CellPaintingDataset(fields, tmp_path, CropConfig(**crop, global_window=window), 4)
+        pairs = [ds.regions(np.random.default_rng(s), 512, 512)[:2] for s in range(300)]
+        share[window] = np.mean([_overlap(a, b) > 0 for a, b in pairs])
+    assert share[1.5] == 1.0
+    assert share[0.0] < 0.1
+
+
+def test_global_window_is_checked() -> None:
+    with pytest.raises(ConfigError, match="global_window"):
+        CropConfig(global_window=0.5)

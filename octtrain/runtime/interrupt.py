@@ -1,0 +1,57 @@
+"""A Ctrl-C that cannot be lost: raised where it arrives, and again at the next check if Python
+dropped it there.
+
+Python raises KeyboardInterrupt in whatever code the main thread runs when SIGINT arrives. Where
+that code's exceptions are dropped (a ``__del__``, a weakref finalizer, an ``os.register_at_fork``
+hook: "Exception ignored in ...") the interrupt is gone, and the command goes on as if nothing
+happened. The trainer runs such code often right as it starts: DataLoader iterators shut their
+workers down from ``__del__`` (joins of up to seconds), and forking workers runs the at-fork hooks
+of the libraries loaded (wandb's telemetry). A Ctrl-C as ``finetune`` printed its split sizes
+was dropped this way now and then, and the run went on (for ``train.epochs`` epochs) instead of
+ending. ``remembered_ctrl_c`` installs a handler that raises as Python's does and also records
+the interrupt; ``check_interrupted`` (called once per training step, per batch awaited, per
+validation batch) raises it again. Nothing is swallowed twice: the record stays set until the
+block ends, so every later check raises too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+_PENDING = threading.Event()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _PENDING.set()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def remembered_ctrl_c() -> Iterator[None]:
+    """Within the block, a Ctrl-C raises KeyboardInterrupt and is remembered for
+    ``check_interrupted``. Off the main thread, or with SIGINT not at Python's own handler
+    (ignored, or a handler of the caller's), it changes nothing."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    _PENDING.clear()
+    previous = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _PENDING.clear()
+
+
+def check_interrupted() -> None:
+    """On the main thread, raise KeyboardInterrupt if a Ctrl-C arrived in the block (even one
+    Python dropped); elsewhere nothing (a thread's KeyboardInterrupt would end only it)."""
+    if _PENDING.is_set() and threading.current_thread() is threading.main_thread():
+        raise KeyboardInterrupt
