@@ -645,8 +645,8 @@ EDITS: list[Edit] = [
     Edit(
         "views-jitter-units",
         "octtrain/data/cellpainting.py",
-        "x = (scale(images) + 1.0) * gain[:, sl] - 1.0 + shift[:, sl] * std",
-        "x = scale(images) * gain[:, sl] + shift[:, sl]",
+        "(scale(images) + 1.0) * gain[:, sl] - 1.0 + shift[:, sl] * std",
+        "scale(images) * gain[:, sl] + shift[:, sl]",
         (OT + "test_cellpainting_data.py",),
         "the views' gain and shift go back to the [-1, 1] scale, a per-view offset of the crop",
     ),

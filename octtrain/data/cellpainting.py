@@ -330,7 +330,7 @@ def to_views(
     mean, std = mean.view(1, 1, -1, 1, 1), std.view(1, 1, -1, 1, 1)
 
     def views(images: torch.Tensor, sl: slice) -> torch.Tensor:
-        # [B, V, C, S, S]
+        # [B, V, C, S, S]: the gain on the intensity, the shift in channel stds
         x: torch.Tensor = (scale(images) + 1.0) * gain[:, sl] - 1.0 + shift[:, sl] * std
         x = mean + (x - mean) * keep[:, sl]
         return x.transpose(0, 1).reshape(-1, *x.shape[2:])
