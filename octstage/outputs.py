@@ -37,6 +37,9 @@ from octstage.errors import MirrorError
 Refuse = Callable[[str], Exception]  # the caller's error class: ConfigError, MirrorError, ...
 
 MANIFEST = "manifest.json"
+# The columnar manifest's item table beside its header (octstage.manifest.columnar): part of a
+# cache like the header, so a stage that stopped before the header still resumes into its folder.
+ITEMS_SUFFIX = ".items.parquet"
 VOLUMES = "volumes"
 # What a cache of each kind keeps its arrays under (a cache of the other kind is refused).
 DATA_FOLDERS = {"oct": "volumes", "cellpainting": "fields"}
@@ -230,7 +233,9 @@ def check_destination(dst: Path, manifest: bytes, replace: bool) -> bool:
                 "manifest does not name are removed)"
             )
         return True
-    foreign = sorted(entries - set(DATA_FOLDERS.values()))
+    foreign = sorted(
+        e for e in entries - set(DATA_FOLDERS.values()) if not e.endswith(ITEMS_SUFFIX)
+    )
     if foreign:
         raise MirrorError(
             f"{dst}: not empty and holds no cache manifest (found {', '.join(foreign[:5])}"

@@ -20,6 +20,7 @@ complete, and the trainer needs nothing but it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zarr
 from rich.console import Console
@@ -39,8 +41,13 @@ from zarr.storage import LocalStore
 from octstage import manifest as manifest_mod
 from octstage.cache.volumestore import check_volume
 from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
-from octstage.manifest import atomic_write_text
-from octstage.outputs import check_destination, clear_manifest, remove_unlisted
+from octstage.manifest import atomic_write_bytes, atomic_write_text
+from octstage.outputs import (
+    ITEMS_SUFFIX,
+    check_destination,
+    clear_manifest,
+    remove_unlisted,
+)
 from octstage.progress import counter, interval, megabytes
 from octstage.storage import Storage, check_name, open_location
 from octstage.storage.locations import known_secrets, parse_location, scrub
@@ -107,6 +114,32 @@ def volume_paths(manifest: manifest_mod.Manifest, where: str) -> dict[str, str]:
         if volumes.setdefault(rel, volume.checksum) != volume.checksum:
             raise VerificationError(f"{where}: {rel}: listed twice with different checksums")
     return volumes
+
+
+def _read_table(storage: Storage, data: Any, secrets: list[str]) -> tuple[str, bytes] | None:
+    """The columnar form's item table ``(name, bytes)``, fetched and checked against the
+    header's SHA-256 (a table of another build is refused before any byte moves); None when the
+    manifest is the JSON form."""
+    info = data.get("table") if isinstance(data, dict) else None
+    if info is None:
+        return None
+    where = f"{storage.url}/{MANIFEST}"
+    name = info.get("path") if isinstance(info, dict) else None
+    if not isinstance(name, str) or not name.endswith(ITEMS_SUFFIX) or "/" in name:
+        raise ManifestError(f"{where}: table path {name!r} is not a file name beside the header")
+    try:
+        body = storage.read_bytes(check_name(name))
+    except StorageError as exc:
+        raise StorageError(
+            scrub(f"cannot read the manifest's item table: {exc}", secrets)
+        ) from None
+    digest = hashlib.sha256(body).hexdigest()
+    if digest != info.get("sha256"):
+        raise ManifestError(
+            f"{where}: item table {name} has SHA-256 {digest}, the header says "
+            f"{info.get('sha256')}: a table of another build; rebuild or re-upload the cache"
+        )
+    return name, body
 
 
 def _fetch(storage: Storage, name: str, path: Path) -> int:
@@ -209,9 +242,13 @@ def run_stage(
     except StorageError as exc:
         raise StorageError(scrub(f"cannot read the manifest: {exc}", secrets)) from None
     try:
-        parsed = manifest_mod.from_dict(json.loads(raw), source=f"{storage.url}/{MANIFEST}")
+        data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{storage.url}/{MANIFEST}: not JSON: {exc}") from None
+    table = _read_table(storage, data, secrets)  # the columnar form's items; None for JSON
+    parsed = manifest_mod.from_dict(
+        data, source=f"{storage.url}/{MANIFEST}", table=None if table is None else table[1]
+    )
     volumes = volume_paths(parsed, f"{storage.url}/{MANIFEST}")  # unsafe names first
     # The one check of a manifest: a contradictory or empty one is refused before any byte moves.
     manifest_mod.refuse(parsed, f"{storage.url}/{MANIFEST}", "stage", ManifestError)
@@ -245,6 +282,8 @@ def run_stage(
     if not report.failed:
         if replacing:
             report.removed = remove_unlisted(dst, volumes)
+        if table is not None:  # the items before the header that names them
+            atomic_write_bytes(dst / table[0], table[1])
         atomic_write_text(dst / MANIFEST, raw.decode("utf-8"))
         report.manifest_written = True
     report.exit_code = 1 if report.failed else 0

@@ -31,7 +31,7 @@ SRC=s3://cellpainting-gallery/cpg0016-jump
 step "3/7 build-cache --kind cellpainting from S3 into the cache bucket (the planted truncated TIFF is rejected: exit 1)"
 set +e
 octstage build-cache --kind cellpainting --source "$SRC" --metadata "$OUT/twin/datasets/metadata" \
-  --out s3://cellpainting-gallery/cache --json "$OUT/build.json"
+  --out s3://cellpainting-gallery/cache --manifest-form table --json "$OUT/build.json"
 rc=$?
 set -e
 [ "$rc" -le 1 ] || { echo "build-cache exit $rc"; exit "$rc"; }

@@ -46,7 +46,7 @@ octstage audit-ids --labels gs://mirror/v3/participants.tsv --oct gs://mirror/v3
 step "6/12 build the Zarr cache from GCS (dask, 2 workers; HbA1c copied); rejected files expected"
 octstage build-cache --source gs://mirror/v3 --labels gs://mirror/v3/participants.tsv \
   --out "$OUT/cache" --manifest "$OUT/cache/manifest.json" --config configs/stage/demo.yaml --workers 2 \
-  --concept 3004410 --json "$OUT/build.json" || [ $? -eq 1 ]
+  --concept 3004410 --manifest-form table --json "$OUT/build.json" || [ $? -eq 1 ]
 
 step "7/12 publish the cache to GCS"
 octstage mirror "$OUT/cache" gs://cache/demo --transfers 8 --json "$OUT/publish.json"

@@ -137,6 +137,34 @@ def validate_schema(data: Any, schema_path: Path = SCHEMA) -> tuple[str, list[st
     return ("invalid" if errors else "valid"), errors[:50]
 
 
+def validate_table(
+    manifest_path: Path, info: dict[str, Any], items: mf.ItemTable[Any], kind: str
+) -> list[str]:
+    """The columnar form's item table: its SHA-256 against the header's, then every row against
+    the schema's item definition (the JSON form's rules, row by row); one line per problem."""
+    import jsonschema
+
+    errors = []
+    digest = mf.file_sha256(manifest_path.parent / info["path"])
+    if digest != info["sha256"]:
+        errors.append(
+            f"table: {info['path']} has SHA-256 {digest}, the header says {info['sha256']}"
+        )
+    schema = json.loads(SCHEMA.read_text())
+    item = "field" if kind == "cellpainting" else "volume"
+    what = "fields" if kind == "cellpainting" else "volumes"
+    validator = jsonschema.Draft202012Validator(
+        {"$defs": schema["$defs"], "$ref": f"#/$defs/{item}"}
+    )
+    for n, row in enumerate(items.json_rows()):
+        for e in validator.iter_errors(row):
+            where = "/".join(str(p) for p in e.absolute_path)
+            errors.append(f"table/{what}/{n}{'/' + where if where else ''}: {e.message}")
+        if len(errors) >= 50:
+            break
+    return errors
+
+
 def _interruptible(pool: ThreadPoolExecutor, results: Iterator[T]) -> Iterator[T]:
     """``results`` of ``pool.map``; on Ctrl-C the checks not started are dropped at once."""
     try:
@@ -159,7 +187,12 @@ def verify(
     root = cache if cache is not None else manifest_path.parent
     items = loaded.items  # OCT volumes or Cell Painting fields: the common part is enough
     report = VerifyReport(str(manifest_path), str(root), volumes=len(items), kind=loaded.kind)
-    report.schema, report.schema_errors = validate_schema(json.loads(manifest_path.read_text()))
+    data = json.loads(manifest_path.read_text())
+    report.schema, report.schema_errors = validate_schema(data)
+    if isinstance(items, mf.ItemTable):  # the columnar form: its table's bytes and every row
+        table_errors = validate_table(manifest_path, data["table"], items, loaded.kind)
+        report.schema_errors = (report.schema_errors + table_errors)[:50]
+        report.schema = "invalid" if report.schema_errors else report.schema
     report.inconsistent = mf.consistency_problems(loaded)
     # zarr's blosc and hashlib release the GIL on large buffers: threads give real parallelism.
     workers = threads or min(8, os.cpu_count() or 1)
@@ -180,7 +213,11 @@ def verify(
                 f"{report.verified} verified, {len(report.missing)} missing, "
                 f"{len(report.changed)} changed"
             )
-    listed = {v.zarr_path for v in items}
+    listed = (
+        set(items.column("zarr_path"))  # one column, no item built
+        if isinstance(items, mf.ItemTable)
+        else {v.zarr_path for v in items}
+    )
     top = "fields" if loaded.kind == "cellpainting" else "volumes"
     for relpath, hidden in volume_folders(root, top):
         if hidden:

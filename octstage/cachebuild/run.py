@@ -111,6 +111,7 @@ def run_build(
     progress_seconds: float | None = None,
     from_tsv: bool = False,
     concepts: Sequence[int] = (),
+    manifest_form: str = "json",
 ) -> int:
     """Build (or bring up to date) the cache at ``out`` (a folder or a bucket URL) and write
     its manifest last: to ``manifest`` (default ``OUT/manifest.json``; for a bucket cache also
@@ -143,6 +144,7 @@ def run_build(
             started,
             from_tsv,
             concepts,
+            manifest_form,
         )
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -170,6 +172,7 @@ def _run(
     started: float,
     from_tsv: bool,
     concepts: Sequence[int],
+    manifest_form: str,
 ) -> int:
     cache = open_cache(out)
     with exclusive(cache):
@@ -236,7 +239,15 @@ def _run(
         stats[SOURCE_VERIFICATION] = verification
         stats["label_problem_rows"] = [{"row": r, "reason": why} for r, why in label_problems]
         _write_outputs(
-            source, cache, manifest, config, volumes, rejects, stats, json_out, concept_rows
+            source,
+            cache,
+            (manifest, manifest_form),
+            config,
+            volumes,
+            rejects,
+            stats,
+            json_out,
+            concept_rows,
         )
     _print_summary(stats)
     for ref, why in label_problems[:20]:
@@ -319,7 +330,7 @@ def _volumes(
 def _write_outputs(
     source: str,
     cache: CacheStore,
-    manifest: Path | None,
+    written: tuple[Path | None, str],  # the local manifest file (None: none), and its form
     config: BuildConfig,
     volumes: tuple[mf.Volume, ...],
     rejects: tuple[mf.Rejected, ...],
@@ -328,6 +339,7 @@ def _write_outputs(
     concepts: tuple[mf.Concept, ...] = (),
 ) -> None:
     version = code_version()
+    manifest, form = written
     cache.write_bytes("qc.png", qc_sheet(cache.open_array, volumes))
     resolved = {
         "code_version": version,
@@ -351,9 +363,10 @@ def _write_outputs(
     )
     built = mf.Manifest(header, STUDY_GROUPS, volumes, rejects, concepts=concepts)
     if manifest is not None:
-        mf.write(built, manifest)
+        mf.write(built, manifest, form)
     if cache.local is None or manifest is None:  # last: a cache with a manifest is complete
-        cache.write_json(MANIFEST_NAME, mf.to_dict(built), indent=1)
+        put = lambda name, path: cache.write_bytes(name, path.read_bytes())  # noqa: E731
+        cache.write_bytes(MANIFEST_NAME, mf.header_bytes(built, form, put))
 
 
 def _stat_listed(

@@ -206,6 +206,7 @@ def build(
     select: Selection = ALL,
     prefixes: layout.PrefixMap = layout.NO_PREFIXES,
     anonymous: bool = False,
+    manifest_form: str = "json",
 ) -> tuple[BuildReport, mf.Manifest]:
     """Build the cache at ``out`` (a folder or a bucket URL) from the root ``source`` (a URL
     or a Storage); ``anonymous``: read ``s3://`` without credentials (the public bucket)."""
@@ -286,9 +287,10 @@ def build(
     )
     manifest = mf.Manifest(header, classes, (), rejected, kind="cellpainting", fields=fields)
     if manifest_path is not None:
-        mf.write(manifest, manifest_path)
+        mf.write(manifest, manifest_path, manifest_form)
     if cache.local is None or manifest_path is None:  # last: a cache with a manifest is complete
-        cache.write_json("manifest.json", mf.to_dict(manifest), indent=1)
+        put = lambda name, path: cache.write_bytes(name, path.read_bytes())  # noqa: E731
+        cache.write_bytes("manifest.json", mf.header_bytes(manifest, manifest_form, put))
     report.seconds = time.monotonic() - started
     return report, manifest
 
@@ -312,6 +314,7 @@ def run_build_cellpainting(
     select: Selection = ALL,
     prefix_map: Sequence[str] = (),
     anonymous: bool = False,
+    manifest_form: str = "json",
 ) -> int:
     """CLI: build, print a summary; exit 0 / 1 / 3 (see ``exit_code``)."""
     report, manifest = build(
@@ -326,6 +329,7 @@ def run_build_cellpainting(
         select,
         layout.PrefixMap.parse(prefix_map),
         anonymous,
+        manifest_form,
     )
     if json_out:
         mf.atomic_write_text(json_out, json.dumps(asdict(report), indent=1) + "\n")

@@ -108,6 +108,7 @@ def build(a: argparse.Namespace) -> int:
             workers=a.workers,
             json_out=Path(a.json) if a.json else None,
             manifest_path=Path(a.manifest) if a.manifest else None,
+            manifest_form=a.manifest_form,
         )
     if not a.labels:
         raise OctstageError("--labels (participants.tsv) is required for --kind oct")
@@ -134,6 +135,7 @@ def build(a: argparse.Namespace) -> int:
         progress_seconds=a.progress_seconds,
         from_tsv=a.from_tsv,
         concepts=tuple(a.concept or ()),
+        manifest_form=a.manifest_form,
     )
 
 

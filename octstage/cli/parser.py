@@ -236,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
         "always gets OUT/manifest.json too, for `octstage stage`)",
     )
     s.add_argument(
+        "--manifest-form",
+        choices=("json", "table"),
+        default="json",
+        help="json: one manifest.json listing every item; table: manifest.json as a small header "
+        "and the items in manifest.items.parquet beside it (for caches of a million items; "
+        "every octstage and octtrain command reads either)",
+    )
+    s.add_argument(
         "--config", help="YAML of build settings (configs/stage/*.yaml); default: 64x384x384"
     )
     s.add_argument(

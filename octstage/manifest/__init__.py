@@ -1,8 +1,12 @@
 """The manifest: the one contract between octstage and octtrain.
 
-A manifest is one JSON file (schema in ``octstage/manifest.schema.json``, shipped with the
-package) listing every cached item with its labels, provenance and a checksum of the stored
-array, plus every rejected source file with its reason. It is written last and atomically;
+A manifest (schema in ``octstage/manifest.schema.json``, shipped with the package) lists every
+cached item with its labels, provenance and a checksum of the stored array, plus every rejected
+source file with its reason. It has two forms that ``load`` tells apart and reads alike (see
+docs/manifest.md): **JSON** (schema version 1), one file listing every item; **columnar**
+(version 2, ``write(..., form="table")``), a JSON header naming a Parquet item table beside it,
+whose items load as an ``ItemTable`` (a lazy sequence over the columns; ``ItemTable.common()`` is
+what a trainer keeps). Either is written last and atomically (the table before its header);
 readers check the schema and cache versions before trusting anything. This module imports neither
 torch nor any cloud SDK.
 
@@ -21,8 +25,10 @@ its source files with their hashes; the rest is typed per kind. ``Manifest.items
 common part of either kind (what ``verify`` and ``stage`` need).
 
 The package, by concern: ``model`` (the items, header and constants), ``checks`` (the one check
-of a manifest and which findings stop which consumer), ``serial`` (the JSON form, load and
-write). Import from ``octstage.manifest``: octtrain imports nothing else of octstage.
+of a manifest and which findings stop which consumer), ``tablechecks`` (the rows of an item table
+the checks must see, found in Arrow), ``serial`` (both forms, load and write), ``columnar`` (the
+item table's schemas, writer and column reader), ``itemtable`` (the items over its columns).
+Import from ``octstage.manifest``: octtrain imports nothing else of octstage.
 """
 
 from __future__ import annotations
@@ -34,12 +40,18 @@ from octstage.manifest.checks import Finding as Finding
 from octstage.manifest.checks import check as check
 from octstage.manifest.checks import consistency_problems as consistency_problems
 from octstage.manifest.checks import refuse as refuse
+from octstage.manifest.columnar import file_sha256 as file_sha256
+from octstage.manifest.itemtable import CommonRecord as CommonRecord
+from octstage.manifest.itemtable import CommonRows as CommonRows
+from octstage.manifest.itemtable import ItemTable as ItemTable
 from octstage.manifest.model import CACHE_VERSION as CACHE_VERSION
 from octstage.manifest.model import CELLPAINTING_CHANNELS as CELLPAINTING_CHANNELS
+from octstage.manifest.model import FORMS as FORMS
 from octstage.manifest.model import KINDS as KINDS
 from octstage.manifest.model import PERTURBATION_TYPES as PERTURBATION_TYPES
 from octstage.manifest.model import SCHEMA_PATH as SCHEMA_PATH
 from octstage.manifest.model import SCHEMA_VERSION as SCHEMA_VERSION
+from octstage.manifest.model import TABLE_SCHEMA_VERSION as TABLE_SCHEMA_VERSION
 from octstage.manifest.model import ChannelSource as ChannelSource
 from octstage.manifest.model import Concept as Concept
 from octstage.manifest.model import Field as Field
@@ -53,8 +65,11 @@ from octstage.manifest.model import Volume as Volume
 from octstage.manifest.model import count_summary as count_summary
 from octstage.manifest.model import field_counts as field_counts
 from octstage.manifest.serial import from_dict as from_dict
+from octstage.manifest.serial import header_bytes as header_bytes
+from octstage.manifest.serial import item_rows as item_rows
 from octstage.manifest.serial import load as load
 from octstage.manifest.serial import to_dict as to_dict
+from octstage.manifest.serial import to_header as to_header
 from octstage.manifest.serial import write as write
 from octstage.outputs import atomic_write_bytes as atomic_write_bytes
 from octstage.outputs import atomic_write_text as atomic_write_text

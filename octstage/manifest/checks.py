@@ -3,13 +3,20 @@ consumer before its work (``FATAL``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import pyarrow.compute as pc
+
+from octstage.manifest.columnar import SOURCE_PATHS
+from octstage.manifest.itemtable import ItemTable
 from octstage.manifest.model import (
+    Field,
     Item,
     Manifest,
 )
+from octstage.manifest.tablechecks import first_shapes, plate_splits, suspect_rows
 
 # What ``check`` looks for, by name: the consumers differ only in which of these are fatal.
 CHECKS = ("kind", "empty", "duplicate", "split", "label", "shape", "shared-source")
@@ -65,33 +72,80 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
         found.append(
             Finding("kind", f"kind {manifest.kind!r} but it also lists {len(other)} other items")
         )
-    if manifest.kind == "cellpainting":
-        found += _field_findings(manifest)
-    else:
-        found += _volume_findings(manifest)
-    shapes: dict[tuple[int, ...], int] = {}
-    for n, item in enumerate(items):
-        shapes.setdefault(tuple(item.shape), n)
-        if len(item.shape) != 3 or min(item.shape) < 1 or item.dtype != "uint8":
+    try:
+        # Of an item table, the per-row rules run over the rows Arrow finds suspect.
+        rows = _rows(manifest)
+        if manifest.kind == "cellpainting":
+            found += _field_findings(manifest, rows)
+        else:
+            found += _volume_findings(manifest)
+        found += _shape_findings(manifest, what, rows)
+    finally:
+        if isinstance(items, ItemTable):
+            items.release()  # the columns the check read: not the trainer's to keep
+    return found
+
+
+def _shape_findings(manifest: Manifest, what: str, rows: Sequence[int]) -> list[Finding]:
+    """Shapes that are not 3 positive sizes of uint8 (of ``rows``), and items of more than one
+    shape."""
+    found: list[Finding] = []
+    items = manifest.items
+    shapes = first_shapes(items) if isinstance(items, ItemTable) else {}
+    paths = _values(items, "zarr_path", rows)
+    for k, (shape, dtype) in enumerate(
+        zip(_values(items, "shape", rows), _values(items, "dtype", rows), strict=True)
+    ):
+        n, shape = rows[k], tuple(shape)
+        shapes.setdefault(shape, n)
+        if len(shape) != 3 or min(shape, default=0) < 1 or dtype != "uint8":
             found.append(
                 Finding(
                     "shape",
-                    f"{what}[{n}] ({item.zarr_path}): shape {list(item.shape)} dtype "
-                    f"{item.dtype}, expected 3 positive sizes of uint8",
+                    f"{what}[{n}] ({paths[k]}): shape {list(shape)} dtype "
+                    f"{dtype}, expected 3 positive sizes of uint8",
                 )
             )
+    shapes = dict(sorted(shapes.items(), key=lambda kv: kv[1]))  # in order of first listing
     if len(shapes) > 1:
         listed = ", ".join(f"{list(s)} at {what}[{n}]" for s, n in list(shapes.items())[:4])
         found.append(Finding("shape", f"{what} of {len(shapes)} shapes: {listed}"))
     return found
 
 
-def _duplicates(items: tuple[Item, ...], what: str, keys: tuple[str, ...]) -> list[Finding]:
+def _rows(manifest: Manifest) -> Sequence[int]:
+    """The rows the per-row rules look at: every row, or an item table's suspects."""
+    items = manifest.items
+    if isinstance(items, ItemTable):
+        return suspect_rows(items, manifest.kind, manifest.classes)
+    return range(len(items))
+
+
+def _values(items: Sequence[Item], name: str, rows: Sequence[int] | None = None) -> list[Any]:
+    """One attribute of every item (or of ``rows``), in order; of an item table, its column
+    (no item built)."""
+    if isinstance(items, ItemTable):
+        return (items if rows is None else items.take(rows)).column(name, keep=False)
+    values = [getattr(item, name) for item in items]
+    return values if rows is None or isinstance(rows, range) else [values[n] for n in rows]
+
+
+def _all_distinct(items: Sequence[Item], name: str) -> bool:
+    """True when an item table's column holds no value twice (counted in Arrow); False when it
+    may: the caller then finds which (a list of Python objects is always looked at)."""
+    if not isinstance(items, ItemTable):
+        return False
+    column = items.column_array(name, keep=False)
+    return len(pc.unique(column)) == len(column)
+
+
+def _duplicates(items: Sequence[Item], what: str, keys: tuple[str, ...]) -> list[Finding]:
     found = []
     for key in keys:
+        if _all_distinct(items, key):
+            continue
         seen: dict[object, int] = {}
-        for n, item in enumerate(items):
-            value = getattr(item, key)
+        for n, value in enumerate(_values(items, key)):
             if value in seen:
                 found.append(
                     Finding(
@@ -148,53 +202,86 @@ def _volume_findings(manifest: Manifest) -> list[Finding]:
     return found
 
 
-def _field_findings(manifest: Manifest) -> list[Finding]:
-    found = _duplicates(manifest.items, "fields", ("zarr_path", "cache_key", "item_id"))
+def _lengths(items: Sequence[Item], name: str, rows: Sequence[int]) -> list[int]:
+    """How many values a list attribute (``channels``, ``sources``) holds, per item of ``rows``."""
+    if isinstance(items, ItemTable):
+        column = items.take(rows).column_array(SOURCE_PATHS if name == "sources" else name, False)
+        return pc.list_value_length(column).to_pylist()  # type: ignore[no-any-return]
+    return [len(value) for value in _values(items, name, rows)]
+
+
+def _source_paths(items: Sequence[Field]) -> list[list[str]] | None:
+    """Every item's source file paths; None when an item table lists no path twice (counted
+    in Arrow, without a Python string per source file)."""
+    if isinstance(items, ItemTable):
+        column = items.column_array(SOURCE_PATHS, keep=False)
+        paths = pc.struct_field(pc.list_flatten(column), "path")
+        if len(pc.unique(paths)) == len(paths):
+            return None
+        sources = column.to_pylist()
+        return [[s["path"] for s in row] for row in sources]
+    return [[s.path for s in item.sources] for item in items]
+
+
+def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
+    items = manifest.items
+    found = _duplicates(items, "fields", ("zarr_path", "cache_key", "item_id"))
     plates: dict[str, set[str]] = {}
+    if isinstance(items, ItemTable):
+        plates = plate_splits(items)
+    else:
+        for plate, split in zip(_values(items, "plate"), _values(items, "split"), strict=True):
+            plates.setdefault(plate, set()).add(split)
     sources: dict[str, int] = {}
-    for n, f in enumerate(manifest.fields):
-        plates.setdefault(f.plate, set()).add(f.split)
-        for s in f.sources:
-            if s.path in sources and sources[s.path] != n:
+    every = _source_paths(manifest.fields)
+    ids = _values(items, "item_id") if every is not None else []
+    for n, row in enumerate(every or ()):
+        for path in row:
+            if path in sources and sources[path] != n:
                 found.append(
                     Finding(
                         "shared-source",
-                        f"fields[{n}] ({f.item_id}): source {s.path!r} is also "
-                        f"fields[{sources[s.path]}]'s ({manifest.fields[sources[s.path]].item_id})",
+                        f"fields[{n}] ({ids[n]}): source {path!r} is also "
+                        f"fields[{sources[path]}]'s ({ids[sources[path]]})",
                     )
                 )
-            sources.setdefault(s.path, n)
-        parts = f.zarr_path.split("/")
-        if len(parts) < 3 or parts[0] != "fields" or parts[1] != f.plate:
+            sources.setdefault(path, n)
+    names = ("item_id", "plate", "zarr_path", "label", "perturbation", "shape")
+    values = zip(*(_values(items, name, rows) for name in names), strict=True)
+    channels, n_sources = _lengths(items, "channels", rows), _lengths(items, "sources", rows)
+    classes = manifest.classes
+    for k, (item_id, plate, path, label, perturbation, shape) in enumerate(values):
+        n = rows[k]
+        parts = path.split("/")
+        if len(parts) < 3 or parts[0] != "fields" or parts[1] != plate:
             found.append(
                 Finding(
                     "shared-source",
-                    f"fields[{n}] ({f.item_id}): of plate {f.plate} but stored at "
-                    f"{f.zarr_path!r}, not under fields/{f.plate}/",
+                    f"fields[{n}] ({item_id}): of plate {plate} but stored at "
+                    f"{path!r}, not under fields/{plate}/",
                 )
             )
-        if f.label is not None and not 0 <= f.label < len(manifest.classes):
+        if label is not None and not 0 <= label < len(classes):
             found.append(
                 Finding(
                     "label",
-                    f"fields[{n}] ({f.item_id}): label {f.label} outside the "
-                    f"{len(manifest.classes)} classes",
+                    f"fields[{n}] ({item_id}): label {label} outside the {len(classes)} classes",
                 )
             )
-        elif f.label is not None and manifest.classes[f.label] != f.perturbation:
+        elif label is not None and classes[label] != perturbation:
             found.append(
                 Finding(
                     "label",
-                    f"fields[{n}] ({f.item_id}): label {f.label} is class "
-                    f"{manifest.classes[f.label]!r}, perturbation says {f.perturbation!r}",
+                    f"fields[{n}] ({item_id}): label {label} is class "
+                    f"{classes[label]!r}, perturbation says {perturbation!r}",
                 )
             )
-        if f.shape[0] != len(f.channels) or len(f.sources) != len(f.channels):
+        if not shape or shape[0] != channels[k] or n_sources[k] != channels[k]:
             found.append(
                 Finding(
                     "shape",
-                    f"fields[{n}] ({f.item_id}): {len(f.channels)} channels, shape "
-                    f"{list(f.shape)} and {len(f.sources)} source files",
+                    f"fields[{n}] ({item_id}): {channels[k]} channels, shape "
+                    f"{list(shape)} and {n_sources[k]} source files",
                 )
             )
     for plate, seen in sorted(plates.items()):

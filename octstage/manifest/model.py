@@ -6,11 +6,18 @@ contradictions, ``serial`` reads and writes its JSON form.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 SCHEMA_VERSION = 1
+# The columnar form (a JSON header and a Parquet item table, ``columnar``) is version 2: older
+# octstage refuses it with its "rebuild" message instead of misreading a header without items.
+TABLE_SCHEMA_VERSION = 2
+# How ``write`` stores a manifest: "json" (one file, every item in it) or "table" (the header
+# and ``<stem>.items.parquet``; for caches of a million items). ``load`` reads either.
+FORMS = ("json", "table")
 # The kinds of data a manifest can list (``Manifest.kind``); absent in JSON means "oct".
 KINDS = ("oct", "cellpainting")
 # Cell Painting channels in JUMP's order of the load-data columns (FileName_Orig<channel>).
@@ -203,23 +210,30 @@ class Manifest:
 
     header: Header
     classes: tuple[str, ...]
-    volumes: tuple[Volume, ...]
+    # A tuple when built or read from JSON; read from the columnar form, an ``ItemTable`` that
+    # builds each item when asked (its ``column``/``where`` avoid building any).
+    volumes: Sequence[Volume]
     rejected: tuple[Rejected, ...] = field(default=())
     schema_version: int = SCHEMA_VERSION
     concepts: tuple[Concept, ...] = field(default=())
     kind: Literal["oct", "cellpainting"] = "oct"
-    fields: tuple[Field, ...] = field(default=())
+    fields: Sequence[Field] = field(default=())
 
     def split(self, name: str) -> tuple[Volume, ...]:
-        """The volumes of one split, in manifest order."""
+        """The volumes of one split, in manifest order (a tuple: OCT caches are thousands)."""
         return tuple(v for v in self.volumes if v.split == name)
 
-    def split_fields(self, name: str) -> tuple[Field, ...]:
-        """The Cell Painting fields of one split, in manifest order."""
+    def split_fields(self, name: str) -> Sequence[Field]:
+        """The Cell Painting fields of one split, in manifest order (of the columnar form: a
+        view of the item table, no field built)."""
+        where = getattr(self.fields, "where", None)  # an ItemTable (columnar) filters in Arrow
+        if where is not None:
+            selected: Sequence[Field] = where("split", name)
+            return selected
         return tuple(f for f in self.fields if f.split == name)
 
     @property
-    def items(self) -> tuple[Item, ...]:
+    def items(self) -> Sequence[Item]:
         """Every cached item of the manifest's kind (the common part is all a caller may use)."""
         return self.fields if self.kind == "cellpainting" else self.volumes
 

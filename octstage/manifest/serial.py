@@ -1,19 +1,28 @@
-"""A manifest's JSON form: ``to_dict``/``from_dict``, and ``load``/``write`` of the file (written
-atomically, read from local disk only)."""
+"""A manifest's two forms on disk and their one reader: ``to_dict``/``from_dict`` (the JSON
+form), ``to_header`` (the columnar form's header; its items are ``columnar``'s Parquet table), and
+``load``/``write`` of the file (written atomically, read from local disk only). ``load`` tells
+the forms apart by the header's ``table`` key; every consumer gets the same ``Manifest``."""
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from octstage.errors import ManifestError
+from octstage.manifest.columnar import FORMAT as TABLE_FORMAT
+from octstage.manifest.columnar import TableInfo, items_name, json_row, read_items, write_items
+from octstage.manifest.itemtable import ItemTable
 from octstage.manifest.model import (
     CACHE_VERSION,
+    FORMS,
     KINDS,
     SCHEMA_VERSION,
+    TABLE_SCHEMA_VERSION,
     ChannelSource,
     Concept,
     Field,
@@ -29,19 +38,38 @@ from octstage.outputs import atomic_write_text
 
 def to_dict(manifest: Manifest) -> dict[str, Any]:
     """The JSON form of a manifest (see octstage/manifest.schema.json)."""
+    out = _head(manifest, SCHEMA_VERSION)
+    out["volumes"] = [_volume_to_dict(v) for v in manifest.volumes]
+    if manifest.kind == "cellpainting":
+        out["fields"] = [_field_to_dict(f) for f in manifest.fields]
+    return out
+
+
+def to_header(manifest: Manifest, table: TableInfo) -> dict[str, Any]:
+    """The columnar form's header: everything but the items, and the table that holds them."""
+    out = _head(manifest, TABLE_SCHEMA_VERSION)
+    out["table"] = table.as_dict()
+    return out
+
+
+def _head(manifest: Manifest, version: int) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "schema_version": manifest.schema_version,
+        "schema_version": version,
         "kind": manifest.kind,
         "header": asdict(manifest.header),
         "classes": list(manifest.classes),
-        "volumes": [_volume_to_dict(v) for v in manifest.volumes],
         "rejected": [asdict(r) for r in manifest.rejected],
     }
-    if manifest.kind == "cellpainting":
-        out["fields"] = [_field_to_dict(f) for f in manifest.fields]
     if manifest.concepts:
         out["concepts"] = [asdict(c) for c in manifest.concepts]
     return out
+
+
+def item_rows(manifest: Manifest) -> Iterator[dict[str, Any]]:
+    """The manifest's items as the JSON form's dicts, one at a time (the table's rows)."""
+    if manifest.kind == "cellpainting":
+        return (_field_to_dict(f) for f in manifest.fields)
+    return (_volume_to_dict(v) for v in manifest.volumes)
 
 
 def _field_to_dict(f: Field) -> dict[str, Any]:
@@ -88,14 +116,22 @@ def _volume_to_dict(v: Volume) -> dict[str, Any]:
     return _intensity_to_dict(d)
 
 
-def from_dict(data: dict[str, Any], source: str = "<manifest>") -> Manifest:
-    """Build a Manifest from its JSON form; any mismatch raises ManifestError naming ``source``."""
+def from_dict(
+    data: dict[str, Any], source: str = "<manifest>", table: Path | bytes | None = None
+) -> Manifest:
+    """Build a Manifest from its JSON form, or from the columnar form's header and its ``table``
+    (the Parquet file, or its bytes); any mismatch raises ManifestError naming ``source``."""
     version = data.get("schema_version") if isinstance(data, dict) else None
-    if version != SCHEMA_VERSION:
+    columnar_form = isinstance(data, dict) and "table" in data
+    if version != (TABLE_SCHEMA_VERSION if columnar_form else SCHEMA_VERSION):
         raise ManifestError(
-            f"{source}: manifest schema version {version!r}, this code reads {SCHEMA_VERSION}; "
+            f"{source}: manifest schema version {version!r}"
+            f"{' with an item table' if columnar_form else ''}, this code reads "
+            f"{SCHEMA_VERSION} (JSON) and {TABLE_SCHEMA_VERSION} (header and item table); "
             "rebuild the cache with this version of octstage"
         )
+    if columnar_form and table is None:
+        raise ManifestError(f"{source}: a manifest header without its item table")
     try:
         header = Header(**data["header"])
         if header.cache_version != CACHE_VERSION:
@@ -109,14 +145,41 @@ def from_dict(data: dict[str, Any], source: str = "<manifest>") -> Manifest:
                 f"{source}: manifest kind {kind!r} is not one of {', '.join(KINDS)}; "
                 "upgrade octstage or rebuild the cache"
             )
-        volumes = tuple(_volume_from_dict(v) for v in data["volumes"])
-        fields = tuple(_field_from_dict(f) for f in data.get("fields", ()))
+        volumes: Sequence[Volume]
+        fields: Sequence[Field]
+        if columnar_form:
+            assert table is not None
+            volumes, fields = _items(data, kind, source, table)
+        else:
+            volumes = tuple(_volume_from_dict(v) for v in data["volumes"])
+            fields = tuple(_field_from_dict(f) for f in data.get("fields", ()))
         rejected = tuple(Rejected(**r) for r in data["rejected"])
         classes = tuple(str(c) for c in data["classes"])
         concepts = tuple(Concept(**c) for c in data.get("concepts", ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{source}: malformed manifest: {exc!r}") from exc
     return Manifest(header, classes, volumes, rejected, concepts=concepts, kind=kind, fields=fields)
+
+
+def _items(
+    data: dict[str, Any], kind: str, source: str, table: Path | bytes
+) -> tuple[Sequence[Volume], Sequence[Field]]:
+    """The table's items as a lazy ``ItemTable``: fields (Cell Painting) or volumes (OCT)."""
+    info = data["table"]
+    if not isinstance(info, dict) or info.get("format") != TABLE_FORMAT:
+        raise ManifestError(f"{source}: table {info!r} is not a {TABLE_FORMAT} item table")
+    arrow = read_items(table, kind, f"{source}: {info.get('path')}", info)
+    if kind == "cellpainting":
+        return (), ItemTable(arrow, _field_row)
+    return ItemTable(arrow, _volume_row), ()
+
+
+def _field_row(d: dict[str, Any]) -> Field:
+    return _field_from_dict(json_row(d))
+
+
+def _volume_row(d: dict[str, Any]) -> Volume:
+    return _volume_from_dict(json_row(d))
 
 
 def _volume_from_dict(d: dict[str, Any]) -> Volume:
@@ -130,7 +193,8 @@ def _volume_from_dict(d: dict[str, Any]) -> Volume:
 
 
 def load(path: str | os.PathLike[str]) -> Manifest:
-    """Read and check a manifest file from local disk (no remote calls, no listing)."""
+    """Read and check a manifest file from local disk (no remote calls, no listing): the JSON
+    form, or the columnar form's header and the item table it names beside it."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -140,9 +204,42 @@ def load(path: str | os.PathLike[str]) -> Manifest:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{p}: not valid JSON: {exc}") from exc
-    return from_dict(data, source=str(p))
+    table = None
+    if isinstance(data, dict) and "table" in data:
+        table = p.parent / _table_name(data["table"], str(p))
+    return from_dict(data, source=str(p), table=table)
 
 
-def write(manifest: Manifest, path: str | os.PathLike[str]) -> None:
-    """Write atomically: a reader sees the old file or the complete new one, never a part."""
-    atomic_write_text(Path(path), json.dumps(to_dict(manifest), indent=1, sort_keys=False) + "\n")
+def _table_name(info: Any, source: str) -> str:
+    """The table's file name from a header: a plain name beside the header, nothing else."""
+    name = info.get("path") if isinstance(info, dict) else None
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ManifestError(f"{source}: table path {name!r} is not a file name beside the header")
+    return name
+
+
+def write(manifest: Manifest, path: str | os.PathLike[str], form: str = "json") -> None:
+    """Write atomically: a reader sees the old file or the complete new one, never a part.
+    ``form`` "table": the items go first into ``<stem>.items.parquet`` beside ``path`` (one row
+    group at a time), then the header naming it, last."""
+    p = Path(path)
+    if form not in FORMS:
+        raise ManifestError(f"manifest form {form!r} is not one of {', '.join(FORMS)}")
+    if form == "json":
+        text = json.dumps(to_dict(manifest), indent=1, sort_keys=False)
+    else:
+        info = write_items(p.with_name(items_name(p)), manifest.kind, item_rows(manifest))
+        text = json.dumps(to_header(manifest, info), indent=1, sort_keys=False)
+    atomic_write_text(p, text + "\n")
+
+
+def header_bytes(manifest: Manifest, form: str, put: Callable[[str, Path], None]) -> bytes:
+    """The manifest file's bytes in ``form`` for a cache in a bucket; the table (form "table")
+    is built in a local temporary folder and handed to ``put(name, path)`` before."""
+    if form == "json":
+        return (json.dumps(to_dict(manifest), indent=1) + "\n").encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / items_name(Path("manifest.json"))
+        info = write_items(local, manifest.kind, item_rows(manifest))
+        put(info.path, local)
+    return (json.dumps(to_header(manifest, info), indent=1) + "\n").encode()

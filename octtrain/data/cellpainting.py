@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from octstage.manifest import CommonRows, ItemTable
 from octtrain.config.dino import CropConfig
 from octtrain.config.sections import DataConfig
 from octtrain.data.arrayread import CachedArray, open_array
@@ -53,6 +54,21 @@ class FieldRecord(Protocol):
     def label(self) -> int | None: ...
     @property
     def split(self) -> str: ...
+
+
+def field_records(fields: Sequence[FieldRecord]) -> Sequence[FieldRecord]:
+    """What the dataset keeps of its fields: of the columnar manifest (an ``ItemTable``), the
+    common part as arrays (``CommonRows``: no Python object per field for loader workers to
+    copy on write); any other sequence as it is."""
+    return fields.common() if isinstance(fields, ItemTable) else fields
+
+
+def field_shapes(fields: Sequence[FieldRecord]) -> np.ndarray:
+    """Every field's ``[C, Y, X]``, in order, as an ``[n, 3]`` array (of ``CommonRows``: its
+    own array, no record built)."""
+    if isinstance(fields, CommonRows):
+        return fields.shapes
+    return np.array([tuple(f.shape) for f in field_records(fields)], dtype=np.int64).reshape(-1, 3)
 
 
 def _shape(
@@ -184,17 +200,20 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
         mask_ratio: tuple[float, float] = (0.1, 0.5),
         max_samples: int | None = None,
     ) -> None:
-        self.fields = list(fields)[:max_samples]
+        # A slice, not a list: the columnar manifest's fields stay arrays (CommonRows) that
+        # loader workers share; ``self.fields[i]`` builds one record when read.
+        self.fields = field_records(fields)[:max_samples]
         self.cache_root = Path(cache_root)
         self.crops, self.patch = crops, patch
         self.mask_probability, self.mask_ratio = mask_probability, mask_ratio
-        for f in self.fields:
-            _, h, w = f.shape
-            if min(h, w) < crops.global_size:
-                raise DataError(
-                    f"{f.zarr_path}: field {h}x{w} is smaller than crops.global_size "
-                    f"{crops.global_size}"
-                )
+        shapes = field_shapes(self.fields)
+        small = np.flatnonzero(shapes[:, 1:].min(axis=1, initial=1 << 62) < crops.global_size)
+        if len(small):
+            _, h, w = shapes[small[0]]
+            raise DataError(
+                f"{self.fields[int(small[0])].zarr_path}: field {h}x{w} is smaller than "
+                f"crops.global_size {crops.global_size}"
+            )
 
     def __len__(self) -> int:
         return len(self.fields)

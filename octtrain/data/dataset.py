@@ -126,7 +126,7 @@ class ManifestDataset(Dataset[dict[str, Any]]):
     ) -> None:
         volumes = manifest.volumes if split is None else manifest.split(split)
         self.target_key = None if target_concept is None else str(target_concept)
-        self.volumes: tuple[Volume, ...] = volumes[:max_samples]
+        self.volumes: Sequence[Volume] = volumes[:max_samples]
         self.cache_root = Path(cache_root)
         self.transform = transform
         self.split = split

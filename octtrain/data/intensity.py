@@ -15,7 +15,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from octstage.manifest import Intensity
+import numpy as np
+import pyarrow.compute as pc
+
+from octstage.manifest import CommonRows, Intensity, ItemTable
 
 log = logging.getLogger("octtrain")
 
@@ -37,9 +40,17 @@ class InputStats:
 
 def pooled(items: Sequence[object], channels: int, what: str = "the train split") -> InputStats:
     """The pooled statistics of the manifest items (Volumes or Fields) that record them; the
-    default (with a warning) when none does."""
-    found = [getattr(i, "intensity", None) for i in items]
-    measured = [m for m in found if isinstance(m, Intensity) and len(m.mean) == channels]
+    default (with a warning) when none does. Items of the columnar manifest (an ``ItemTable``)
+    and their ``CommonRows`` are pooled from the intensity column, building no item."""
+    if isinstance(items, (ItemTable, CommonRows)):
+        means, stds = _columns(items, channels)
+        measured: Sequence[object] = range(len(means))
+    else:
+        found = [getattr(i, "intensity", None) for i in items]
+        stats = [m for m in found if isinstance(m, Intensity) and len(m.mean) == channels]
+        means = np.array([m.mean for m in stats], dtype="float64").reshape(-1, channels)
+        stds = np.array([m.std for m in stats], dtype="float64").reshape(-1, channels)
+        measured = stats
     if not measured:
         log.warning(
             "the manifest records no intensity statistics for %s (built before octstage "
@@ -58,7 +69,24 @@ def pooled(items: Sequence[object], channels: int, what: str = "the train split"
             len(measured),
         )
     n = len(measured)
-    mean = [sum(m.mean[c] for m in measured) / n for c in range(channels)]
-    square = [sum(m.std[c] ** 2 + m.mean[c] ** 2 for m in measured) / n for c in range(channels)]
+    mean = [float(x) for x in means.mean(axis=0)]
+    square = [float(x) for x in (stds**2 + means**2).mean(axis=0)]
     std = [math.sqrt(max(q - mu**2, 0.0)) for q, mu in zip(square, mean, strict=True)]
     return InputStats(tuple(mean), tuple(std), n)
+
+
+def _columns(items: ItemTable[object] | CommonRows, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(means, stds)`` ``[n, channels]`` of the rows whose intensity has ``channels`` values."""
+    column = (
+        items.intensity
+        if isinstance(items, CommonRows)
+        else items.column_array("intensity").combine_chunks()
+    )
+    mean, std = pc.struct_field(column, "mean"), pc.struct_field(column, "std")
+    keep = pc.and_(column.is_valid(), pc.equal(pc.list_value_length(mean), channels))
+    keep = pc.fill_null(keep, False)
+    out = []
+    for part in (mean, std):
+        values = pc.list_flatten(part.filter(keep)).to_numpy(zero_copy_only=False)
+        out.append(np.asarray(values, dtype="float64").reshape(-1, channels))
+    return out[0], out[1]

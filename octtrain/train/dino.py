@@ -34,7 +34,14 @@ from torch.distributed.tensor import DTensor
 from octstage.manifest import Manifest
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import to_dict
-from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, fields_loader, to_views
+from octtrain.data.cellpainting import (
+    CellPaintingDataset,
+    FieldRecord,
+    field_records,
+    field_shapes,
+    fields_loader,
+    to_views,
+)
 from octtrain.data.dataset import read_manifest
 from octtrain.data.intensity import pooled
 from octtrain.errors import CheckpointError, ConfigError, DataError
@@ -65,14 +72,15 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors
 FULL_IN = StateDictOptions(full_state_dict=True)
 
 
-def manifest_fields(manifest: Manifest, split: str) -> list[FieldRecord]:
-    """The Cell Painting fields of ``split``; DataError for a manifest of another kind."""
+def manifest_fields(manifest: Manifest, split: str) -> Sequence[FieldRecord]:
+    """The Cell Painting fields of ``split`` (of the columnar manifest: a view of its table);
+    DataError for a manifest of another kind."""
     if manifest.kind != "cellpainting" or not manifest.fields:
         raise DataError(
             f"the manifest (kind {manifest.kind!r}) lists no Cell Painting fields; job 'dino' "
             "needs a cache built with `octstage build-cache` from a Cell Painting load-data table"
         )
-    return list(manifest.split_fields(split))
+    return field_records(manifest.split_fields(split))
 
 
 def collapse_entropies(probs: torch.Tensor) -> dict[str, float]:
@@ -116,7 +124,7 @@ class DinoJob:
         self.local_batch = hosts.local_batch(cfg.data.batch_size, backend)
         if not train:
             raise DataError(f"the manifest has no fields in split {cfg.data.train_split!r}")
-        channels = {f.shape[0] for f in train}
+        channels = {int(c) for c in np.unique(field_shapes(train)[:, 0])}
         if len(channels) != 1:
             raise DataError(f"fields with different channel counts: {sorted(channels)}")
         in_chans = cfg.model.in_chans or channels.pop()

@@ -302,3 +302,17 @@ def test_rejections_stored_before_verdicts_were_classified_are_decided_again(
     assert load_reject(cache, sha1, name) is None
     path.write_text(json.dumps({**old, "header": None, "format": REJECT_FORMAT}))
     assert load_reject(cache, sha1, name) == "DICOM: decode failed"
+
+
+def test_a_rebuild_in_the_columnar_form_lists_the_same_volumes(
+    built: Built, tmp_path: Path
+) -> None:
+    cache = copy_cache(built, tmp_path / "cache")
+    code, summary = build(built.src, cache, manifest_form="table")
+    assert code == built.code and summary["decoded"] == 0
+    m = mf.load(cache / "manifest.json")
+    assert isinstance(m.volumes, mf.ItemTable)
+    assert list(m.volumes) == list(built.manifest.volumes) and m.rejected == built.manifest.rejected
+    assert m.split("train") == built.manifest.split("train")
+    report = verify(cache / "manifest.json")
+    assert report.ok and report.schema == "valid", report

@@ -309,3 +309,23 @@ def test_an_option_of_the_other_kind_is_refused_not_ignored(
     assert main([*args, *extra]) == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_build_cache_writes_the_columnar_form_when_asked(
+    s3_twin: str, twin: tuple[Path, TwinInfo], tmp_path: Path
+) -> None:
+    root, info = twin
+    cache = tmp_path / "cache"
+    rc = main(
+        ["build-cache", "--kind", "cellpainting", "--source", s3_twin, "--out", str(cache),
+         "--metadata", str(root.parent / info.metadata), "--manifest-form", "table"]
+    )  # fmt: skip
+    assert rc == 1  # the planted truncated TIFF
+    header = json.loads((cache / "manifest.json").read_text())
+    assert header["schema_version"] == 2 and "fields" not in header
+    m = mf.load(cache / "manifest.json")
+    assert isinstance(m.fields, mf.ItemTable) and len(m.fields) == info.fields - 1
+    assert header["table"]["rows"] == len(m.fields)
+    assert mf.check(m, "cellpainting") == []
+    report = verify(cache / "manifest.json")
+    assert report.ok and report.schema == "valid" and report.verified == len(m.fields)

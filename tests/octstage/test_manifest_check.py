@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -178,3 +179,42 @@ def test_a_participant_in_train_and_test_stops_whatever_scores_or_stores_splits(
     )
     with pytest.raises(ValueError, match=f"{consumer} refuses this manifest: split"):
         mf.refuse(leaking, "m.json", consumer, ValueError, "oct")
+
+
+def _as_table(m: mf.Manifest, folder: Path) -> mf.Manifest:
+    """``m`` written in the columnar form and read back (its items an ItemTable)."""
+    mf.write(m, folder / "manifest.json", form="table")
+    loaded = mf.load(folder / "manifest.json")
+    assert isinstance(loaded.items, mf.ItemTable)
+    return loaded
+
+
+EXTRA_CP_CASES = {
+    "not uint8": lambda f: _set(f, 2, dtype="uint16"),
+    "shape of another field": lambda f: _set(f, 2, shape=(5, 32, 64)),
+    "a zero size": lambda f: _set(f, 0, shape=(5, 0, 64)),
+    "a short path": lambda f: _set(f, 1, zarr_path="fields/x.ome.zarr"),
+    "a perturbation outside the classes": lambda f: _set(f, 1, perturbation="JCP2022_9"),
+    "fewer sources than channels": lambda f: _set(f, 1, sources=f[1].sources[:3]),
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [c for c, _, _ in OCT_CASES.values()] + [lambda v: None],
+    ids=[*OCT_CASES, "clean"],
+)
+def test_the_columnar_form_has_the_same_oct_findings(change, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    m = _oct(change)
+    assert mf.check(_as_table(m, tmp_path), "oct") == mf.check(m, "oct")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [c for c, _, _ in CP_CASES.values()] + list(EXTRA_CP_CASES.values()) + [lambda f: None],
+    ids=[*CP_CASES, *EXTRA_CP_CASES, "clean"],
+)
+def test_the_columnar_form_has_the_same_cell_painting_findings(change, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    m = _cp(change)
+    found = mf.check(_as_table(m, tmp_path), "cellpainting")
+    assert found == mf.check(m, "cellpainting")

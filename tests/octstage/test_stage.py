@@ -321,3 +321,44 @@ def test_a_changed_but_decodable_volume_is_caught_at_the_source_and_on_the_ssd(
     code, report = stage(str(tiny_cache), dst, tmp_path)
     assert code == 0 and report["downloaded"] == 1 and report["present"] == 7
     assert run_verify(dst / "manifest.json") == 0
+
+
+def columnar_copy(cache: Path, dst: Path) -> Path:
+    """A copy of ``cache`` whose manifest is the columnar form (header and item table)."""
+    shutil.copytree(cache, dst)
+    mf.write(mf.load(dst / "manifest.json"), dst / "manifest.json", form="table")
+    return dst
+
+
+def test_stage_copies_a_columnar_manifest_table_before_its_header(
+    tiny_cache: Path, tmp_path: Path
+) -> None:
+    src = columnar_copy(tiny_cache, tmp_path / "src")
+    code, report = stage(str(src), tmp_path / "ssd", tmp_path)
+    assert code == 0 and report["downloaded"] == 8
+    staged = tmp_path / "ssd"
+    assert (staged / "manifest.items.parquet").read_bytes() == (
+        src / "manifest.items.parquet"
+    ).read_bytes()
+    assert mf.load(staged / "manifest.json") == mf.load(tiny_cache / "manifest.json")
+    assert run_verify(staged / "manifest.json") == 0
+
+
+def test_stage_refuses_an_item_table_of_another_build(tiny_cache: Path, tmp_path: Path) -> None:
+    src = columnar_copy(tiny_cache, tmp_path / "src")
+    header = json.loads((src / "manifest.json").read_text())
+    header["table"]["sha256"] = "0" * 64
+    (src / "manifest.json").write_text(json.dumps(header))
+    with pytest.raises(mf.ManifestError, match=r"SHA-256 .* the header says 0000"):
+        run_stage(str(src), tmp_path / "ssd", transfers=2)
+    assert not (tmp_path / "ssd").exists()
+
+
+def test_a_stage_stopped_between_the_table_and_the_header_resumes(
+    tiny_cache: Path, tmp_path: Path
+) -> None:
+    src = columnar_copy(tiny_cache, tmp_path / "src")
+    assert stage(str(src), tmp_path / "ssd", tmp_path)[0] == 0
+    (tmp_path / "ssd" / "manifest.json").unlink()  # killed after the table, before the header
+    code, report = stage(str(src), tmp_path / "ssd", tmp_path)
+    assert code == 0 and report["present"] == 8 and report["manifest_written"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 import zarr
 
+from octstage import manifest
 from octtrain.config.dino import CropConfig
 from octtrain.data.cellpainting import (
     CellPaintingDataset,
@@ -18,6 +19,7 @@ from octtrain.data.cellpainting import (
     sample_region,
     to_views,
 )
+from octtrain.data.intensity import pooled
 from octtrain.errors import ConfigError, DataError
 from tests.octtrain.cell_cache import CellField, write_cell_cache
 
@@ -173,6 +175,34 @@ def test_a_field_whose_shard_is_gone_is_a_data_error_not_zeros(tmp_path: Path) -
         ds[(0, 1)]
     with pytest.raises(DataError, match="is missing"):
         ds[0]
+
+
+def test_the_columnar_manifest_gives_the_same_items_without_a_list_of_fields(
+    tmp_path: Path,
+) -> None:
+    """Both manifest forms feed the dataset the same fields; the columnar one stays a table
+    view (no list of per-field objects for loader workers to copy), and a DataLoader worker
+    (a forked process) reads its items."""
+    write_cell_cache(tmp_path, n=8)
+    path = tmp_path / "manifest.json"
+    as_json = manifest.load(path)
+    manifest.write(as_json, path, form="table")
+    as_table = manifest.load(path)
+    train = as_table.split_fields("train")
+    assert isinstance(train, manifest.ItemTable)
+    ds = CellPaintingDataset(train, tmp_path, CROPS, patch=4)
+    reference = CellPaintingDataset(as_json.split_fields("train"), tmp_path, CROPS, patch=4)
+    assert isinstance(ds.fields, manifest.CommonRows) and len(ds) == len(reference) == 6
+    assert ds.fields[4] == manifest.CommonRecord(
+        **{
+            k: getattr(reference.fields[4], k)
+            for k in ("zarr_path", "shape", "split", "label", "intensity")
+        }
+    )
+    assert torch.equal(ds[(3, 5)]["global"], reference[(3, 5)]["global"])
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
+    assert [int(item["index"]) for item in loader] == list(range(6))
+    assert pooled(train, 5) == pooled(list(as_json.split_fields("train")), 5)
 
 
 def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> int:

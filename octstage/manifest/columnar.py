@@ -1,0 +1,241 @@
+"""A manifest's items as a Parquet table: the columnar form, for caches of a million items.
+
+The JSON form holds every item in one document: ~2.4 KB of JSON and ~13 KB of Python objects
+per Cell Painting field, parsed whole before the first step and copied into every loader worker
+that touches the objects (reference counts write to their pages). The columnar form keeps the
+small things (kind, classes, provenance, rejected sources) in the JSON header and the items in a
+Parquet file beside it (``ITEMS_SUFFIX``), one row per item, columns typed per kind
+(``ARROW_SCHEMAS``): the common part (``item_id``/ids, ``split``, ``label``, ``zarr_path``,
+``shape``, ``dtype``, ``checksum``, ``cache_key``, sources) plus the kind's own columns.
+
+``write_items`` streams items into row groups (``ROWS_PER_GROUP`` at a time: never the whole
+list as dicts); the header, which names the table with its row count, size and SHA-256, is
+written after it, so a reader that finds a header finds a complete table. ``read_items`` checks
+a table against its header from the footer alone; ``Columns`` reads each column when first used
+(``itemtable`` builds the sequence of items over them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from octstage.errors import ManifestError
+from octstage.outputs import ITEMS_SUFFIX  # manifest.json -> manifest.items.parquet
+
+ROWS_PER_GROUP = 16384  # rows per Parquet row group: what a writer holds as dicts at once
+FORMAT = "parquet"
+# The Parquet path of the sources' file paths alone: what the checks read of ``sources`` (a
+# tenth of its bytes without the hashes, channels and sizes).
+SOURCE_PATHS = "sources.list.element.path"
+
+_NORM = pa.struct([(k, pa.float64()) for k in ("p_low", "p_high", "low", "high")])
+_INTENSITY = pa.struct([("mean", pa.list_(pa.float64())), ("std", pa.list_(pa.float64()))])
+_SOURCE = pa.struct(
+    [("channel", pa.string()), ("path", pa.string()), ("sha1", pa.string()), ("size", pa.int64())]
+)
+_SHAPE = pa.list_(pa.int64())
+# One typed schema per kind; the column names are the JSON form's keys (one vocabulary).
+ARROW_SCHEMAS: dict[str, pa.Schema] = {
+    "cellpainting": pa.schema(
+        [
+            ("item_id", pa.string()),
+            ("split", pa.string()),
+            ("label", pa.int64()),
+            ("zarr_path", pa.string()),
+            ("shape", _SHAPE),
+            ("dtype", pa.string()),
+            ("checksum", pa.string()),
+            ("cache_key", pa.string()),
+            ("sources", pa.list_(_SOURCE)),
+            ("source", pa.string()),
+            ("batch", pa.string()),
+            ("plate", pa.string()),
+            ("well", pa.string()),
+            ("site", pa.int64()),
+            ("channels", pa.list_(pa.string())),
+            ("perturbation", pa.string()),
+            ("perturbation_type", pa.string()),
+            ("is_control", pa.bool_()),
+            ("normalization", pa.list_(_NORM)),
+            ("illum", pa.list_(_SOURCE)),
+            ("source_dtype", pa.string()),
+            ("intensity", _INTENSITY),
+        ]
+    ),
+    "oct": pa.schema(
+        [
+            ("participant_id", pa.string()),
+            ("device", pa.string()),
+            ("laterality", pa.string()),
+            ("protocol", pa.string()),
+            ("split", pa.string()),
+            ("study_group", pa.string()),
+            ("label", pa.int64()),
+            ("source_path", pa.string()),
+            ("source_sha1", pa.string()),
+            ("source_size", pa.int64()),
+            ("transfer_syntax", pa.string()),
+            ("source_shape", _SHAPE),
+            ("spacing_mm", pa.list_(pa.float64())),
+            ("zarr_path", pa.string()),
+            ("shape", _SHAPE),
+            ("dtype", pa.string()),
+            ("normalization", _NORM),
+            ("checksum", pa.string()),
+            ("cache_key", pa.string()),
+            ("device_model", pa.string()),
+            ("anatomic_region", pa.string()),
+            ("scan_size", pa.string()),
+            ("clinical", pa.map_(pa.string(), pa.float64())),
+            ("intensity", _INTENSITY),
+        ]
+    ),
+}
+# Columns with few distinct values: read as Arrow dictionaries (one copy of each string).
+_DICTIONARY = ("split", "dtype", "source", "batch", "plate", "perturbation_type", "source_dtype")
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """What the header says of its table: file name (beside the header), rows, bytes, hash."""
+
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, **self.__dict__}
+
+
+def items_name(header: Path) -> str:
+    """The table's file name for a header file: ``manifest.json`` -> ``manifest.items.parquet``."""
+    return Path(header.name).stem + ITEMS_SUFFIX
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_items(
+    path: Path, kind: str, rows: Iterable[dict[str, Any]], rows_per_group: int = ROWS_PER_GROUP
+) -> TableInfo:
+    """Stream ``rows`` (the JSON form's item dicts) into the Parquet table at ``path``, one row
+    group at a time, atomically (a ``.partial`` file renamed once closed)."""
+    schema = ARROW_SCHEMAS[kind]
+    partial = path.with_name(f".{path.name}.partial")
+    count = 0
+    try:
+        with pq.ParquetWriter(partial, schema, compression="zstd") as writer:
+            batch: list[dict[str, Any]] = []
+            for row in rows:
+                batch.append(row)
+                if len(batch) >= rows_per_group:
+                    writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+                    count, batch = count + len(batch), []
+            if batch or not count:
+                writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+                count += len(batch)
+        with open(partial, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return TableInfo(path.name, count, path.stat().st_size, file_sha256(path))
+
+
+class Columns:
+    """An item table's columns, each read when first asked for (from the file, memory-mapped, or
+    from its bytes) and kept unless asked not to: a trainer reads the few it uses, never the
+    source files' paths and hashes. Views of one table share one ``Columns``."""
+
+    def __init__(self, source: Path | bytes, kind: str, rows: int) -> None:
+        self.source, self.kind, self.rows = source, kind, rows
+        self.names: list[str] = ARROW_SCHEMAS[kind].names
+        self.kept: dict[str, pa.ChunkedArray] = {}
+        self.scratch: dict[str, pa.ChunkedArray] = {}
+
+    def get(self, name: str, keep: bool = True) -> pa.ChunkedArray:
+        """One column (a low-cardinality one as an Arrow dictionary), or one leaf of a nested
+        column by its Parquet path (``SOURCE_PATHS``: a list of structs holding only it).
+        Not kept (``keep`` False), it stays until ``release``: one check reads it once."""
+        for cache in (self.kept, self.scratch):
+            if name in cache:  # not ``or``: an empty column is falsy
+                return cache[name]
+        source = pa.BufferReader(self.source) if isinstance(self.source, bytes) else self.source
+        dictionary = [name] if name in _DICTIONARY else None
+        reader = pq.ParquetFile(source, memory_map=True, read_dictionary=dictionary)
+        column = reader.read(columns=[name]).column(0)
+        (self.kept if keep else self.scratch)[name] = column
+        return column
+
+    def release(self) -> None:
+        """Forget the columns read without ``keep`` (a check's, not a trainer's), and hand the
+        memory they took back to the system (Arrow's allocator keeps freed pages otherwise)."""
+        self.scratch.clear()
+        pa.default_memory_pool().release_unused()
+
+    def table(self) -> pa.Table:
+        """Every column (all read and kept)."""
+        return pa.table({name: self.get(name) for name in self.names})
+
+
+def read_items(source: Path | bytes, kind: str, where: str, info: dict[str, Any]) -> Columns:
+    """The table a header names (a file, or its bytes), checked against the header (size, row
+    count) and the kind's schema from its footer alone; a mismatch is a ManifestError naming
+    ``where``. Columns are read later, each when first used (``Columns``)."""
+    try:
+        size = len(source) if isinstance(source, bytes) else source.stat().st_size
+        # The size first: a table of another build, or a partial copy, is named as such.
+        if size != info.get("bytes"):
+            raise ManifestError(
+                f"{where}: the item table is {size} bytes, the header says {info.get('bytes')} "
+                "(a table of another build, or a partial copy): rebuild or restage the cache"
+            )
+        reader = pq.ParquetFile(pa.BufferReader(source) if isinstance(source, bytes) else source)
+        rows, schema = reader.metadata.num_rows, reader.schema_arrow
+    except (OSError, pa.ArrowException) as exc:
+        raise ManifestError(f"{where}: cannot read the manifest's item table: {exc}") from None
+    if rows != info.get("rows"):
+        raise ManifestError(
+            f"{where}: the item table has {rows} rows, the header says {info.get('rows')}"
+        )
+    expected = ARROW_SCHEMAS[kind]
+    if not schema.equals(expected):
+        raise ManifestError(
+            f"{where}: item table columns {schema.names} differ from a {kind!r} manifest's "
+            f"({expected.names}) or their types: upgrade octstage or rebuild the cache"
+        )
+    return Columns(source, kind, rows)
+
+
+def _dictionary(kind: str) -> list[str]:
+    return [c for c in _DICTIONARY if c in ARROW_SCHEMAS[kind].names]
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """A dictionary column's value type; any other type as it is."""
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def json_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A table row as the JSON form's item dict: an unmeasured ``intensity`` (null) is absent,
+    the ``clinical`` map (read as key-value pairs) an object."""
+    if row.get("intensity") is None:
+        row.pop("intensity", None)
+    if "clinical" in row:
+        row["clinical"] = dict(row["clinical"] or ())
+    return row

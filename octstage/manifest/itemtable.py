@@ -1,0 +1,204 @@
+"""A loaded columnar manifest's items: ``ItemTable``, and ``CommonRows`` for a trainer.
+
+``ItemTable`` is what a loaded columnar manifest's ``fields`` (or ``volumes``) is: a read-only
+``Sequence`` over the item table's columns (``columnar.Columns``, each read when first used)
+that builds one item's dataclass when asked, with ``column``/``where``/``take`` that build none.
+``CommonRows`` holds the few columns a trainer reads as Arrow and numpy arrays, so a trainer and
+its forked loader workers share buffers that no reference count writes to (the JSON form's
+per-item objects are copied page by page into every worker that touches them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octstage.manifest.columnar import Columns, json_row, plain_type
+from octstage.manifest.model import Intensity
+
+T = TypeVar("T")
+
+
+def shape_array(column: pa.Array) -> np.ndarray:
+    """A ``shape`` column (lists of 3 sizes) as an ``[n, 3]`` int64 array; a row without 3
+    sizes is a ValueError (the manifest's check refuses such rows before a trainer gets here)."""
+    values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+    if len(values) != 3 * len(column):
+        raise ValueError("a shape without 3 sizes")
+    return np.asarray(values, dtype=np.int64).reshape(-1, 3)
+
+
+class ItemTable(Sequence[T], Generic[T]):
+    """A read-only sequence of a manifest's items over its Arrow columns: ``table[i]`` builds
+    the item's dataclass (``convert`` of the row's dict) when asked; slices and ``where`` are
+    views (row numbers in an Arrow array). ``column`` gives one column's values and ``common``
+    the few columns a trainer reads, without building any item."""
+
+    def __init__(
+        self,
+        columns: Columns,
+        convert: Callable[[dict[str, Any]], T],
+        index: pa.Array | None = None,
+    ) -> None:
+        self._columns = columns
+        self._convert = convert
+        self._index = index  # row numbers of the view; None: every row, in order
+
+    @property
+    def table(self) -> pa.Table:
+        """The rows of this view as an Arrow table (every column read)."""
+        table = self._columns.table()
+        return table if self._index is None else table.take(self._index)
+
+    def __len__(self) -> int:
+        return self._columns.rows if self._index is None else len(self._index)
+
+    def _row(self, n: int) -> int:
+        return n if self._index is None else int(self._index[n].as_py())
+
+    @overload
+    def __getitem__(self, key: int) -> T: ...
+    @overload
+    def __getitem__(self, key: slice) -> ItemTable[T]: ...
+    def __getitem__(self, key: int | slice) -> T | ItemTable[T]:
+        if isinstance(key, slice):
+            rows = pa.array(range(len(self))[key], pa.int64())
+            index = rows if self._index is None else self._index.take(rows)
+            return ItemTable(self._columns, self._convert, index)
+        n = len(self)
+        if not -n <= key < n:
+            raise IndexError(f"item {key} of {n}")
+        row = self._row(key % n)
+        names = self._columns.names
+        return self._convert({name: self._columns.get(name)[row].as_py() for name in names})
+
+    def __iter__(self) -> Iterator[T]:
+        for batch in self.table.to_batches(max_chunksize=4096):
+            for row in batch.to_pylist():
+                yield self._convert(row)
+
+    def json_rows(self) -> Iterator[dict[str, Any]]:
+        """The rows as the JSON form's item dicts (what the JSON Schema's $defs describe)."""
+        for batch in self.table.to_batches(max_chunksize=4096):
+            for row in batch.to_pylist():
+                yield json_row(row)
+
+    def column(self, name: str, keep: bool = True) -> list[Any]:
+        """One column's values, in order (Python values; no item is built)."""
+        values: list[Any] = self.column_array(name, keep).to_pylist()
+        return values
+
+    def column_array(self, name: str, keep: bool = True) -> pa.ChunkedArray:
+        """One column as Arrow (dictionary columns decoded); ``keep``: cache it for reuse."""
+        col = self._columns.get(name, keep)
+        if self._index is not None:
+            col = col.take(self._index)
+        return col.cast(plain_type(col.type)) if pa.types.is_dictionary(col.type) else col
+
+    def release(self) -> None:
+        """Forget the columns read without ``keep`` (see ``Columns.release``)."""
+        self._columns.release()
+
+    def take(self, rows: Sequence[int]) -> ItemTable[T]:
+        """The view of the given rows (of this view), in the given order."""
+        take = pa.array(rows, pa.int64())
+        return ItemTable(
+            self._columns, self._convert, take if self._index is None else self._index.take(take)
+        )
+
+    def where(self, name: str, value: object) -> ItemTable[T]:
+        """The view of the items whose column ``name`` equals ``value``, in order."""
+        mask = pc.equal(self.column_array(name), pa.scalar(value))
+        rows = pc.indices_nonzero(pc.fill_null(mask, False))
+        index = rows if self._index is None else self._index.take(rows)
+        return ItemTable(self._columns, self._convert, index)
+
+    def common(self) -> CommonRows:
+        """The items' common part a trainer reads (path, shape, split, label, intensity), as
+        arrays; one small record is built per item when it is read."""
+        return CommonRows(
+            self.column_array("zarr_path").combine_chunks(),
+            shape_array(self.column_array("shape").combine_chunks()),
+            self.column_array("split").combine_chunks(),
+            self.column_array("label").combine_chunks(),
+            self.column_array("intensity").combine_chunks(),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-equality container, like a list
+
+    def __repr__(self) -> str:
+        return f"ItemTable({len(self)} rows)"
+
+
+@dataclass(frozen=True)
+class CommonRecord:
+    """The common part of one item that a trainer reads (see ``ItemTable.common``)."""
+
+    zarr_path: str
+    shape: tuple[int, ...]
+    split: str
+    label: int | None
+    intensity: Intensity | None
+
+    @property
+    def array_path(self) -> str:
+        return f"{self.zarr_path}/0"
+
+
+class CommonRows(Sequence[CommonRecord]):
+    """Items' common part as Arrow arrays and one numpy array of shapes: ``rows[i]`` builds one
+    ``CommonRecord``. Nothing here is a Python object per item, so forked loader workers share
+    these buffers instead of copying pages that reference counts write to."""
+
+    def __init__(
+        self,
+        zarr_path: pa.Array,
+        shapes: np.ndarray,
+        split: pa.Array,
+        label: pa.Array,
+        intensity: pa.Array,
+    ) -> None:
+        self.zarr_path, self.shapes, self.split = zarr_path, shapes, split
+        self.label, self.intensity = label, intensity
+
+    def __len__(self) -> int:
+        return len(self.zarr_path)
+
+    @overload
+    def __getitem__(self, key: int) -> CommonRecord: ...
+    @overload
+    def __getitem__(self, key: slice) -> CommonRows: ...
+    def __getitem__(self, key: int | slice) -> CommonRecord | CommonRows:
+        if isinstance(key, slice):
+            rows = range(len(self))[key]
+            s = slice(rows.start, rows.stop, rows.step)
+            take = pa.array(rows, pa.int64())
+            return CommonRows(
+                self.zarr_path.take(take),
+                self.shapes[s],
+                self.split.take(take),
+                self.label.take(take),
+                self.intensity.take(take),
+            )
+        n = len(self)
+        if not -n <= key < n:
+            raise IndexError(f"item {key} of {n}")
+        key %= n
+        stats = self.intensity[key].as_py()
+        return CommonRecord(
+            self.zarr_path[key].as_py(),
+            tuple(int(x) for x in self.shapes[key]),
+            self.split[key].as_py(),
+            self.label[key].as_py(),
+            None if stats is None else Intensity(tuple(stats["mean"]), tuple(stats["std"])),
+        )

@@ -1,0 +1,101 @@
+"""Which rows of an item table ``checks`` must look at, found in Arrow and numpy.
+
+``checks`` holds every rule of a manifest, row by row in Python: at a million fields that loop
+alone takes longer than a trainer may wait. For the columnar form it runs only over the rows
+``suspect_rows`` returns: a superset of those a per-row rule can refuse (a shape that is not 3
+positive sizes, a dtype other than uint8, a field whose shape, channels and sources disagree, a
+field path outside its plate's folder, a label outside the classes or not its perturbation's
+class). The rules' words stay in ``checks``; a row found here and passed there is no finding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from octstage.manifest.columnar import SOURCE_PATHS
+from octstage.manifest.itemtable import ItemTable
+from octstage.manifest.itemtable import shape_array as sizes
+
+
+def suspect_rows(items: ItemTable[Any], kind: str, classes: tuple[str, ...]) -> list[int]:
+    """Row numbers of ``items`` that a per-row rule of ``checks`` may refuse, in order."""
+    shapes, three = shape_array(items)
+    bad = ~three | (three & (shapes.min(axis=1) < 1))
+    bad |= _mask(pc.not_equal(items.column_array("dtype", keep=False), "uint8"))
+    if kind == "cellpainting":
+        channels = _lengths(items, "channels")
+        sources = _lengths(items, SOURCE_PATHS)
+        bad |= (three & (shapes[:, 0] != channels)) | (sources != channels)
+        bad |= _outside_plate(items)
+        bad |= _label_suspects(items, classes)
+    return [int(n) for n in np.flatnonzero(bad)]
+
+
+def shape_array(items: ItemTable[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(shapes, three)``: ``[n, 3]`` sizes (zeros where a shape has not 3) and which have 3."""
+    column = items.column_array("shape", keep=False).combine_chunks()
+    three = _mask(pc.equal(pc.list_value_length(column), 3), default=False)
+    shapes = np.zeros((len(column), 3), dtype=np.int64)
+    shapes[three] = sizes(column.filter(pa.array(three)))
+    return shapes, three
+
+
+def first_shapes(items: ItemTable[Any]) -> dict[tuple[int, ...], int]:
+    """Each 3-size shape and the first row that has it (rows of other shapes are suspects)."""
+    shapes, three = shape_array(items)
+    rows = np.flatnonzero(three)
+    if not len(rows):
+        return {}
+    unique, first = np.unique(shapes[rows], axis=0, return_index=True)
+    return {tuple(int(x) for x in s): int(rows[i]) for s, i in zip(unique, first, strict=True)}
+
+
+def plate_splits(items: ItemTable[Any]) -> dict[str, set[str]]:
+    """The plates listed in more than one split, with their splits."""
+    table = pa.table({"plate": items.column_array("plate"), "split": items.column_array("split")})
+    grouped = table.group_by("plate").aggregate([("split", "distinct")]).to_pylist()
+    return {g["plate"]: set(g["split_distinct"]) for g in grouped if len(g["split_distinct"]) > 1}
+
+
+def _mask(values: Any, default: bool = True) -> np.ndarray:
+    """A boolean Arrow array (nulls: ``default``) as numpy."""
+    return np.asarray(pc.fill_null(values, default).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _lengths(items: ItemTable[Any], name: str) -> np.ndarray:
+    lengths = pc.fill_null(pc.list_value_length(items.column_array(name, keep=False)), -1)
+    return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _outside_plate(items: ItemTable[Any]) -> np.ndarray:
+    """Fields whose ``zarr_path`` is not ``fields/<its plate>/...``."""
+    parts = pc.split_pattern(items.column_array("zarr_path"), "/", max_splits=2).combine_chunks()
+    full = _mask(pc.equal(pc.list_value_length(parts), 3), default=False)
+    bad = ~full
+    rows = np.flatnonzero(full)
+    if len(rows):
+        take = pa.array(rows)
+        kept = parts.take(take)
+        plate = items.column_array("plate").combine_chunks().take(take)
+        wrong = pc.or_(
+            pc.not_equal(pc.list_element(kept, 0), "fields"),
+            pc.not_equal(pc.list_element(kept, 1), plate),
+        )
+        bad[rows] = _mask(wrong)
+    return bad
+
+
+def _label_suspects(items: ItemTable[Any], classes: tuple[str, ...]) -> np.ndarray:
+    """Labelled fields whose label is not the index of their perturbation in ``classes``."""
+    label = items.column_array("label").combine_chunks()
+    known = pc.index_in(
+        items.column_array("perturbation"), value_set=pa.array(classes, pa.string())
+    )
+    differs = pc.not_equal(pc.cast(known, pa.int64()), label)
+    # A null label is no finding; a perturbation outside classes (null index) is a suspect.
+    suspect: np.ndarray = _mask(label.is_valid(), default=False) & _mask(differs, default=True)
+    return suspect

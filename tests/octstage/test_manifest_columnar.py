@@ -1,0 +1,161 @@
+"""The columnar manifest: a JSON header and a Parquet item table, read like the JSON form."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pyarrow.parquet as pq
+import pytest
+
+from octstage import manifest
+from octstage.cache.verify import verify
+from octstage.errors import ManifestError
+from tests.octstage.test_manifest import SCHEMA, make_manifest, make_volume
+from tests.octstage.test_manifest_cellpainting import make_cp_manifest, make_field
+from tests.octstage.test_verify import make_cache
+
+
+def cp_fields() -> tuple[manifest.Field, ...]:
+    return (
+        make_field(),
+        make_field(well="B02", site=2),
+        manifest.Field(
+            **{**make_field("P2", split="val").__dict__, "cache_key": "p2", "label": None}
+        ),
+    )
+
+
+def oct_volumes() -> tuple[manifest.Volume, ...]:
+    a, b = make_volume(), make_volume("1002", "val", 1)
+    intensity = manifest.Intensity((12.5,), (3.25,))
+    return a, manifest.Volume(
+        **{**b.__dict__, "cache_key": "b", "clinical": {"3004410": 5.5}, "intensity": intensity}
+    )
+
+
+@pytest.mark.parametrize("kind", ["oct", "cellpainting"])
+def test_both_forms_load_to_the_same_manifest(tmp_path: Path, kind: str) -> None:
+    m = make_cp_manifest(cp_fields()) if kind == "cellpainting" else make_manifest(oct_volumes())
+    (tmp_path / "json").mkdir()
+    manifest.write(m, tmp_path / "json" / "manifest.json")
+    manifest.write(m, tmp_path / "manifest.json", form="table")
+    header = json.loads((tmp_path / "manifest.json").read_text())
+    jsonschema.validate(header, SCHEMA)
+    assert header["schema_version"] == manifest.TABLE_SCHEMA_VERSION
+    assert "volumes" not in header and "fields" not in header
+    assert header["table"]["path"] == "manifest.items.parquet"
+    assert header["table"]["rows"] == len(m.items)
+    as_json, as_table = (manifest.load(p / "manifest.json") for p in (tmp_path / "json", tmp_path))
+    assert as_json == m and as_table == m
+    assert isinstance(as_table.items, manifest.ItemTable)
+    assert list(as_table.items) == list(m.items)
+    assert as_table.items[-1] == m.items[-1] and as_table.items[1:] == m.items[1:]
+    assert manifest.check(as_table) == manifest.check(as_json)
+    assert manifest.to_dict(as_table) == manifest.to_dict(m)  # back to JSON, unchanged
+
+
+def test_split_fields_is_a_view_of_the_table(tmp_path: Path) -> None:
+    manifest.write(make_cp_manifest(cp_fields()), tmp_path / "manifest.json", form="table")
+    loaded = manifest.load(tmp_path / "manifest.json")
+    val = loaded.split_fields("val")
+    assert isinstance(val, manifest.ItemTable)
+    assert [f.item_id for f in val] == ["source_0/P2/A01/1"]
+    assert val.column("plate") == ["P2"] and val[0].label is None
+    with pytest.raises(IndexError):
+        val[1]
+
+
+def test_the_table_is_written_in_row_groups(tmp_path: Path) -> None:
+    fields = tuple(make_field(well=f"B{i:02d}", site=i) for i in range(1, 6))
+    rows = manifest.item_rows(make_cp_manifest(fields))
+    from octstage.manifest.columnar import write_items
+
+    info = write_items(tmp_path / "t.items.parquet", "cellpainting", rows, rows_per_group=2)
+    assert info.rows == 5
+    assert pq.ParquetFile(tmp_path / "t.items.parquet").num_row_groups == 3
+
+
+def test_checks_find_the_same_contradictions_in_both_forms(tmp_path: Path) -> None:
+    a = make_field()
+    twin = manifest.Field(**{**make_field(well="B02").__dict__, "sources": a.sources})
+    moved = manifest.Field(**{**make_field("P3", well="C03").__dict__, "zarr_path": a.zarr_path})
+    m = make_cp_manifest((a, twin, moved))
+    manifest.write(m, tmp_path / "manifest.json", form="table")
+    found = manifest.check(manifest.load(tmp_path / "manifest.json"))
+    assert found == manifest.check(m)
+    assert {f.check for f in found} >= {"duplicate", "shared-source"}
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: d.joinpath("manifest.items.parquet").unlink(), "cannot read"),
+        (lambda d: d.joinpath("manifest.items.parquet").write_bytes(b"PAR1"), "bytes, the header"),
+        (lambda d: _edit(d, ["table", "rows"], 7), "3 rows, the header says 7"),
+        (lambda d: _edit(d, ["table", "path"], "../x.items.parquet"), "not a file name"),
+        (lambda d: _edit(d, ["schema_version"], 1), "schema version 1 with an item table"),
+    ],
+)
+def test_a_header_and_table_that_disagree_are_refused(tmp_path: Path, damage, message) -> None:  # type: ignore[no-untyped-def]
+    manifest.write(make_cp_manifest(cp_fields()), tmp_path / "manifest.json", form="table")
+    damage(tmp_path)
+    with pytest.raises(ManifestError, match=message) as info:
+        manifest.load(tmp_path / "manifest.json")
+    assert str(tmp_path / "manifest.json") in str(info.value)
+
+
+def _edit(folder: Path, keys: list[str], value: object) -> None:
+    path = folder / "manifest.json"
+    data = json.loads(path.read_text())
+    node = data
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    path.write_text(json.dumps(data))
+
+
+def test_a_failed_table_write_keeps_the_old_manifest(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    old = make_cp_manifest(cp_fields())
+    manifest.write(old, path, form="table")
+    bad = manifest.Field(**{**make_field(well="B09").__dict__, "site": "not a number"})
+    with pytest.raises(Exception, match="int"):
+        manifest.write(make_cp_manifest((bad,)), path, form="table")
+    assert manifest.load(path) == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.items.parquet", path.name]
+
+
+def test_the_schema_refuses_a_header_that_also_lists_items() -> None:
+    header = manifest.to_header(make_manifest(oct_volumes()), _info())
+    jsonschema.validate(header, SCHEMA)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**header, "volumes": []}, SCHEMA)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**header, "schema_version": 1}, SCHEMA)
+
+
+def _info() -> manifest.columnar.TableInfo:
+    return manifest.columnar.TableInfo("manifest.items.parquet", 2, 10, "0" * 64)
+
+
+def test_verify_checks_the_table_hash_and_every_row(tmp_path: Path) -> None:
+    make_cache(tmp_path)
+    path = tmp_path / "manifest.json"
+    manifest.write(manifest.load(path), path, form="table")
+    clean = verify(path)
+    assert clean.ok and clean.schema == "valid" and clean.verified == 3, clean
+    # A row the JSON Schema refuses (a participant id of the wrong form), hash updated.
+    loaded = manifest.load(path)
+    rows = list(manifest.item_rows(loaded))
+    rows[1]["participant_id"] = "9xyz"
+    from octstage.manifest.columnar import write_items
+
+    info = write_items(tmp_path / "manifest.items.parquet", "oct", iter(rows))
+    path.write_text(json.dumps(manifest.to_header(loaded, info)))
+    report = verify(path)
+    assert report.schema == "invalid"
+    assert any(e.startswith("table/volumes/1/participant_id") for e in report.schema_errors)
+    _edit(tmp_path, ["table", "sha256"], "f" * 64)
+    assert any("SHA-256" in e for e in verify(path).schema_errors)
