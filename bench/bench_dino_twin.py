@@ -22,7 +22,7 @@ per-perturbation activity AP and a verdict line: is DINO's activity and distinct
 every random-init seed's with non-overlapping intervals, and is the paired difference's interval
 above 0; and writes the reports with their seeds to ``--json``. ``docs/cellpainting-evaluation.md``
 says how to read them. The defaults' run (``--steps 1000 --seeds 0 1 2``, twin seed 7, 5 plates,
-2 trained on, 421 s on 2 shared cores), mAP [95% interval] on the held-out plates, activity /
+2 trained on, 476 s on 2 shared cores), mAP [95% interval] on the held-out plates, activity /
 distinctiveness:
 
     dino (seeds 0, 1, 2)  0.761 [0.647, 0.854], 0.751 [0.632, 0.850], 0.734 [0.626, 0.812]
