@@ -136,7 +136,12 @@ class DinoJob:
         stats = pooled(train, in_chans).to_input()
         self.raw.backbone.input_norm.set_stats(*stats)
         # The views' jitter is in these units too (to_views), whatever the model's input_norm.
-        self.channel_stats = (torch.tensor(stats[0]), torch.tensor(stats[1]))
+        # On the device once: the step reads them with no host-to-device copy.
+        dev = backend.device
+        self.channel_stats = (
+            torch.tensor(stats[0], device=dev),
+            torch.tensor(stats[1], device=dev),
+        )
         self.student: nn.Module = self.raw
         self.teacher = make_teacher(self.raw)
         self.teacher_forward: nn.Module = self.teacher  # compiled in start() with ``compile``
@@ -147,7 +152,6 @@ class DinoJob:
         self.fsdp = cfg.parallel == "fsdp" and backend.process_count > 1
         self._optimizer_state: dict[str, Any] | None = None
         self._gathered: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
-        dev = backend.device
         self.center = torch.zeros(cfg.dino.dino_prototypes, device=dev)
         self.ibot_center = torch.zeros(cfg.dino.ibot_prototypes, device=dev)
         d = cfg.dino
