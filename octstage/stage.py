@@ -42,12 +42,7 @@ from octstage import manifest as manifest_mod
 from octstage.cache.volumestore import check_volume
 from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
 from octstage.manifest import atomic_write_bytes, atomic_write_text
-from octstage.outputs import (
-    ITEMS_SUFFIX,
-    check_destination,
-    clear_manifest,
-    remove_unlisted,
-)
+from octstage.outputs import check_destination, clear_manifest, remove_unlisted
 from octstage.progress import counter, interval, megabytes
 from octstage.storage import Storage, check_name, open_location
 from octstage.storage.locations import known_secrets, parse_location, scrub
@@ -124,9 +119,7 @@ def _read_table(storage: Storage, data: Any, secrets: list[str]) -> tuple[str, b
     if info is None:
         return None
     where = f"{storage.url}/{MANIFEST}"
-    name = info.get("path") if isinstance(info, dict) else None
-    if not isinstance(name, str) or not name.endswith(ITEMS_SUFFIX) or "/" in name:
-        raise ManifestError(f"{where}: table path {name!r} is not a file name beside the header")
+    name = manifest_mod.table_file_name(info, where)
     try:
         body = storage.read_bytes(check_name(name))
     except StorageError as exc:

@@ -25,9 +25,11 @@ import numpy as np
 import numpy.typing as npt
 import zarr
 
+from octstage import manifest as mf
 from octstage.cache import volumestore
 from octstage.cellpainting import fieldstore
 from octstage.errors import ObjectNotFoundError, StorageError
+from octstage.outputs import MANIFEST
 from octstage.storage import LocalStorage, Storage, open_storage
 
 
@@ -57,6 +59,19 @@ class CacheStore:
 
     def write_bytes(self, name: str, data: bytes) -> None:
         self.storage.write_bytes(name, data)
+
+    def write_manifest(self, manifest: mf.Manifest, local: Path | None, form: str) -> None:
+        """The build's last write, in ``form`` ("json" or "table"): to the file ``local`` when
+        one is named, and into the cache itself when it is a bucket or no file was named; the
+        columnar form's item table before the header that names it."""
+        if local is not None:
+            mf.write(manifest, local, form)
+        if self.local is None or local is None:
+
+            def put(name: str, path: Path) -> None:
+                self.write_bytes(name, path.read_bytes())
+
+            self.write_bytes(MANIFEST, mf.header_bytes(manifest, form, put))
 
     def write_volume(
         self,

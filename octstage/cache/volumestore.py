@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import zarr
+from zarr.abc.codec import BytesBytesCodec
 from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.storage import MemoryStore
@@ -82,6 +83,13 @@ def chunk_and_shard(
     return (clipped[0], clipped[1], clipped[2]), (shard[0], shard[1], shard[2])
 
 
+def chunk_codecs(clevel: int, shuffle: BloscShuffle) -> list[BytesBytesCodec]:
+    """Each chunk's codecs after ``bytes`` (volumes and Cell Painting fields alike): blosc-zstd,
+    then a crc32c of the compressed bytes, so a chunk whose bytes change yet still decode (a
+    flipped literal byte) fails its checksum instead of reading as other values."""
+    return [BloscCodec(cname="zstd", clevel=clevel, shuffle=shuffle), Crc32cCodec()]
+
+
 def _create(
     store: Any,
     name: str,
@@ -102,12 +110,7 @@ def _create(
         dtype=np.uint8,
         chunks=chunks,
         shards=shard,
-        # The crc32c after blosc: a chunk whose bytes change yet still decode (a flipped
-        # literal byte) fails its checksum instead of reading as other values.
-        compressors=[
-            BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.shuffle),
-            Crc32cCodec(),
-        ],
+        compressors=chunk_codecs(clevel, BloscShuffle.shuffle),
         dimension_names=AXES,
         attributes=dict(attributes),
     )[...] = array

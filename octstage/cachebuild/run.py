@@ -80,7 +80,7 @@ from octstage.dataset.clinical import read_concepts
 from octstage.dataset.labels import STUDY_GROUPS, Participant, read_label_table
 from octstage.dataset.release import TSV_NAME, TsvRow, read_manifest_tsv
 from octstage.errors import MachineError, ObjectNotFoundError, OctstageError, StorageError
-from octstage.outputs import check_cache_folder
+from octstage.outputs import MANIFEST, check_cache_folder
 from octstage.progress import interval
 from octstage.provenance import code_version
 from octstage.storage import ObjectInfo, Storage, open_storage
@@ -88,7 +88,6 @@ from octstage.storage.locations import credential_env, parse_location
 
 console = Console(stderr=True)
 
-MANIFEST_NAME = "manifest.json"
 INDEX_SAVE_SECONDS = 20.0
 # The manifest header (config) and the summary say how source bytes were checked.
 SOURCE_VERIFICATION = "source_verification"
@@ -180,7 +179,7 @@ def _run(
         participants, label_problems = table.participants, table.problems
         storage = open_storage(source)
         # Never over another cache: its manifest would be replaced by this one's.
-        written = [p for p in (manifest, cache.local and cache.local / MANIFEST_NAME) if p]
+        written = [p for p in (manifest, cache.local and cache.local / MANIFEST) if p]
         check_cache_folder(cache.local, written, "oct", OctstageError)
         tsv = read_manifest_tsv(storage)  # the release's index: regions, and a fourth witness
         clinical, concept_rows = read_concepts(storage, concepts) if concepts else ({}, ())
@@ -362,11 +361,7 @@ def _write_outputs(
         counts=mf.count_summary(volumes, len(rejects)),
     )
     built = mf.Manifest(header, STUDY_GROUPS, volumes, rejects, concepts=concepts)
-    if manifest is not None:
-        mf.write(built, manifest, form)
-    if cache.local is None or manifest is None:  # last: a cache with a manifest is complete
-        put = lambda name, path: cache.write_bytes(name, path.read_bytes())  # noqa: E731
-        cache.write_bytes(MANIFEST_NAME, mf.header_bytes(built, form, put))
+    cache.write_manifest(built, manifest, form)  # last: a cache with a manifest is complete
 
 
 def _stat_listed(

@@ -286,11 +286,8 @@ def build(
         counts={**mf.field_counts(fields, len(rejected)), "environment": len(report.environment)},
     )
     manifest = mf.Manifest(header, classes, (), rejected, kind="cellpainting", fields=fields)
-    if manifest_path is not None:
-        mf.write(manifest, manifest_path, manifest_form)
-    if cache.local is None or manifest_path is None:  # last: a cache with a manifest is complete
-        put = lambda name, path: cache.write_bytes(name, path.read_bytes())  # noqa: E731
-        cache.write_bytes("manifest.json", mf.header_bytes(manifest, manifest_form, put))
+    # Last: a cache with a manifest is complete.
+    cache.write_manifest(manifest, manifest_path, manifest_form)
     report.seconds = time.monotonic() - started
     return report, manifest
 

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import zarr
-from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
+from zarr.codecs import BloscShuffle
 
-from octstage.cache.volumestore import array_checksum, encode_objects, write_atomic
+from octstage.cache.volumestore import array_checksum, chunk_codecs, encode_objects, write_atomic
 
 CROP_CHUNK = 64  # rows and columns per chunk; every channel in one chunk
 
@@ -80,12 +80,7 @@ def _create(
         dtype=np.uint8,
         chunks=chunks,
         shards=shard,
-        # The crc32c after blosc: a chunk whose bytes change yet still decode (a flipped
-        # literal byte) fails its checksum instead of reading as other values.
-        compressors=[
-            BloscCodec(cname="zstd", clevel=clevel, shuffle=BloscShuffle.bitshuffle),
-            Crc32cCodec(),
-        ],
+        compressors=chunk_codecs(clevel, BloscShuffle.bitshuffle),
         dimension_names=("c", "y", "x"),
         attributes=dict(attributes),
     )[...] = array

@@ -68,6 +68,7 @@ from octstage.manifest.serial import from_dict as from_dict
 from octstage.manifest.serial import header_bytes as header_bytes
 from octstage.manifest.serial import item_rows as item_rows
 from octstage.manifest.serial import load as load
+from octstage.manifest.serial import table_file_name as table_file_name
 from octstage.manifest.serial import to_dict as to_dict
 from octstage.manifest.serial import to_header as to_header
 from octstage.manifest.serial import write as write

@@ -180,12 +180,10 @@ class CommonRows(Sequence[CommonRecord]):
     def __getitem__(self, key: slice) -> CommonRows: ...
     def __getitem__(self, key: int | slice) -> CommonRecord | CommonRows:
         if isinstance(key, slice):
-            rows = range(len(self))[key]
-            s = slice(rows.start, rows.stop, rows.step)
-            take = pa.array(rows, pa.int64())
+            take = pa.array(range(len(self))[key], pa.int64())
             return CommonRows(
                 self.zarr_path.take(take),
-                self.shapes[s],
+                self.shapes[key],
                 self.split.take(take),
                 self.label.take(take),
                 self.intensity.take(take),

@@ -33,7 +33,7 @@ from octstage.manifest.model import (
     Rejected,
     Volume,
 )
-from octstage.outputs import atomic_write_text
+from octstage.outputs import ITEMS_SUFFIX, atomic_write_text
 
 
 def to_dict(manifest: Manifest) -> dict[str, Any]:
@@ -206,14 +206,21 @@ def load(path: str | os.PathLike[str]) -> Manifest:
         raise ManifestError(f"{p}: not valid JSON: {exc}") from exc
     table = None
     if isinstance(data, dict) and "table" in data:
-        table = p.parent / _table_name(data["table"], str(p))
+        table = p.parent / table_file_name(data["table"], str(p))
     return from_dict(data, source=str(p), table=table)
 
 
-def _table_name(info: Any, source: str) -> str:
-    """The table's file name from a header: a plain name beside the header, nothing else."""
+def table_file_name(info: Any, source: str) -> str:
+    """The item table's file name from a header's ``table``: a plain ``*.items.parquet`` name
+    beside the header, nothing else (what ``write`` names it and ``stage`` may copy)."""
     name = info.get("path") if isinstance(info, dict) else None
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+    if (
+        not isinstance(name, str)
+        or not name.endswith(ITEMS_SUFFIX)
+        or "/" in name
+        or "\\" in name
+        or name.startswith(".")
+    ):
         raise ManifestError(f"{source}: table path {name!r} is not a file name beside the header")
     return name
 

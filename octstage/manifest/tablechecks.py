@@ -17,13 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from octstage.manifest.columnar import SOURCE_PATHS
-from octstage.manifest.itemtable import ItemTable
-from octstage.manifest.itemtable import shape_array as sizes
+from octstage.manifest.itemtable import ItemTable, shape_array
 
 
 def suspect_rows(items: ItemTable[Any], kind: str, classes: tuple[str, ...]) -> list[int]:
     """Row numbers of ``items`` that a per-row rule of ``checks`` may refuse, in order."""
-    shapes, three = shape_array(items)
+    shapes, three = padded_shapes(items)
     bad = ~three | (three & (shapes.min(axis=1) < 1))
     bad |= _mask(pc.not_equal(items.column_array("dtype", keep=False), "uint8"))
     if kind == "cellpainting":
@@ -35,18 +34,18 @@ def suspect_rows(items: ItemTable[Any], kind: str, classes: tuple[str, ...]) -> 
     return [int(n) for n in np.flatnonzero(bad)]
 
 
-def shape_array(items: ItemTable[Any]) -> tuple[np.ndarray, np.ndarray]:
+def padded_shapes(items: ItemTable[Any]) -> tuple[np.ndarray, np.ndarray]:
     """``(shapes, three)``: ``[n, 3]`` sizes (zeros where a shape has not 3) and which have 3."""
     column = items.column_array("shape", keep=False).combine_chunks()
     three = _mask(pc.equal(pc.list_value_length(column), 3), default=False)
     shapes = np.zeros((len(column), 3), dtype=np.int64)
-    shapes[three] = sizes(column.filter(pa.array(three)))
+    shapes[three] = shape_array(column.filter(pa.array(three)))
     return shapes, three
 
 
 def first_shapes(items: ItemTable[Any]) -> dict[tuple[int, ...], int]:
     """Each 3-size shape and the first row that has it (rows of other shapes are suspects)."""
-    shapes, three = shape_array(items)
+    shapes, three = padded_shapes(items)
     rows = np.flatnonzero(three)
     if not len(rows):
         return {}

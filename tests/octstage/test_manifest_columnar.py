@@ -67,6 +67,19 @@ def test_split_fields_is_a_view_of_the_table(tmp_path: Path) -> None:
         val[1]
 
 
+def test_a_trainer_s_common_rows_slice_as_a_list_does(tmp_path: Path) -> None:
+    """``CommonRows`` (what a trainer keeps of the table) sliced any way, a reversed one too,
+    holds the records the same slice of the items holds."""
+    fields = cp_fields()
+    manifest.write(make_cp_manifest(fields), tmp_path / "manifest.json", form="table")
+    common = manifest.load(tmp_path / "manifest.json").fields.common()  # type: ignore[attr-defined]
+    for key in (slice(None), slice(1, None), slice(None, None, -1), slice(2, 0, -1)):
+        part = common[key]
+        assert [(r.zarr_path, r.shape, r.split) for r in part] == [
+            (f.zarr_path, tuple(f.shape), f.split) for f in fields[key]
+        ]
+
+
 def test_the_table_is_written_in_row_groups(tmp_path: Path) -> None:
     fields = tuple(make_field(well=f"B{i:02d}", site=i) for i in range(1, 6))
     rows = manifest.item_rows(make_cp_manifest(fields))
