@@ -97,11 +97,19 @@ def sigint_as_at_a_terminal() -> None:
 
 
 def start_as_at_a_terminal(module: str, args: list[str], root: Path) -> subprocess.Popen[bytes]:
-    """``python -m MODULE ARGS`` in a process group of its own (a Ctrl-C test signals the whole
-    group), SIGINT at its default, output merged into one pipe, wandb off."""
+    """``MODULE.main(ARGS)`` run as its console script runs it (``octtrain ARGS``), in a process
+    group of its own (a Ctrl-C test signals the whole group), SIGINT at its default, output
+    merged into one pipe, wandb off.
+
+    Not ``python -m MODULE``: under ``-m`` CPython exits by SIGINT (code -2) whenever a
+    KeyboardInterrupt once left code run from a string (``exec``: a dataclass being built, say),
+    even one the command then caught and turned into its exit code 130 (``Py_RunMain`` checks
+    ``unhandled_keyboard_interrupt`` after ``pymain_run_module``). The console script, like
+    ``-c``, exits with the command's code."""
     env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled", "COLUMNS": "1000"}
+    script = f"import sys; from {module} import main; sys.exit(main())"
     return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, "-c", script, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
