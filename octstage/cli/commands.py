@@ -109,7 +109,10 @@ def build(a: argparse.Namespace) -> int:
             json_out=Path(a.json) if a.json else None,
             manifest_path=Path(a.manifest) if a.manifest else None,
             manifest_form=a.manifest_form,
+            pack=a.pack or 1,
         )
+    if a.pack is not None:
+        raise OctstageError("--pack packs Cell Painting fields: it needs --kind cellpainting")
     if not a.labels:
         raise OctstageError("--labels (participants.tsv) is required for --kind oct")
     from octstage.config import load_build_config

@@ -78,6 +78,8 @@ def _field_to_dict(f: Field) -> dict[str, Any]:
         d[key] = list(d[key])
     for key in ("sources", "illum", "normalization"):
         d[key] = [dict(x) for x in d[key]]
+    if d.get("pack_index") is None:  # a per-field item: no key, as manifests before packs
+        d.pop("pack_index", None)
     return _intensity_to_dict(d)
 
 
