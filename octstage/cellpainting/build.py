@@ -15,11 +15,11 @@ decoded and checked (``normalize.decode_tiff``); divided by the illumination fun
 into the plate's per-channel histograms, then read again (``plate.py``: no scratch, memory
 bounded by the read window). Then each field is normalized with its plate's percentiles and
 written as one OME-Zarr field (``fieldstore``), or with ``pack`` K > 1 into packs of K fields
-(``packstore``: ~2 objects per K fields instead of 3 per field; ``fieldwriter``), into the cache, a folder or a bucket prefix
-(``--out gs://...``, ``s3://...``: ``cache.store.CacheStore``, data objects first,
-group metadata last). Fields are read by a local thread pool (``--workers`` threads: the work is
-network reads and C decoders that release the GIL; the dask runner of the OCT build is not
-needed at this size), plate after plate.
+(``packstore``: ~2 objects per K fields instead of 3 per field; ``fieldwriter``), into the
+cache, a folder or a bucket prefix (``--out gs://...``, ``s3://...``:
+``cache.store.CacheStore``, data objects first, group metadata last). Fields are read by a
+local thread pool (``--workers`` threads: the work is network reads and C decoders that release
+the GIL; the dask runner of the OCT build is not needed at this size), plate after plate.
 
 Failures keep their meaning:
 - a data fault (a TIFF that does not decode, a channel of another shape, an illumination function

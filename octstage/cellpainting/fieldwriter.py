@@ -244,9 +244,7 @@ def _record(relpath: str, slot: int, member: dict[str, Any]) -> Stored:
         if stats is None
         else mf.Intensity(tuple(stats["mean"]), tuple(stats["std"]))  # as written
     )
-    return Stored(
-        relpath, slot, (shape[0], shape[1], shape[2]), str(member["checksum"]), intensity
-    )
+    return Stored(relpath, slot, (shape[0], shape[1], shape[2]), str(member["checksum"]), intensity)
 
 
 def _fsync(path: Path) -> None:

@@ -31,10 +31,12 @@ memory is one field, not K.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import google_crc32c
@@ -45,7 +47,8 @@ from zarr.codecs import BloscShuffle
 from zarr.core.buffer import Buffer
 from zarr.storage import MemoryStore
 
-from octstage.cache.volumestore import chunk_codecs
+from octstage.cache.volumestore import array_checksum, chunk_codecs
+from octstage.errors import VerificationError
 
 PACKS = "packs"  # the top folder of packed fields, beside the per-field form's ``fields``
 SHARD_KEY = "c/0/0/0/0"  # the one data object of a pack's array (one shard covers it)
@@ -55,6 +58,8 @@ EMPTY = 2**64 - 1  # a shard index entry of a chunk never written (zarr: all fil
 # field; a JUMP field (5 x 1080 x 1080, ~3 MB stored) makes a ~200 MB object, one request to
 # stage, under the multipart thresholds' pain and well inside a loader's page cache.
 DEFAULT_PACK = 64
+# A member as ``stage`` and ``verify`` check it: its place, shape and checksum (the manifest's).
+Member = tuple[int, tuple[int, ...], str]
 
 
 def pack_relpath(plate: str, key: str) -> str:
@@ -74,7 +79,7 @@ def plan_packs(n: int, size: int) -> list[range]:
         return []
     count = math.ceil(n / size)
     bounds = [round(i * n / count) for i in range(count + 1)]
-    return [range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 @dataclass
@@ -186,3 +191,50 @@ def members_of(meta: Any) -> dict[str, dict[str, Any]]:
         return {str(m["cache_key"]): m for m in items}
     except (KeyError, TypeError):
         return {}
+
+
+def open_pack(cache_root: Path, relpath: str) -> zarr.Array[Any]:
+    """A stored pack's array, for reading; VerificationError when its metadata or its shard is
+    gone (zarr would read a missing shard as fill values, every member as zeros)."""
+    array = cache_root / relpath / "0"
+    if not (array / "zarr.json").is_file():
+        raise VerificationError(f"{relpath}: 0/zarr.json gone")
+    if not (array / SHARD_KEY).is_file():
+        raise VerificationError(f"{relpath}: data object 0/{SHARD_KEY} gone")
+    return zarr.open_array(store=str(array), mode="r")
+
+
+def read_member(pack: zarr.Array[Any], relpath: str, member: Member) -> npt.NDArray[np.uint8]:
+    """One member's values ``[C, Y, X]`` (the chunks it covers alone); VerificationError when
+    the pack has no such place or the member does not fit it."""
+    index, shape, _ = member
+    k, c, y, x = (*pack.shape, 0, 0, 0, 0)[:4]
+    if pack.ndim != 4 or not (0 <= index < k and len(shape) == 3 and shape[0] == c):
+        raise VerificationError(
+            f"{relpath}: no field {index} of shape {list(shape)} in a pack of "
+            f"shape {list(pack.shape)}"
+        )
+    if shape[1] > y or shape[2] > x:
+        raise VerificationError(
+            f"{relpath}: field {index} of shape {list(shape)} does not fit "
+            f"a pack of shape {list(pack.shape)}"
+        )
+    return np.asarray(pack[index, :, : shape[1], : shape[2]], dtype=np.uint8)
+
+
+def member_finding(pack: zarr.Array[Any], relpath: str, member: Member) -> str | None:
+    """Why member ``member`` of the pack differs from the manifest, or None when it matches."""
+    actual = array_checksum(read_member(pack, relpath, member))
+    if actual != member[2]:
+        return f"field {member[0]}: checksum {actual} != manifest {member[2]}"
+    return None
+
+
+def check_pack(cache_root: Path, relpath: str, members: Sequence[Member]) -> None:
+    """Raise VerificationError unless the stored pack holds every member as the manifest says
+    (one member's values in memory at a time)."""
+    pack = open_pack(cache_root, relpath)
+    for member in members:
+        finding = member_finding(pack, relpath, member)
+        if finding is not None:
+            raise VerificationError(f"{relpath}: {finding}")

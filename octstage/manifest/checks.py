@@ -177,7 +177,8 @@ def _duplicate_addresses(items: Sequence[Item]) -> list[Finding]:
         values: list[Any] = address.to_pylist()
     else:
         values = [f"{f.zarr_path}#{_pack_index(f)}" for f in items]
-    found, seen = [], {}
+    found: list[Finding] = []
+    seen: dict[str, int] = {}
     for n, value in enumerate(values):
         if value in seen:
             path, _, slot = value.partition("#")
