@@ -547,8 +547,8 @@ class PackedItem:
     def read(self, key: Sequence[slice] | None = None) -> npt.NDArray[np.uint8]:
         """``field[key]`` as a new uint8 array."""
         region = region_of(key, self.shape)
-        out: npt.NDArray[np.uint8] = self.array.read((slice(self.index, self.index + 1), *region))
-        return out[0]
+        out = self.array.read((slice(self.index, self.index + 1), *region))
+        return out.reshape(out.shape[1:])
 
 
 def open_item(path: Path, name: str, index: int, shape: Sequence[int]) -> PackedItem:
