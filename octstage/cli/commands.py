@@ -74,6 +74,7 @@ _KIND_ONLY = {
         "select_type",
         "map_prefix",
         "anonymous",
+        "pack",
     ),
 }
 
@@ -111,8 +112,6 @@ def build(a: argparse.Namespace) -> int:
             manifest_form=a.manifest_form,
             pack=a.pack or 1,
         )
-    if a.pack is not None:
-        raise OctstageError("--pack packs Cell Painting fields: it needs --kind cellpainting")
     if not a.labels:
         raise OctstageError("--labels (participants.tsv) is required for --kind oct")
     from octstage.config import load_build_config
