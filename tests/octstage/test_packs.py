@@ -21,6 +21,7 @@ from octstage.cellpainting import packstore
 from octstage.cellpainting.build import build
 from octstage.cellpainting.fieldwriter import PackWriter
 from octstage.cellpainting.synth import TwinInfo
+from octstage.manifest.tablechecks import suspect_rows
 from octstage.stage import run_stage
 from octstage.storage import open_storage
 from octtrain.data.arrayread import open_item
@@ -135,6 +136,8 @@ def test_a_packed_cache_builds_verifies_stages_and_trains(
     assert len(packs) > len(info.plates)  # a plate in more than one pack
     assert _objects(cache / "packs") == 2 * len(packs)
     assert mf.check(m, "cellpainting") == []
+    # Counted in Arrow, a packed field is no suspect of the per-row rules (a million would be).
+    assert list(suspect_rows(m.fields, "cellpainting", m.classes)) == []
     report = verify(cache / "manifest.json")
     assert report.ok and report.verified == n and report.schema == "valid", report
     # The same values as the per-field form of the same build.
@@ -323,3 +326,17 @@ def test_two_fields_at_one_place_of_a_pack_are_a_duplicate(
             f"fields[1]: zarr_path {first.zarr_path!r} pack_index {first.pack_index} already "
             "listed at fields[0]"
         ], (form, found)
+
+
+def test_two_fields_of_one_cache_key_are_one_member(tmp_path: Path) -> None:
+    """The same source bytes twice (one cache key): stored once, both fields its record, as the
+    per-field form stores them in one group (the manifest's check reports the duplicate)."""
+    writer = PackWriter(CacheStore(str(tmp_path)), "P1", 64, 3, 8)
+    writer.plan(["a", "a", "b"])
+    field = np.full((5, 64, 64), 7, np.uint8)
+    first = writer.write("a", "x", field, "ABCDE")
+    assert writer.write("a", "y", field, "ABCDE") == first
+    writer.write("b", "z", field, "ABCDE")
+    writer.close()
+    pack = zarr.open_array(str(tmp_path / first.zarr_path / "0"), mode="r")
+    assert pack.shape == (2, 5, 64, 64)
