@@ -137,7 +137,9 @@ def test_a_packed_cache_builds_verifies_stages_and_trains(
     assert _objects(cache / "packs") == 2 * len(packs)
     assert mf.check(m, "cellpainting") == []
     # Counted in Arrow, a packed field is no suspect of the per-row rules (a million would be).
-    assert list(suspect_rows(m.fields, "cellpainting", m.classes)) == []
+    table = mf.load(cache / "manifest.json").fields
+    assert isinstance(table, mf.ItemTable)
+    assert list(suspect_rows(table, "cellpainting", m.classes)) == []
     report = verify(cache / "manifest.json")
     assert report.ok and report.verified == n and report.schema == "valid", report
     # The same values as the per-field form of the same build.
