@@ -10,6 +10,11 @@ array's own chunk grid and chunk key encoding). Every name is checked
 ``zarr_path`` the manifest schema's pattern refuses, is refused as a whole before anything is
 fetched.
 
+A packed Cell Painting cache (``build-cache --pack``) is staged a pack at a time: its two
+objects (``0/zarr.json``, the shard), then each member field's checksum (the manifest's rows of
+that pack, one field's values in memory at a time: ``packstore.check_pack``). At most
+``4 x transfers`` volumes or packs are submitted ahead of the one reported.
+
 Volumes are fetched in parallel, each into a hidden temporary folder that is renamed into place,
 then checked against the manifest checksum (``octstage.cache.volumestore.check_volume``). A volume
 already in DST that passes the check is skipped, so a killed stage resumes where it stopped.

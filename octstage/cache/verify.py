@@ -8,6 +8,8 @@ the JSON Schema that ships with the package (``octstage/manifest.schema.json``).
 values: zarr would silently read fill values), changed (the bytes are there and differ: the
 values' checksum, or the crc32c that caches written since it have after each chunk), extra,
 a schema violation, or the manifest contradicting itself (``manifest.consistency_problems``).
+A packed Cell Painting field (``pack_index``) is checked alone in its pack (``check_packed``:
+a pack is opened once for its members); a pack whose shard is gone makes every member missing.
 """
 
 from __future__ import annotations
