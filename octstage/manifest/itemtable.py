@@ -120,8 +120,8 @@ class ItemTable(Sequence[T], Generic[T]):
 
     def common(self) -> CommonRows:
         """The items' common part a trainer reads (path, shape, split, label, intensity and a
-        packed field's ``pack_index``), as
-        arrays; one small record is built per item when it is read."""
+        packed field's ``pack_index``), as arrays; one small record is built per item when it
+        is read."""
         return CommonRows(
             self.column_array("zarr_path").combine_chunks(),
             shape_array(self.column_array("shape").combine_chunks()),
