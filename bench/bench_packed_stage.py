@@ -22,6 +22,11 @@ beside each (an upload through HTTP takes 3 ms an object: 300,000 would take 15 
 any staging). Both serve every request over real HTTP to octstage's own storage backends.
 
     nice -n 10 python bench/bench_packed_stage.py [--items 100000] [--pack 64] [--transfers 16]
+
+Measured (bench/results/packed-stage.log; ``--items 100000 --per-field-items 10000``, 2 shared
+cores): per field 3.0002 objects per item, staged at 14 fields/s from S3 (719 s for 10,000) and
+52 from GCS (191 s); packed 0.0313 objects per item, 532 fields/s from S3 (188 s for 100,000)
+and 521 from GCS (192 s): packed staging is bounded by checking each member, not by requests.
 """
 
 from __future__ import annotations
