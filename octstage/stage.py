@@ -10,6 +10,11 @@ array's own chunk grid and chunk key encoding). Every name is checked
 ``zarr_path`` the manifest schema's pattern refuses, is refused as a whole before anything is
 fetched.
 
+A packed Cell Painting cache (``build-cache --pack``) is staged a pack at a time: its two
+objects (``0/zarr.json``, the shard), then each member field's checksum (the manifest's rows of
+that pack, one field's values in memory at a time: ``packstore.check_pack``). At most
+``4 x transfers`` volumes or packs are submitted ahead of the one reported.
+
 Volumes are fetched in parallel, each into a hidden temporary folder that is renamed into place,
 then checked against the manifest checksum (``octstage.cache.volumestore.check_volume``). A volume
 already in DST that passes the check is skipped, so a killed stage resumes where it stopped.
@@ -28,6 +33,8 @@ import re
 import shutil
 import time
 import uuid
+from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +47,7 @@ from zarr.storage import LocalStore
 
 from octstage import manifest as manifest_mod
 from octstage.cache.volumestore import check_volume
+from octstage.cellpainting import packstore
 from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
 from octstage.manifest import atomic_write_bytes, atomic_write_text
 from octstage.outputs import check_destination, clear_manifest, remove_unlisted
@@ -91,24 +99,50 @@ def zarr_path_pattern(kind: str = "oct") -> re.Pattern[str]:
     return re.compile(schema["$defs"][item]["properties"]["zarr_path"]["pattern"])
 
 
-def volume_paths(manifest: manifest_mod.Manifest, where: str) -> dict[str, str]:
-    """``{zarr_path: checksum}`` of every volume, or an error naming the manifest and the entry:
+def volume_paths(manifest: manifest_mod.Manifest, where: str) -> dict[str, str | list[int]]:
+    """``{zarr_path: checksum}`` of every volume (a packed field's: ``{zarr_path: [rows]}``,
+    the manifest's rows of the pack's members), or an error naming the manifest and the entry:
     a name that could escape the destination (UnsafePathError) or that the schema would refuse
     (ManifestError). Either refuses the whole manifest before anything is fetched."""
-    volumes: dict[str, str] = {}
+    volumes: dict[str, str | list[int]] = {}
     pattern = zarr_path_pattern(manifest.kind)
     key = "fields" if manifest.kind == "cellpainting" else "volumes"
-    for n, volume in enumerate(manifest.items):
-        rel = check_name(volume.zarr_path)
+    items = manifest.items
+    # Of an item table, the few columns read (no item built); of a list, the items' own.
+    if isinstance(items, manifest_mod.ItemTable):
+        paths = items.column("zarr_path", keep=False)
+        checksums = items.column("checksum", keep=False)
+        slots = items.column("pack_index", keep=False) if key == "fields" else [None] * len(paths)
+        items.release()
+    else:
+        paths = [v.zarr_path for v in items]
+        checksums = [v.checksum for v in items]
+        slots = [getattr(v, "pack_index", None) for v in items]
+    for n, (path, checksum, slot) in enumerate(zip(paths, checksums, slots, strict=True)):
+        rel = check_name(path)
         # fullmatch: the schema's "$" (ECMA-262) does not allow the trailing newline re's does.
         if not pattern.fullmatch(rel):
             raise ManifestError(
                 f"{where}: {key}[{n}].zarr_path {rel!r} does not match the schema's pattern "
                 f"{pattern.pattern!r}: refusing the manifest, nothing fetched"
             )
-        if volumes.setdefault(rel, volume.checksum) != volume.checksum:
+        if slot is not None:
+            rows = volumes.setdefault(rel, [])
+            if not isinstance(rows, list):
+                raise ManifestError(f"{where}: {rel}: listed both as one field and as a pack")
+            rows.append(n)
+        elif volumes.setdefault(rel, checksum) != checksum:
             raise VerificationError(f"{where}: {rel}: listed twice with different checksums")
     return volumes
+
+
+def pack_members(items: Sequence[Any], rows: list[int]) -> list[packstore.Member]:
+    """The pack members' ``(pack_index, shape, checksum)`` at the manifest's ``rows``."""
+    if isinstance(items, manifest_mod.ItemTable):
+        view = items.take(rows)
+        columns = [view.column(c, keep=False) for c in ("pack_index", "shape", "checksum")]
+        return [(int(i), tuple(s), str(c)) for i, s, c in zip(*columns, strict=True)]
+    return [(int(items[n].pack_index), tuple(items[n].shape), items[n].checksum) for n in rows]
 
 
 def _read_table(storage: Storage, data: Any, secrets: list[str]) -> tuple[str, bytes] | None:
@@ -154,19 +188,27 @@ def _write(path: Path, data: bytes) -> int:
     return len(data)
 
 
-def _check(dst: Path, relpath: str, checksum: str) -> None:
-    """check_volume, with damaged bytes (which zarr's codecs reject) as a VerificationError."""
+def _check(dst: Path, relpath: str, checksum: str | list[packstore.Member]) -> None:
+    """check_volume (a pack: ``packstore.check_pack``), with damaged bytes (which zarr's codecs
+    reject) as a VerificationError."""
     try:
-        check_volume(dst, relpath, checksum)
+        if isinstance(checksum, list):
+            packstore.check_pack(dst, relpath, checksum)
+        else:
+            check_volume(dst, relpath, checksum)
     except VerificationError:
         raise
     except (ValueError, RuntimeError, OSError, KeyError, TypeError) as exc:
         raise VerificationError(f"{relpath}: unreadable: {type(exc).__name__}: {exc}") from None
 
 
-def stage_volume(storage: Storage, dst: Path, relpath: str, checksum: str) -> tuple[str, int]:
-    """Fetch and verify one volume: ("present" | "downloaded", bytes fetched)."""
+def stage_volume(
+    storage: Storage, dst: Path, relpath: str, checksum: str | list[packstore.Member]
+) -> tuple[str, int]:
+    """Fetch and verify one volume (or pack of fields: ``checksum`` lists its members):
+    ("present" | "downloaded", bytes fetched)."""
     final = dst / relpath
+    packed = isinstance(checksum, list)
     for stale in final.parent.glob(f".stage-{final.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
     if (final / "0" / "zarr.json").is_file():
@@ -179,7 +221,8 @@ def stage_volume(storage: Storage, dst: Path, relpath: str, checksum: str) -> tu
     fetched = 0
     skipped: list[str] = []
     try:
-        for name in ("zarr.json", "0/zarr.json"):  # small: one request each, no streaming
+        # small: one request each, no streaming (a pack has no group metadata)
+        for name in ("0/zarr.json",) if packed else ("zarr.json", "0/zarr.json"):
             fetched += _write(tmp / name, storage.read_bytes(f"{relpath}/{name}"))
         for key in shard_keys(tmp / "0"):
             name = check_name(f"{relpath}/0/{key}")
@@ -200,6 +243,27 @@ def stage_volume(storage: Storage, dst: Path, relpath: str, checksum: str) -> tu
         detail = f"{exc}" + (f" (not fetched: {'; '.join(skipped)[:300]})" if skipped else "")
         raise VerificationError(detail) from None
     return "downloaded", fetched
+
+
+def _submitted(
+    pool: ThreadPoolExecutor,
+    storage: Storage,
+    dst: Path,
+    volumes: dict[str, str | list[int]],
+    items: Sequence[Any],
+    transfers: int,
+) -> Iterator[tuple[str, Future[tuple[str, int]]]]:
+    """Each volume's (or pack's) staging, submitted at most ``4 * transfers`` ahead of the one
+    reported (a future per item of a million-item cache at once held their results and
+    arguments all together); a pack's members are looked up when it is submitted."""
+    pending: deque[tuple[str, Future[tuple[str, int]]]] = deque()
+    for rel, what in volumes.items():
+        if len(pending) >= 4 * max(1, transfers):
+            yield pending.popleft()
+        check = pack_members(items, what) if isinstance(what, list) else what
+        pending.append((rel, pool.submit(stage_volume, storage, dst, rel, check)))
+    while pending:
+        yield pending.popleft()
 
 
 def _result(future: Future[tuple[str, int]], pool: ThreadPoolExecutor) -> tuple[str, int]:
@@ -255,11 +319,7 @@ def run_stage(
         counter(console, "stage", len(volumes), every) as advance,
         ThreadPoolExecutor(max_workers=max(1, transfers)) as pool,
     ):
-        futures = {
-            rel: pool.submit(stage_volume, storage, dst, rel, checksum)
-            for rel, checksum in volumes.items()
-        }
-        for rel, future in futures.items():
+        for rel, future in _submitted(pool, storage, dst, volumes, parsed.items, transfers):
             try:
                 status, nbytes = _result(future, pool)
             except (OctstageError, OSError, ValueError) as exc:

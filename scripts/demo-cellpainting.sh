@@ -28,10 +28,10 @@ for _ in $(seq 1 120); do [ -f "$OUT/doubles.env" ] && break; sleep 0.5; done
 python -m tests.doubles upload-s3 "$OUT/twin/cpg0016-jump" s3://cellpainting-gallery/cpg0016-jump
 SRC=s3://cellpainting-gallery/cpg0016-jump
 
-step "3/7 build-cache --kind cellpainting from S3 into the cache bucket (the planted truncated TIFF is rejected: exit 1)"
+step "3/7 build-cache --kind cellpainting from S3 into the cache bucket, packed 64 fields an array (the planted truncated TIFF is rejected: exit 1)"
 set +e
 octstage build-cache --kind cellpainting --source "$SRC" --metadata "$OUT/twin/datasets/metadata" \
-  --out s3://cellpainting-gallery/cache --manifest-form table --json "$OUT/build.json"
+  --out s3://cellpainting-gallery/cache --manifest-form table --pack 64 --json "$OUT/build.json"
 rc=$?
 set -e
 [ "$rc" -le 1 ] || { echo "build-cache exit $rc"; exit "$rc"; }

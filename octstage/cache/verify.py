@@ -8,24 +8,31 @@ the JSON Schema that ships with the package (``octstage/manifest.schema.json``).
 values: zarr would silently read fill values), changed (the bytes are there and differ: the
 values' checksum, or the crc32c that caches written since it have after each chunk), extra,
 a schema violation, or the manifest contradicting itself (``manifest.consistency_problems``).
+A packed Cell Painting field (``pack_index``) is checked alone in its pack (``check_packed``:
+a pack is opened once for its members); a pack whose shard is gone makes every member missing.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import zarr
 from rich.console import Console
 from rich.table import Table
 
 from octstage import manifest as mf
 from octstage.cache import volumestore
+from octstage.cellpainting import packstore
+from octstage.errors import VerificationError
 from octstage.progress import counter, interval
 
 console = Console(stderr=True)
@@ -33,6 +40,8 @@ console = Console(stderr=True)
 # changed since they were written: said here in words instead (any other text is shown as is).
 ZARR_CRC_MISMATCH = "Stored and computed checksum do not match"
 T = TypeVar("T")
+R = TypeVar("R")
+ARRAY_FOLDERS = (".ome.zarr", ".pack.zarr")  # a volume's or field's group, a pack's folder
 SCHEMA = mf.SCHEMA_PATH
 
 
@@ -62,6 +71,39 @@ class VerifyReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
+
+
+Opener = Callable[[str], "zarr.Array[Any]"]
+
+
+def check_packed(cache: Path, item: mf.Item, opener: Opener) -> tuple[str, str] | None:
+    """``check_entry`` for a packed field: its pack's metadata and shard there (else
+    "missing"), its values (the chunks it covers alone) those the manifest says (else
+    "changed"). ``opener`` opens a pack once for all its members (``packstore.open_pack``)."""
+    if not (cache / item.zarr_path).exists():
+        return "missing", "not in the cache"
+    index = getattr(item, "pack_index", None)
+    assert index is not None
+    try:
+        pack = opener(item.zarr_path)
+    except VerificationError as exc:
+        return "missing", str(exc).removeprefix(f"{item.zarr_path}: ")
+    except Exception as exc:  # noqa: BLE001 - unreadable metadata is this item's finding
+        return "changed", f"unreadable: {type(exc).__name__}: {exc}"
+    try:
+        finding = packstore.member_finding(pack, item.zarr_path, (index, item.shape, item.checksum))
+    except VerificationError as exc:
+        return "changed", str(exc).removeprefix(f"{item.zarr_path}: ")
+    except ValueError as exc:
+        if str(exc).startswith(ZARR_CRC_MISMATCH):
+            return "changed", (
+                f"field {index} unreadable: a chunk or shard index fails its crc32c checksum "
+                "(its bytes changed after they were written)"
+            )
+        return "changed", f"field {index} unreadable: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - any read failure of this field is its finding
+        return "changed", f"field {index} unreadable: {type(exc).__name__}: {exc}"
+    return None if finding is None else ("changed", finding)
 
 
 def check_entry(cache: Path, volume: mf.Item) -> tuple[str, str] | None:
@@ -121,7 +163,9 @@ def volume_folders(cache: Path, top: str = "volumes") -> Iterator[tuple[str, boo
         return
     for pid in sorted(p for p in root.iterdir() if p.is_dir()):
         for entry in sorted(pid.iterdir()):
-            if entry.is_dir() and (entry.name.endswith(".ome.zarr") or entry.name.startswith(".")):
+            if entry.is_dir() and (
+                entry.name.endswith(ARRAY_FOLDERS) or entry.name.startswith(".")
+            ):
                 yield entry.relative_to(cache).as_posix(), entry.name.startswith(".")
 
 
@@ -165,6 +209,20 @@ def validate_table(
     return errors
 
 
+def _bounded(
+    pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T], window: int
+) -> Iterator[R]:
+    """``pool.map`` with at most ``window`` items in flight: ``map`` submits every item at
+    once (a million futures and items held together)."""
+    pending: deque[Future[R]] = deque()
+    for item in items:
+        if len(pending) >= window:
+            yield pending.popleft().result()
+        pending.append(pool.submit(fn, item))
+    while pending:
+        yield pending.popleft().result()
+
+
 def _interruptible(pool: ThreadPoolExecutor, results: Iterator[T]) -> Iterator[T]:
     """``results`` of ``pool.map``; on Ctrl-C the checks not started are dropped at once."""
     try:
@@ -196,11 +254,21 @@ def verify(
     report.inconsistent = mf.consistency_problems(loaded)
     # zarr's blosc and hashlib release the GIL on large buffers: threads give real parallelism.
     workers = threads or min(8, os.cpu_count() or 1)
+    # A pack's members come one after the other: each pack is opened once (a few at a time).
+    opener: Opener = functools.lru_cache(maxsize=4 * workers)(
+        lambda rel: packstore.open_pack(root, rel)
+    )
+
+    def check(item: mf.Item) -> tuple[str, str] | None:
+        if getattr(item, "pack_index", None) is None:
+            return check_entry(root, item)
+        return check_packed(root, item, opener)
+
     with (
         ThreadPoolExecutor(workers) as pool,
         counter(console, "verify", len(items), every) as advance,
     ):
-        findings = _interruptible(pool, pool.map(lambda v: check_entry(root, v), items))
+        findings = _interruptible(pool, _bounded(pool, check, items, 4 * workers))
         for volume, finding in zip(items, findings, strict=True):
             if finding is None:
                 report.verified += 1
@@ -218,8 +286,8 @@ def verify(
         if isinstance(items, mf.ItemTable)
         else {v.zarr_path for v in items}
     )
-    top = "fields" if loaded.kind == "cellpainting" else "volumes"
-    for relpath, hidden in volume_folders(root, top):
+    tops = ("fields", packstore.PACKS) if loaded.kind == "cellpainting" else ("volumes",)
+    for relpath, hidden in (f for top in tops for f in volume_folders(root, top)):
         if hidden:
             report.temporaries.append(relpath)
         elif relpath not in listed:

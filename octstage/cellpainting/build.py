@@ -14,11 +14,12 @@ the source" of mirror's ``--hash-missing``; the manifest records each file's SHA
 decoded and checked (``normalize.decode_tiff``); divided by the illumination function; counted
 into the plate's per-channel histograms, then read again (``plate.py``: no scratch, memory
 bounded by the read window). Then each field is normalized with its plate's percentiles and
-written as one OME-Zarr field (``fieldstore``) into the cache, a folder or a bucket prefix
-(``--out gs://...``, ``s3://...``: ``cache.store.CacheStore``, data objects first,
-group metadata last). Fields are read by a local thread pool (``--workers`` threads: the work is
-network reads and C decoders that release the GIL; the dask runner of the OCT build is not
-needed at this size), plate after plate.
+written as one OME-Zarr field (``fieldstore``), or with ``pack`` K > 1 into packs of K fields
+(``packstore``: ~2 objects per K fields instead of 3 per field; ``fieldwriter``), into the
+cache, a folder or a bucket prefix (``--out gs://...``, ``s3://...``:
+``cache.store.CacheStore``, data objects first, group metadata last). Fields are read by a
+local thread pool (``--workers`` threads: the work is network reads and C decoders that release
+the GIL; the dask runner of the OCT build is not needed at this size), plate after plate.
 
 Failures keep their meaning:
 - a data fault (a TIFF that does not decode, a channel of another shape, an illumination function
@@ -209,6 +210,7 @@ def build(
     prefixes: layout.PrefixMap = layout.NO_PREFIXES,
     anonymous: bool = False,
     manifest_form: str = "json",
+    pack: int = 0,
 ) -> tuple[BuildReport, Built]:
     """Build the cache at ``out`` (a folder or a bucket URL) from the root ``source`` (a URL
     or a Storage); ``anonymous``: read ``s3://`` without credentials (the public bucket)."""
@@ -271,6 +273,7 @@ def build(
                 retries,
                 report,
                 spool,
+                pack=pack,
             )
             del rows
             console.print(f"plate {plate}: {plate_fields[plate]} fields read ({splits[plate]})")
@@ -367,6 +370,7 @@ def run_build_cellpainting(
     prefix_map: Sequence[str] = (),
     anonymous: bool = False,
     manifest_form: str = "json",
+    pack: int = 0,
 ) -> int:
     """CLI: build, print a summary; exit 0 / 1 / 3 (see ``exit_code``)."""
     report, built = build(
@@ -382,6 +386,7 @@ def run_build_cellpainting(
         layout.PrefixMap.parse(prefix_map),
         anonymous,
         manifest_form,
+        pack,
     )
     if json_out:
         mf.atomic_write_text(json_out, json.dumps(asdict(report), indent=1) + "\n")

@@ -29,9 +29,8 @@ import numpy as np
 
 from octstage import manifest as mf
 from octstage.cache.store import CacheStore
-from octstage.cache.volumestore import array_checksum
 from octstage.cellpainting import layout
-from octstage.cellpainting.fieldstore import field_relpath
+from octstage.cellpainting.fieldwriter import Stored, writer_for
 from octstage.cellpainting.metadata import Perturbation
 from octstage.cellpainting.normalize import (
     correct,
@@ -218,11 +217,9 @@ class _Written:
 
     read: _Read
     key: str
-    checksum: str = ""
-    shape: tuple[int, int, int] = (0, 0, 0)
+    stored: Stored | None = None  # where and what the field is in the cache (``fieldwriter``)
     existed: bool = False
     environment: str = ""
-    intensity: mf.Intensity | None = None  # the stored array's, per channel (the trainer's input)
 
 
 def _one_pixel_type(
@@ -262,10 +259,12 @@ def build_plate(
     report: BuildReport,
     spool: mf.FieldSpool,
     window: int = 0,
+    pack: int = 0,
 ) -> int:
     """Pass 1 and 2 for one plate: its fields go into ``spool`` (label left to the manifest) as
     they are written, committed once the whole plate is; returns how many (0: left out).
-    ``window``: fields in flight at once (default ``2 * workers``)."""
+    ``window``: fields in flight at once (default ``2 * workers``); ``pack``: fields per pack
+    (0 or 1: one array per field; ``fieldwriter``)."""
     plate = rows[0].plate
     window = window or 2 * max(1, workers)
     try:
@@ -313,27 +312,23 @@ def build_plate(
             return 0
         norms = plate_normalization(hist, config.p_low, config.p_high)
 
-        def write(r: _Read) -> _Written:
-            key = _cache_key(r, illum_sources, norms, config)
-            rel = field_relpath(plate, key)
+        keys = [_cache_key(r, illum_sources, norms, config) for r in good]
+        writer = writer_for(cache, plate, config.chunk, config.clevel, pack)
+        writer.plan(keys)
+
+        def write(item: tuple[_Read, str]) -> _Written:
+            r, key = item
             out = _Written(r, key)
             try:
-                if cache.has_field(rel):
-                    stored = cache.open_array(rel)
-                    out.existed, out.shape = True, tuple(stored.shape)  # type: ignore[assignment]
-                    values = np.asarray(stored[...])
-                    out.checksum = array_checksum(values)
-                    out.intensity = mf.Intensity.of(values, channels_first=True)
+                out.stored = writer.stored(key)
+                if out.stored is not None:
+                    out.existed = True
                     return out
                 corrected, _, _ = _decode(storage, r.row, illum, retries, expect=r.sources)
                 array = to_uint8(corrected, norms)
                 del corrected
                 channels = tuple(c for c, _ in r.row.images)
-                out.checksum = cache.write_field(
-                    rel, array, channels, {"item_id": r.row.item_id}, config.chunk, config.clevel
-                )
-                out.shape = (array.shape[0], array.shape[1], array.shape[2])
-                out.intensity = mf.Intensity.of(array, channels_first=True)
+                out.stored = writer.write(key, r.row.item_id, array, channels)
             except (EnvironmentFault, CellPaintingError, StorageError, OSError) as exc:
                 # pass 1 decoded these very bytes: a failure now is the machine's, not the data's
                 out.environment = str(exc)
@@ -342,15 +337,21 @@ def build_plate(
         out = spool.plate()
         kept = 0
         try:
-            for w in bounded_map(pool, write, good, window):
-                if w.environment:
-                    environment = True
-                    report.environment.append(
-                        {"source": w.read.row.item_id, "reason": f"{ENVIRONMENT}: {w.environment}"}
-                    )
-                elif not environment:  # a plate left out keeps none: stop spooling
-                    kept += w.existed
-                    out.add(_field(w, plate, split, perturbations, norms, illum_sources))
+            try:
+                for w in bounded_map(pool, write, zip(good, keys, strict=True), window):
+                    if w.environment:
+                        environment = True
+                        report.environment.append(
+                            {
+                                "source": w.read.row.item_id,
+                                "reason": f"{ENVIRONMENT}: {w.environment}",
+                            }
+                        )
+                    elif not environment:  # a plate left out keeps none: stop spooling
+                        kept += w.existed
+                        out.add(_field(w, plate, split, perturbations, norms, illum_sources))
+            finally:
+                writer.close()
             if environment:
                 report.plates_left_out.append(plate)
                 return 0
@@ -370,16 +371,17 @@ def _field(
     norms: tuple[mf.Normalization, ...],
     illum: tuple[mf.ChannelSource, ...],
 ) -> mf.Field:
-    r = w.read
+    r, stored = w.read, w.stored
+    assert stored is not None
     pert = perturbations.get((plate, r.row.well))
     return mf.Field(
         item_id=r.row.item_id,
         split=split,
         label=None,
-        zarr_path=field_relpath(plate, w.key),
-        shape=w.shape,
+        zarr_path=stored.zarr_path,
+        shape=stored.shape,
         dtype="uint8",
-        checksum=w.checksum,
+        checksum=stored.checksum,
         cache_key=w.key,
         sources=r.sources,
         source=r.row.source,
@@ -394,5 +396,6 @@ def _field(
         normalization=norms,
         illum=illum,
         source_dtype=r.dtype,
-        intensity=w.intensity,
+        intensity=stored.intensity,
+        pack_index=stored.pack_index,
     )

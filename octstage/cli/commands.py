@@ -74,6 +74,7 @@ _KIND_ONLY = {
         "select_type",
         "map_prefix",
         "anonymous",
+        "pack",
     ),
 }
 
@@ -109,6 +110,7 @@ def build(a: argparse.Namespace) -> int:
             json_out=Path(a.json) if a.json else None,
             manifest_path=Path(a.manifest) if a.manifest else None,
             manifest_form=a.manifest_form,
+            pack=a.pack or 1,
         )
     if not a.labels:
         raise OctstageError("--labels (participants.tsv) is required for --kind oct")

@@ -244,6 +244,17 @@ def build_parser() -> argparse.ArgumentParser:
         "every octstage and octtrain command reads either)",
     )
     s.add_argument(
+        "--pack",
+        type=_at_least(1),
+        nargs="?",
+        const=64,
+        default=None,
+        metavar="K",
+        help="cellpainting: store a plate's fields in packs of K (default without --pack: 1, "
+        "one OME-Zarr group per field; --pack alone: 64), one Zarr array [K, C, Y, X] of two "
+        "objects each instead of three objects per field, for caches staged from object stores",
+    )
+    s.add_argument(
         "--config", help="YAML of build settings (configs/stage/*.yaml); default: 64x384x384"
     )
     s.add_argument(

@@ -24,6 +24,8 @@ CHECKS = ("kind", "empty", "duplicate", "split", "label", "shape", "shared-sourc
 # pretrain reads no labels, and an item in two splits only biases its validation figures (a
 # warning); profile scores every field whatever its split. The rest stop on every finding.
 # ``octtrain doctor`` applies the set of the job its config launches (pretrain or finetune).
+# Where a field's ``zarr_path`` may be: alone (``fields/<plate>/``) or packed (``packs/<plate>/``).
+FIELD_TOPS = ("fields", "packs")
 FATAL: dict[str, frozenset[str]] = {
     **{c: frozenset(CHECKS) for c in ("verify", "stage", "finetune", "evaluate")},
     "probe": frozenset(CHECKS),
@@ -158,6 +160,42 @@ def _duplicates(items: Sequence[Item], what: str, keys: tuple[str, ...]) -> list
     return found
 
 
+def _duplicate_addresses(items: Sequence[Item]) -> list[Finding]:
+    """Two fields at one address: the same ``zarr_path`` (the per-field form), or the same
+    place (``pack_index``) in one pack: they would read the same values."""
+    if isinstance(items, ItemTable):
+        index = items.column_array("pack_index", keep=False)
+        if index.null_count == len(index):  # no packed field: the path alone, as before
+            return _duplicates(items, "fields", ("zarr_path",))
+        address = pc.binary_join_element_wise(
+            items.column_array("zarr_path", keep=False),
+            pc.fill_null(pc.cast(index, "string"), ""),
+            "#",
+        )
+        if len(pc.unique(address)) == len(address):
+            return []
+        values: list[Any] = address.to_pylist()
+    else:
+        values = [f"{f.zarr_path}#{_pack_index(f)}" for f in items]
+    found: list[Finding] = []
+    seen: dict[str, int] = {}
+    for n, value in enumerate(values):
+        if value in seen:
+            path, _, slot = value.partition("#")
+            what = f"zarr_path {path!r}" + (f" pack_index {slot}" if slot else "")
+            found.append(
+                Finding("duplicate", f"fields[{n}]: {what} already listed at fields[{seen[value]}]")
+            )
+        else:
+            seen[value] = n
+    return found
+
+
+def _pack_index(item: Item) -> str:
+    index = getattr(item, "pack_index", None)
+    return "" if index is None else str(index)
+
+
 def _volume_findings(manifest: Manifest) -> list[Finding]:
     found = _duplicates(manifest.items, "volumes", ("zarr_path", "source_path", "cache_key"))
     for field_name, what in (("split", "splits"), ("study_group", "study groups")):
@@ -225,7 +263,8 @@ def _source_paths(items: Sequence[Field]) -> list[list[str]] | None:
 
 def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
     items = manifest.items
-    found = _duplicates(items, "fields", ("zarr_path", "cache_key", "item_id"))
+    found = _duplicates(items, "fields", ("cache_key", "item_id"))
+    found += _duplicate_addresses(items)
     plates: dict[str, set[str]] = {}
     if isinstance(items, ItemTable):
         plates = plate_splits(items)
@@ -253,12 +292,12 @@ def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
     for k, (item_id, plate, path, label, perturbation, shape) in enumerate(values):
         n = rows[k]
         parts = path.split("/")
-        if len(parts) < 3 or parts[0] != "fields" or parts[1] != plate:
+        if len(parts) < 3 or parts[0] not in FIELD_TOPS or parts[1] != plate:
             found.append(
                 Finding(
                     "shared-source",
                     f"fields[{n}] ({item_id}): of plate {plate} but stored at "
-                    f"{path!r}, not under fields/{plate}/",
+                    f"{path!r}, not under fields/{plate}/ or packs/{plate}/",
                 )
             )
         if label is not None and not 0 <= label < len(classes):

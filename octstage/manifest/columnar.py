@@ -68,6 +68,7 @@ ARROW_SCHEMAS: dict[str, pa.Schema] = {
             ("illum", pa.list_(_SOURCE)),
             ("source_dtype", pa.string()),
             ("intensity", _INTENSITY),
+            ("pack_index", pa.int64()),
         ]
     ),
     "oct": pa.schema(
@@ -99,6 +100,9 @@ ARROW_SCHEMAS: dict[str, pa.Schema] = {
         ]
     ),
 }
+# Columns added after tables were first written: a table without one reads it as all null
+# (``pack_index``: tables before packed caches, whose every field is its own array).
+OPTIONAL_COLUMNS = frozenset({"pack_index"})
 # Columns with few distinct values: read as Arrow dictionaries (one copy of each string).
 _DICTIONARY = ("split", "dtype", "source", "batch", "plate", "perturbation_type", "source_dtype")
 
@@ -175,7 +179,11 @@ class Columns:
         source = pa.BufferReader(self.source) if isinstance(self.source, bytes) else self.source
         dictionary = [name] if name in _DICTIONARY else None
         reader = pq.ParquetFile(source, memory_map=True, read_dictionary=dictionary)
-        column = reader.read(columns=[name]).column(0)
+        if name in OPTIONAL_COLUMNS and name not in reader.schema_arrow.names:
+            kind = ARROW_SCHEMAS[self.kind].field(name).type
+            column = pa.chunked_array([pa.nulls(self.rows, kind)])
+        else:
+            column = reader.read(columns=[name]).column(0)
         (self.kept if keep else self.scratch)[name] = column
         return column
 
@@ -211,7 +219,8 @@ def read_items(source: Path | bytes, kind: str, where: str, info: dict[str, Any]
             f"{where}: the item table has {rows} rows, the header says {info.get('rows')}"
         )
     expected = ARROW_SCHEMAS[kind]
-    if not schema.equals(expected):
+    older = pa.schema([f for f in expected if f.name not in OPTIONAL_COLUMNS])
+    if not (schema.equals(expected) or schema.equals(older)):
         raise ManifestError(
             f"{where}: item table columns {schema.names} differ from a {kind!r} manifest's "
             f"({expected.names}) or their types: upgrade octstage or rebuild the cache"
@@ -231,8 +240,9 @@ def plain_type(t: pa.DataType) -> pa.DataType:
 def json_row(row: dict[str, Any]) -> dict[str, Any]:
     """A table row as the JSON form's item dict: an unmeasured ``intensity`` (null) is absent,
     the ``clinical`` map (read as key-value pairs) an object."""
-    if row.get("intensity") is None:
-        row.pop("intensity", None)
+    for key in ("intensity", "pack_index"):
+        if row.get(key) is None:
+            row.pop(key, None)
     if "clinical" in row:
         row["clinical"] = dict(row["clinical"] or ())
     return row

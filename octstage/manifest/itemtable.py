@@ -119,14 +119,20 @@ class ItemTable(Sequence[T], Generic[T]):
         return ItemTable(self._columns, self._convert, index)
 
     def common(self) -> CommonRows:
-        """The items' common part a trainer reads (path, shape, split, label, intensity), as
-        arrays; one small record is built per item when it is read."""
+        """The items' common part a trainer reads (path, shape, split, label, intensity and a
+        packed field's ``pack_index``), as arrays; one small record is built per item when it
+        is read."""
         return CommonRows(
             self.column_array("zarr_path").combine_chunks(),
             shape_array(self.column_array("shape").combine_chunks()),
             self.column_array("split").combine_chunks(),
             self.column_array("label").combine_chunks(),
             self.column_array("intensity").combine_chunks(),
+            (
+                self.column_array("pack_index").combine_chunks()
+                if "pack_index" in self._columns.names  # a Cell Painting table's
+                else None
+            ),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -149,6 +155,7 @@ class CommonRecord:
     split: str
     label: int | None
     intensity: Intensity | None
+    pack_index: int | None = None  # a packed field's place in its pack's array
 
     @property
     def array_path(self) -> str:
@@ -167,9 +174,14 @@ class CommonRows(Sequence[CommonRecord]):
         split: pa.Array,
         label: pa.Array,
         intensity: pa.Array,
+        pack_index: pa.Array | None = None,
     ) -> None:
         self.zarr_path, self.shapes, self.split = zarr_path, shapes, split
         self.label, self.intensity = label, intensity
+        # None: no item is packed (no per-item null kept)
+        self.pack_index = (
+            pack_index if pack_index is None or pack_index.null_count < len(pack_index) else None
+        )
 
     def __len__(self) -> int:
         return len(self.zarr_path)
@@ -187,6 +199,7 @@ class CommonRows(Sequence[CommonRecord]):
                 self.split.take(take),
                 self.label.take(take),
                 self.intensity.take(take),
+                None if self.pack_index is None else self.pack_index.take(take),
             )
         n = len(self)
         if not -n <= key < n:
@@ -199,4 +212,5 @@ class CommonRows(Sequence[CommonRecord]):
             self.split[key].as_py(),
             self.label[key].as_py(),
             None if stats is None else Intensity(tuple(stats["mean"]), tuple(stats["std"])),
+            None if self.pack_index is None else self.pack_index[key].as_py(),
         )

@@ -144,6 +144,10 @@ class Field:
     illum: tuple[ChannelSource, ...] = ()  # illumination functions applied (empty: none)
     source_dtype: str = "uint16"  # the TIFFs' dtype (checked per file, never assumed)
     intensity: Intensity | None = None  # per channel, of the stored array; None in older manifests
+    # A packed field (``build-cache --pack K``): its place on the first axis of the pack's array
+    # ``[K, C, Y, X]`` at ``array_path`` (``zarr_path``: ``packs/<plate>/<key>.pack.zarr``),
+    # the field being ``[:, :shape[1], :shape[2]]`` of it; None: the array is the field alone.
+    pack_index: int | None = None
 
     @property
     def array_path(self) -> str:

@@ -79,6 +79,8 @@ def field_row(f: Field) -> dict[str, Any]:
         d[key] = list(d[key])
     for key in ("sources", "illum", "normalization"):
         d[key] = [dict(x) for x in d[key]]
+    if d.get("pack_index") is None:  # a per-field item: no key, as manifests before packs
+        d.pop("pack_index", None)
     return _intensity_to_dict(d)
 
 

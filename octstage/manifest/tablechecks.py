@@ -71,7 +71,7 @@ def _lengths(items: ItemTable[Any], name: str) -> np.ndarray:
 
 
 def _outside_plate(items: ItemTable[Any]) -> np.ndarray:
-    """Fields whose ``zarr_path`` is not ``fields/<its plate>/...``."""
+    """Fields whose ``zarr_path`` is not ``fields/<its plate>/...`` (or ``packs/...``)."""
     parts = pc.split_pattern(items.column_array("zarr_path"), "/", max_splits=2).combine_chunks()
     full = _mask(pc.equal(pc.list_value_length(parts), 3), default=False)
     bad = ~full
@@ -81,7 +81,7 @@ def _outside_plate(items: ItemTable[Any]) -> np.ndarray:
         kept = parts.take(take)
         plate = items.column_array("plate").combine_chunks().take(take)
         wrong = pc.or_(
-            pc.not_equal(pc.list_element(kept, 0), "fields"),
+            pc.invert(pc.is_in(pc.list_element(kept, 0), pa.array(["fields", "packs"]))),
             pc.not_equal(pc.list_element(kept, 1), plate),
         )
         bad[rows] = _mask(wrong)

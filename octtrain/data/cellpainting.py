@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from octstage.manifest import CommonRows, ItemTable
 from octtrain.config.dino import CropConfig
 from octtrain.config.sections import DataConfig
-from octtrain.data.arrayread import CachedArray, open_array
+from octtrain.data.arrayread import CachedArray, PackedItem, open_array, open_item
 from octtrain.data.ibot_masks import IbotCollate
 from octtrain.data.loaders import loader_kwargs
 from octtrain.data.samplers import EpochSampler
@@ -145,7 +145,7 @@ def around(region: Region, factor: float, height: int, width: int) -> Region:
     return gy, gx, gh, gw
 
 
-def read_region(array: CachedArray, region: Region) -> np.ndarray:
+def read_region(array: CachedArray | PackedItem, region: Region) -> np.ndarray:
     """``array[:, y:y+h, x:x+w]`` as uint8, reading only the chunks the region touches."""
     y, x, h, w = region
     return array.read((slice(None), slice(y, y + h), slice(x, x + w)))
@@ -218,14 +218,18 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.fields)
 
-    def open(self, index: int) -> CachedArray:
-        """The field's array (metadata only; chunks are read by ``read``)."""
+    def open(self, index: int) -> CachedArray | PackedItem:
+        """The field's array, or its place in a pack (metadata only; chunks are read by
+        ``read``)."""
         f = self.fields[index]
         path = self.cache_root / f.zarr_path / "0"
-        return open_array(path, f"field {f.zarr_path} at {path}")
+        slot = getattr(f, "pack_index", None)  # None: the array is the field alone
+        if slot is None:
+            return open_array(path, f"field {f.zarr_path} at {path}")
+        return open_item(path, f"field {f.zarr_path} [{slot}] at {path}", slot, f.shape)
 
     def _crop(
-        self, array: CachedArray, rng: np.random.Generator, region: Region, size: int
+        self, array: CachedArray | PackedItem, rng: np.random.Generator, region: Region, size: int
     ) -> np.ndarray:
         crop = resize(read_region(array, region), size)
         return flip_rotate(crop, rng, self.crops.flip, self.crops.rot90)

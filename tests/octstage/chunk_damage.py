@@ -17,7 +17,8 @@ EMPTY = 2**64 - 1
 
 
 def flip_decodable(array_dir: Path) -> int:
-    """Flip one byte of the first stored inner chunk of the one shard (``c/0/0/0``) of the
+    """Flip one byte of the first stored inner chunk of the one shard (``c/0/0/0``, a pack's
+    ``c/0/0/0/0``) of the
     sharded array at ``array_dir`` so that the chunk still decodes, to other values; the shard
     index and the chunk's crc32c (if the layout has one) are left as written. Returns the
     byte's offset in the shard."""
@@ -26,7 +27,7 @@ def flip_decodable(array_dir: Path) -> int:
     outer = meta["chunk_grid"]["configuration"]["chunk_shape"]
     n = math.prod(math.ceil(o / i) for o, i in zip(outer, conf["chunk_shape"], strict=True))
     crc = 4 if conf["codecs"][-1]["name"] == "crc32c" else 0
-    shard = array_dir / "c" / "0" / "0" / "0"
+    shard = array_dir.joinpath("c", *("0" * len(outer)))  # a field's 3 axes, a pack's 4
     raw = bytearray(shard.read_bytes())
     index = np.frombuffer(bytes(raw[-(n * 16 + 4) : -4]), dtype="<u8").reshape(n, 2)
     for offset, length in sorted((int(o), int(s)) for o, s in index if o != EMPTY):

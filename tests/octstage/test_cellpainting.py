@@ -303,6 +303,7 @@ def _table_rows(root: Path, table: str, prefixes: layout.PrefixMap) -> list[layo
         ("cellpainting", ["--labels", "participants.tsv"], "--labels: only for --kind oct"),
         ("cellpainting", ["--concept", "3004410", "--from-tsv"], "--from-tsv, --concept"),
         ("oct", ["--labels", "p.tsv", "--metadata", "m.csv"], "--metadata: only for --kind cell"),
+        ("oct", ["--labels", "p.tsv", "--pack", "8"], "--pack: only for --kind cellpainting"),
     ],
 )
 def test_an_option_of_the_other_kind_is_refused_not_ignored(

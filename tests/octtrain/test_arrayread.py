@@ -206,6 +206,21 @@ def test_no_metadata_and_layouts_not_read_here_are_data_errors(tmp_path: Path) -
         open_array(tmp_path / "gz", "x")
 
 
+def test_metadata_changed_since_it_was_parsed_is_parsed_again(tmp_path: Path) -> None:
+    """Parsed layouts are kept per zarr.json (a pack's is ~50 KB): a file rewritten since (a
+    restaged or rebuilt cache) is read again, never its old layout."""
+    zarr.create_array(store=str(tmp_path / "a"), shape=(4,), chunks=(2,), dtype="uint8")[...] = 1
+    assert open_array(tmp_path / "a", "x").shape == (4,)
+    meta = tmp_path / "a" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**doc, "data_type": "int8"}))
+    with pytest.raises(DataError, match="data type 'int8' is not uint8"):
+        open_array(tmp_path / "a", "x")
+    meta.unlink()
+    with pytest.raises(DataError, match="not in the cache"):
+        open_array(tmp_path / "a", "x")
+
+
 def edge_regions(shape: tuple[int, ...], chunks: tuple[int, ...]) -> list[tuple[slice, ...]]:
     """Per axis, spans that end on, start on, cross and stay inside chunk edges (and the
     array's last, partial chunk), combined across axes."""
