@@ -48,7 +48,7 @@ LOAD_DATA_ROOT = "workspace/load_data_csv/"
 _WELL = re.compile(r"^([A-Z]{1,2})(\d{1,2})$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FieldRow:
     """One row of a load-data table: a field and its channel (and illum) files."""
 

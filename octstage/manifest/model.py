@@ -31,7 +31,7 @@ SCHEMA_PATH = Path(__file__).resolve().parent.parent / "manifest.schema.json"
 CACHE_VERSION = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Normalization:
     """How raw intensities became uint8: clip to [low, high] (the p_low/p_high percentiles)."""
 
@@ -41,7 +41,7 @@ class Normalization:
     high: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Intensity:
     """Mean and standard deviation of a stored uint8 array's values, per channel (an OCT volume
     has one), measured when build-cache wrote it: what the trainer standardises its input with.
@@ -101,7 +101,7 @@ class Volume:
         return f"{self.zarr_path}/0"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChannelSource:
     """One source file of a Cell Painting field: a channel image (or its illumination function)."""
 
