@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from octstage.manifest.columnar import SOURCE_PATHS
@@ -16,6 +18,7 @@ from octstage.manifest.model import (
     Item,
     Manifest,
 )
+from octstage.manifest.repeats import ListedStrings, hash_lists, hash_strings, repeated
 from octstage.manifest.tablechecks import first_shapes, plate_splits, suspect_rows
 
 # What ``check`` looks for, by name: the consumers differ only in which of these are fatal.
@@ -73,10 +76,12 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
             Finding("kind", f"kind {manifest.kind!r} but it also lists {len(other)} other items")
         )
     try:
+        # Of an item table of fields, the sources' paths are hashed once, a row group at a time.
+        sources = _listed_sources(items) if manifest.kind == "cellpainting" else None
         # Of an item table, the per-row rules run over the rows Arrow finds suspect.
-        rows = _rows(manifest)
+        rows = _rows(manifest, sources)
         if manifest.kind == "cellpainting":
-            found += _field_findings(manifest, rows)
+            found += _field_findings(manifest, rows, sources)
         else:
             found += _volume_findings(manifest)
         found += _shape_findings(manifest, what, rows)
@@ -113,39 +118,50 @@ def _shape_findings(manifest: Manifest, what: str, rows: Sequence[int]) -> list[
     return found
 
 
-def _rows(manifest: Manifest) -> Sequence[int]:
+def _rows(manifest: Manifest, sources: ListedStrings | None) -> Sequence[int]:
     """The rows the per-row rules look at: every row, or an item table's suspects."""
     items = manifest.items
     if isinstance(items, ItemTable):
-        return suspect_rows(items, manifest.kind, manifest.classes)
+        counts = None if sources is None else sources.lengths
+        return suspect_rows(items, manifest.kind, manifest.classes, counts)
     return range(len(items))
+
+
+def _listed_sources(items: Sequence[Item]) -> ListedStrings | None:
+    """An item table's source paths hashed (``repeats``); None for a list of items."""
+    if isinstance(items, ItemTable):
+        return hash_lists(items.chunks(SOURCE_PATHS), "path")
+    return None
 
 
 def _values(items: Sequence[Item], name: str, rows: Sequence[int] | None = None) -> list[Any]:
     """One attribute of every item (or of ``rows``), in order; of an item table, its column
     (no item built)."""
     if isinstance(items, ItemTable):
+        if rows is not None and not len(rows):  # a view of no rows would read the column
+            return []
         return (items if rows is None else items.take(rows)).column(name, keep=False)
     values = [getattr(item, name) for item in items]
     return values if rows is None or isinstance(rows, range) else [values[n] for n in rows]
 
 
-def _all_distinct(items: Sequence[Item], name: str) -> bool:
-    """True when an item table's column holds no value twice (counted in Arrow); False when it
-    may: the caller then finds which (a list of Python objects is always looked at)."""
+def _maybe_repeated(items: Sequence[Item], name: str) -> Sequence[int]:
+    """The rows whose ``name`` may be listed twice: of an item table, those whose value's hash
+    repeats (``repeats``: no Python string per row); of a list of items, every row."""
     if not isinstance(items, ItemTable):
-        return False
-    column = items.column_array(name, keep=False)
-    return len(pc.unique(column)) == len(column)
+        return range(len(items))
+    rows = np.flatnonzero(repeated(hash_strings(items.chunks(name))))
+    return [int(n) for n in rows]
 
 
 def _duplicates(items: Sequence[Item], what: str, keys: tuple[str, ...]) -> list[Finding]:
     found = []
     for key in keys:
-        if _all_distinct(items, key):
+        rows = _maybe_repeated(items, key)
+        if not rows:
             continue
         seen: dict[object, int] = {}
-        for n, value in enumerate(_values(items, key)):
+        for n, value in zip(rows, _values(items, key, rows), strict=True):
             if value in seen:
                 found.append(
                     Finding(
@@ -203,27 +219,57 @@ def _volume_findings(manifest: Manifest) -> list[Finding]:
 
 
 def _lengths(items: Sequence[Item], name: str, rows: Sequence[int]) -> list[int]:
-    """How many values a list attribute (``channels``, ``sources``) holds, per item of ``rows``."""
+    """How many values a list attribute (``channels``) holds, per item of ``rows``."""
     if isinstance(items, ItemTable):
-        column = items.take(rows).column_array(SOURCE_PATHS if name == "sources" else name, False)
+        if not rows:  # a view of no rows would still read the whole column
+            return []
+        column = items.take(rows).column_array(name, False)
         return pc.list_value_length(column).to_pylist()  # type: ignore[no-any-return]
     return [len(value) for value in _values(items, name, rows)]
 
 
-def _source_paths(items: Sequence[Field]) -> list[list[str]] | None:
-    """Every item's source file paths; None when an item table lists no path twice (counted
-    in Arrow, without a Python string per source file)."""
-    if isinstance(items, ItemTable):
-        column = items.column_array(SOURCE_PATHS, keep=False)
-        paths = pc.struct_field(pc.list_flatten(column), "path")
-        if len(pc.unique(paths)) == len(paths):
-            return None
-        sources = column.to_pylist()
-        return [[s["path"] for s in row] for row in sources]
-    return [[s.path for s in item.sources] for item in items]
+def _source_pairs(
+    items: Sequence[Field], sources: ListedStrings | None
+) -> tuple[list[tuple[int, str]], dict[int, str]]:
+    """``(row, path)`` of every source file that may be another row's too, in the rows' order,
+    and those rows' ids. Of an item table (``sources`` hashed): only the paths whose hash
+    repeats, read again only when there are any; of a list of items, every path."""
+    if sources is None:
+        pairs = [(n, s.path) for n, item in enumerate(items) for s in item.sources]
+        return pairs, {n: item.item_id for n, item in enumerate(items)}
+    assert isinstance(items, ItemTable)
+    maybe = np.flatnonzero(repeated(sources.hashes))
+    if not len(maybe):
+        return [], {}
+    flat = pc.list_flatten(items.column_array(SOURCE_PATHS, keep=False))
+    paths = pc.struct_field(flat, "path").take(pa.array(maybe)).to_pylist()
+    rows = [int(n) for n in sources.rows[maybe]]
+    named = sorted(set(rows))
+    ids = dict(zip(named, _values(items, "item_id", named), strict=True))
+    return list(zip(rows, paths, strict=True)), ids
 
 
-def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
+def _shared_sources(items: Sequence[Field], sources: ListedStrings | None) -> list[Finding]:
+    """Two fields naming the same source file (they would share one array's data)."""
+    found: list[Finding] = []
+    pairs, ids = _source_pairs(items, sources)
+    first: dict[str, int] = {}
+    for n, path in pairs:
+        if path in first and first[path] != n:
+            found.append(
+                Finding(
+                    "shared-source",
+                    f"fields[{n}] ({ids[n]}): source {path!r} is also "
+                    f"fields[{first[path]}]'s ({ids[first[path]]})",
+                )
+            )
+        first.setdefault(path, n)
+    return found
+
+
+def _field_findings(
+    manifest: Manifest, rows: Sequence[int], sources: ListedStrings | None
+) -> list[Finding]:
     items = manifest.items
     found = _duplicates(items, "fields", ("zarr_path", "cache_key", "item_id"))
     plates: dict[str, set[str]] = {}
@@ -232,23 +278,14 @@ def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
     else:
         for plate, split in zip(_values(items, "plate"), _values(items, "split"), strict=True):
             plates.setdefault(plate, set()).add(split)
-    sources: dict[str, int] = {}
-    every = _source_paths(manifest.fields)
-    ids = _values(items, "item_id") if every is not None else []
-    for n, row in enumerate(every or ()):
-        for path in row:
-            if path in sources and sources[path] != n:
-                found.append(
-                    Finding(
-                        "shared-source",
-                        f"fields[{n}] ({ids[n]}): source {path!r} is also "
-                        f"fields[{sources[path]}]'s ({ids[sources[path]]})",
-                    )
-                )
-            sources.setdefault(path, n)
+    found += _shared_sources(manifest.fields, sources)
     names = ("item_id", "plate", "zarr_path", "label", "perturbation", "shape")
     values = zip(*(_values(items, name, rows) for name in names), strict=True)
-    channels, n_sources = _lengths(items, "channels", rows), _lengths(items, "sources", rows)
+    channels = _lengths(items, "channels", rows)
+    if sources is None:
+        n_sources = _lengths(items, "sources", rows)
+    else:
+        n_sources = [int(sources.lengths[n]) for n in rows]
     classes = manifest.classes
     for k, (item_id, plate, path, label, perturbation, shape) in enumerate(values):
         n = rows[k]

@@ -100,6 +100,16 @@ class ItemTable(Sequence[T], Generic[T]):
             col = col.take(self._index)
         return col.cast(plain_type(col.type)) if pa.types.is_dictionary(col.type) else col
 
+    def chunks(self, name: str) -> Iterator[pa.Array]:
+        """One column in pieces (a row group each, of the whole table; one piece of a view),
+        nothing kept, dictionary columns decoded: see ``Columns.chunks``."""
+        if self._index is not None:
+            yield self.column_array(name, keep=False).combine_chunks()
+            return
+        for chunk in self._columns.chunks(name):
+            dictionary = pa.types.is_dictionary(chunk.type)
+            yield chunk.cast(plain_type(chunk.type)) if dictionary else chunk
+
     def release(self) -> None:
         """Forget the columns read without ``keep`` (see ``Columns.release``)."""
         self._columns.release()
@@ -121,13 +131,14 @@ class ItemTable(Sequence[T], Generic[T]):
     def common(self) -> CommonRows:
         """The items' common part a trainer reads (path, shape, split, label, intensity), as
         arrays; one small record is built per item when it is read."""
-        return CommonRows(
-            self.column_array("zarr_path").combine_chunks(),
-            shape_array(self.column_array("shape").combine_chunks()),
-            self.column_array("split").combine_chunks(),
-            self.column_array("label").combine_chunks(),
-            self.column_array("intensity").combine_chunks(),
-        )
+        # Read for this view alone (not kept): the table's whole columns would stay beside it.
+        columns = [
+            self.column_array(name, keep=False).combine_chunks()
+            for name in ("zarr_path", "shape", "split", "label", "intensity")
+        ]
+        self.release()
+        path, shape, split, label, intensity = columns
+        return CommonRows(path, shape_array(shape), split, label, intensity)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
@@ -180,6 +191,16 @@ class CommonRows(Sequence[CommonRecord]):
     def __getitem__(self, key: slice) -> CommonRows: ...
     def __getitem__(self, key: int | slice) -> CommonRecord | CommonRows:
         if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step == 1:  # views of the same buffers (``[:max_samples]``: no copy)
+                n = max(stop - start, 0)
+                return CommonRows(
+                    self.zarr_path.slice(start, n),
+                    self.shapes[start : start + n],
+                    self.split.slice(start, n),
+                    self.label.slice(start, n),
+                    self.intensity.slice(start, n),
+                )
             take = pa.array(range(len(self))[key], pa.int64())
             return CommonRows(
                 self.zarr_path.take(take),

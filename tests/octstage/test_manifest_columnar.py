@@ -73,10 +73,11 @@ def test_a_trainer_s_common_rows_slice_as_a_list_does(tmp_path: Path) -> None:
     fields = cp_fields()
     manifest.write(make_cp_manifest(fields), tmp_path / "manifest.json", form="table")
     common = manifest.load(tmp_path / "manifest.json").fields.common()  # type: ignore[attr-defined]
-    for key in (slice(None), slice(1, None), slice(None, None, -1), slice(2, 0, -1)):
+    keys = (slice(None), slice(1, None), slice(None, None, -1), slice(2, 0, -1), slice(-2, None))
+    for key in (*keys, slice(1, 2), slice(2, 1), slice(None, 10), slice(5, 9)):
         part = common[key]
-        assert [(r.zarr_path, r.shape, r.split) for r in part] == [
-            (f.zarr_path, tuple(f.shape), f.split) for f in fields[key]
+        assert [(r.zarr_path, r.shape, r.split, r.label, r.intensity) for r in part] == [
+            (f.zarr_path, tuple(f.shape), f.split, f.label, f.intensity) for f in fields[key]
         ]
 
 
