@@ -15,10 +15,10 @@ import torch
 from octstage.manifest import load
 from octtrain.config.pretrain import MaskConfig
 from octtrain.config.sections import AugmentConfig, DataConfig
+from octtrain.data import samplers
 from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
 from octtrain.data.loaders import Prefetcher, padded_loader, train_loader
 from octtrain.data.masks import SampleMasker
-from octtrain.data import samplers
 from octtrain.data.samplers import EpochSampler, shard
 from octtrain.errors import DataError
 
