@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S1, _S2, _S3 = np.uint64(30), np.uint64(27), np.uint64(31)
 # The low ``k`` bytes of a little-endian word, for the last word of a string of ``8j + k``.
-_KEEP = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+_KEEP = np.array([(1 << (8 * k)) - 1 for k in range(8)], dtype=np.uint64)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -51,17 +51,20 @@ def string_hashes(values: pa.Array) -> np.ndarray:
         data[: high - low] = np.frombuffer(buffers[2], np.uint8, count=high - low, offset=low)
     # The 8 bytes from every byte position, as one (unaligned) word each: a view, not a copy.
     words = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
-    start, left = offsets[:-1] - low, np.diff(offsets)
-    hashes = left.astype(np.uint64) * _M1
-    rows = np.arange(n)
-    while len(rows):  # word k of every string that has one: ~11 rounds for 85-byte paths
-        word = words[start] & _KEEP[np.minimum(left, 8)]
-        hashes[rows] = _mix(hashes[rows] ^ word)
-        start += 8
-        left -= 8
-        more = left > 0
-        if not more.all():
-            rows, start, left = rows[more], start[more], left[more]
+    lengths = np.diff(offsets)
+    # Longest first: the strings that still have a word ``k`` are a prefix (views, no masks).
+    order = np.argsort(-lengths, kind="stable")
+    start, size = offsets[:-1][order] - low, lengths[order]
+    hashes = size.astype(np.uint64) * _M1
+    for k in range(0, int(size[0]) if n else 0, 8):  # ~11 rounds for 85-byte paths
+        alive = int(np.searchsorted(-size, -k, side="left"))  # strings longer than k bytes
+        whole = int(np.searchsorted(-size, -(k + 8), side="right"))  # with 8 bytes left
+        word = words[start[:alive] + k]
+        word[whole:] &= _KEEP[size[whole:alive] - k]  # a string's last, partial word
+        part = hashes[:alive]
+        part ^= word
+        _mix(part)
+    hashes[order] = hashes.copy()
     if values.null_count:
         hashes[~np.asarray(values.is_valid())] = 0
     return hashes
