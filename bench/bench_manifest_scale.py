@@ -35,9 +35,11 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,10 +59,10 @@ def rss_mb(pid: int | str = "self", key: str = "VmRSS") -> float:
     return 0.0
 
 
-def private_mb() -> float:
-    """This process's private resident memory (pages no other process shares), in MB."""
+def private_mb(pid: int | str = "self") -> float:
+    """A process's private resident memory (pages no other process shares), in MB."""
     total = 0
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         if line.startswith(("Private_Clean:", "Private_Dirty:")):
             total += int(line.split()[1])
     return total / 1024
@@ -245,8 +247,41 @@ def measure(path: Path, root: Path) -> dict[str, Any]:
     }
 
 
-def first_step(path: Path, root: Path, run_dir: Path) -> dict[str, Any]:
-    """``octtrain pretrain`` to its first logged step: wall time, trainer and worker RSS."""
+class Watch:
+    """Stops a process whose resident memory passes ``cap_mb`` (a thread polling it every
+    0.2 s): the JSON form of a million fields is measured until it passes the cap, not
+    extrapolated, and the machine keeps its memory. ``stopped`` says when, if it did."""
+
+    def __init__(self, proc: subprocess.Popen[Any], cap_mb: float) -> None:
+        self.proc, self.cap_mb, self.start = proc, cap_mb, time.perf_counter()
+        self.stopped: str | None = None
+        self.peak = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while self.proc.poll() is None:
+            try:
+                rss = rss_mb(self.proc.pid)
+            except OSError:  # exited between the poll and the read
+                return
+            self.peak = max(self.peak, rss)
+            if rss > self.cap_mb:
+                took = time.perf_counter() - self.start
+                self.stopped = f"stopped above {self.cap_mb / 1000:g} GB after {took:.0f} s"
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the process and its loader workers
+                return
+            time.sleep(0.2)
+
+    def join(self) -> str | None:
+        self.thread.join()
+        return self.stopped
+
+
+def first_step(path: Path, root: Path, run_dir: Path, cap_mb: float) -> dict[str, Any]:
+    """``octtrain pretrain`` to its first logged step: wall time, trainer and worker RSS (and
+    the workers' private memory: what each adds above the pages it shares with the trainer);
+    ``stopped`` where the trainer passed ``cap_mb`` first."""
     cmd = [
         sys.executable, "-m", "octtrain.cli", "pretrain",
         "--config", str(ROOT / "configs/pretrain/dino-tiny.yaml"),
@@ -257,8 +292,14 @@ def first_step(path: Path, root: Path, run_dir: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True
+        cmd,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=env,
+        text=True,
+        start_new_session=True,
     )
+    watch = Watch(proc, cap_mb)
     assert proc.stderr is not None
     out: dict[str, Any] = {"step1_s": None}
     lines = []
@@ -269,7 +310,11 @@ def first_step(path: Path, root: Path, run_dir: Path) -> dict[str, Any]:
             out["trainer_peak"] = rss_mb(proc.pid, "VmHWM")
             kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
             out["worker_rss"] = max((rss_mb(k) for k in kids), default=0.0)
+            out["worker_private"] = max((private_mb(k) for k in kids), default=0.0)
     proc.wait()
+    out["stopped"] = watch.join()
+    if out["stopped"]:
+        return out
     if out["step1_s"] is None:
         raise SystemExit(f"pretrain failed (exit {proc.returncode}):\n{''.join(lines[-30:])}")
     return out
@@ -281,12 +326,23 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(measure(path, root)))
 
 
-def run(cmd: list[str]) -> dict[str, Any]:
+def run(cmd: list[str], cap_mb: float) -> dict[str, Any]:
+    """One measurement in a fresh process, stopped if it passes ``cap_mb`` (``stopped``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=err, env=env, text=True, start_new_session=True
+        )
+        watch = Watch(proc, cap_mb)
+        proc.wait()
+        stopped = watch.join()
+        if stopped:
+            return {"stopped": stopped, "peak": watch.peak}
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{err.read()[-3000:]}")
+        result: dict[str, Any] = json.loads(out.read().strip().splitlines()[-1])
     return result
 
 
@@ -294,7 +350,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="25000,200000,1000000", help="fields per manifest, commas")
     p.add_argument("--real", type=int, default=128, help="real fields in the tiny cache")
-    p.add_argument("--json-max", type=int, default=200_000, help="largest size of the JSON form")
+    p.add_argument(
+        "--cap-gb",
+        type=float,
+        default=8.0,
+        help="stop a measured process (either form) whose RSS passes this many GB",
+    )
     p.add_argument("--pretrain", action="store_true", help="also time octtrain pretrain's step 1")
     p.add_argument("--workdir", help="keep the caches here (default: a temporary folder)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -310,8 +371,14 @@ def main() -> None:
         print(
             f"{'fields':>9} {'form':<5} {'file MB':>8} {'load s':>7} {'check s':>7} "
             f"{'RSS MB':>7} {'idx s':>6} {'wkr RSS':>8} {'wkr copied':>10}"
-            + (f" {'step1 s':>8} {'trainer pk':>10} {'wkr@step1':>9}" if args.pretrain else "")
+            + (
+                f" {'step1 s':>8} {'trainer pk':>10} {'wkr@step1':>9} {'wkr priv@1':>10}"
+                if args.pretrain
+                else ""
+            )
         )
+        cap = args.cap_gb * 1000
+        base = None
         for n in sizes:
             t = time.perf_counter()
             paths = write_manifests(work, real, n)
@@ -321,30 +388,35 @@ def main() -> None:
             )
             for form, path in paths.items():
                 size = sum(f.stat().st_size for f in path.parent.iterdir()) / 1e6
-                if form == "json" and n > args.json_max:
-                    print(
-                        f"{n:>9} {form:<5} {size:>8.1f}  not run (above --json-max {args.json_max})"
+                r = run([sys.executable, __file__, "--child", str(path), str(work)], cap)
+                if r.get("stopped"):
+                    line = f"{n:>9} {form:<5} {size:>8.1f}  {r['stopped']} (load, check, index)"
+                else:
+                    base = r["base_rss"]
+                    line = (
+                        f"{n:>9} {form:<5} {size:>8.1f} {r['load_s']:>7.2f} "
+                        f"{r['check_s']:>7.2f} {r['rss']:>7.0f} {r['index_s']:>6.2f} "
+                        f"{r['worker_rss']:>8.0f} {r['worker_private']:>10.0f}"
                     )
-                    continue
-                r = run([sys.executable, __file__, "--child", str(path), str(work)])
-                line = (
-                    f"{n:>9} {form:<5} {size:>8.1f} {r['load_s']:>7.2f} {r['check_s']:>7.2f} "
-                    f"{r['rss']:>7.0f} {r['index_s']:>6.2f} {r['worker_rss']:>8.0f} "
-                    f"{r['worker_private']:>10.0f}"
-                )
                 if args.pretrain:
-                    s = first_step(path, work, work / f"run-{n}-{form}")
-                    line += (
-                        f" {s['step1_s']:>8.1f} {s['trainer_peak']:>10.0f} {s['worker_rss']:>9.0f}"
-                    )
+                    s = first_step(path, work, work / f"run-{n}-{form}", cap)
+                    if s["stopped"]:
+                        line += f"; pretrain {s['stopped']}"
+                    else:
+                        line += (
+                            f" {s['step1_s']:>8.1f} {s['trainer_peak']:>10.0f} "
+                            f"{s['worker_rss']:>9.0f} {s['worker_private']:>10.0f}"
+                        )
                 print(line, flush=True)
             for path in paths.values():  # the next size's files need the room
                 for f in path.parent.iterdir():
                     f.unlink()
         print(
             "RSS MB: the trainer-like process after load, check and dataset (base "
-            f"{r['base_rss']:.0f} MB after imports); wkr: a forked loader worker after reading "
-            "every train field's record (copied: its private pages, i.e. copy-on-write copies)"
+            f"{base or 0:.0f} MB after imports); wkr: a forked loader worker after reading "
+            "every train field's record (copied: its private pages, i.e. copy-on-write copies); "
+            "step1: octtrain pretrain from its start to its first step, its peak RSS, a loader "
+            f"worker's RSS and private memory then; a process above {args.cap_gb:g} GB is stopped"
         )
 
 
