@@ -101,6 +101,9 @@ ARROW_SCHEMAS: dict[str, pa.Schema] = {
 }
 # Columns with few distinct values: read as Arrow dictionaries (one copy of each string).
 _DICTIONARY = ("split", "dtype", "source", "batch", "plate", "perturbation_type", "source_dtype")
+# Lists of a few distinct strings, read as lists of dictionaries a row group at a time (Arrow
+# reads no nested dictionary whole): a million fields' channel names are 5M strings otherwise.
+_DICTIONARY_LEAVES = {"channels": "channels.list.element"}
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,8 @@ class Columns:
                 yield from cache[name].chunks
                 return
         source = pa.BufferReader(self.source) if isinstance(self.source, bytes) else self.source
-        reader = pq.ParquetFile(source, memory_map=True)
+        leaf = _DICTIONARY_LEAVES.get(name)
+        reader = pq.ParquetFile(source, memory_map=True, read_dictionary=leaf and [leaf])
         for group in range(reader.num_row_groups):
             yield reader.read_row_group(group, columns=[name]).column(0).combine_chunks()
 

@@ -43,7 +43,7 @@ def suspect_rows(
 
 def padded_shapes(items: ItemTable[Any]) -> tuple[np.ndarray, np.ndarray]:
     """``(shapes, three)``: ``[n, 3]`` sizes (zeros where a shape has not 3) and which have 3."""
-    column = items.column_array("shape", keep=False).combine_chunks()
+    column = items.column_array("shape").combine_chunks()
     three = _mask(pc.equal(pc.list_value_length(column), 3), default=False)
     if three.all():  # the usual case: no row to leave out
         return shape_array(column), three
@@ -67,7 +67,7 @@ def first_shapes(items: ItemTable[Any]) -> dict[tuple[int, ...], int]:
 
 def plate_splits(items: ItemTable[Any]) -> dict[str, set[str]]:
     """The plates listed in more than one split, with their splits."""
-    plate, split = items.column_array("plate", False), items.column_array("split", False)
+    plate, split = items.column_array("plate", False), items.column_array("split")
     table = pa.table({"plate": plate, "split": split})
     grouped = table.group_by("plate").aggregate([("split", "distinct")]).to_pylist()
     return {g["plate"]: set(g["split_distinct"]) for g in grouped if len(g["split_distinct"]) > 1}
@@ -79,13 +79,17 @@ def _mask(values: Any, default: bool = True) -> np.ndarray:
 
 
 def _lengths(items: ItemTable[Any], name: str) -> np.ndarray:
-    lengths = pc.fill_null(pc.list_value_length(items.column_array(name, keep=False)), -1)
-    return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
+    # Streamed: only the lengths are kept (a list of dictionaries, for channels).
+    parts = [
+        np.asarray(pc.fill_null(pc.list_value_length(c), -1).to_numpy(), dtype=np.int64)
+        for c in items.chunks(name)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def _outside_plate(items: ItemTable[Any]) -> np.ndarray:
     """Fields whose ``zarr_path`` is not ``fields/<its plate>/...``."""
-    path = items.column_array("zarr_path", keep=False)
+    path = items.column_array("zarr_path")  # kept: a trainer reads it next (COMMON)
     parts = pc.split_pattern(path, "/", max_splits=2).combine_chunks()
     full = _mask(pc.equal(pc.list_value_length(parts), 3), default=False)
     bad = ~full
@@ -104,7 +108,7 @@ def _outside_plate(items: ItemTable[Any]) -> np.ndarray:
 
 def _label_suspects(items: ItemTable[Any], classes: tuple[str, ...]) -> np.ndarray:
     """Labelled fields whose label is not the index of their perturbation in ``classes``."""
-    label = items.column_array("label", keep=False).combine_chunks()
+    label = items.column_array("label").combine_chunks()
     known = pc.index_in(
         items.column_array("perturbation", keep=False), value_set=pa.array(classes, pa.string())
     )
