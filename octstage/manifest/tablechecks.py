@@ -88,22 +88,11 @@ def _lengths(items: ItemTable[Any], name: str) -> np.ndarray:
 
 
 def _outside_plate(items: ItemTable[Any]) -> np.ndarray:
-    """Fields whose ``zarr_path`` is not ``fields/<its plate>/...``."""
+    """Fields whose ``zarr_path`` is not ``fields/<its plate>/...``: the segment after
+    ``fields/`` up to the next ``/`` (no match: null, a suspect) differs from the plate."""
     path = items.column_array("zarr_path")  # kept: a trainer reads it next (COMMON)
-    parts = pc.split_pattern(path, "/", max_splits=2).combine_chunks()
-    full = _mask(pc.equal(pc.list_value_length(parts), 3), default=False)
-    bad = ~full
-    rows = np.flatnonzero(full)
-    if len(rows):
-        take = pa.array(rows)
-        kept = parts.take(take)
-        plate = items.column_array("plate", keep=False).combine_chunks().take(take)
-        wrong = pc.or_(
-            pc.not_equal(pc.list_element(kept, 0), "fields"),
-            pc.not_equal(pc.list_element(kept, 1), plate),
-        )
-        bad[rows] = _mask(wrong)
-    return bad
+    plate = pc.struct_field(pc.extract_regex(path, r"^fields/(?P<plate>[^/]*)/"), "plate")
+    return _mask(pc.not_equal(plate, items.column_array("plate", keep=False)))
 
 
 def _label_suspects(items: ItemTable[Any], classes: tuple[str, ...]) -> np.ndarray:
