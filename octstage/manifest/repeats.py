@@ -41,6 +41,8 @@ def string_hashes(values: pa.Array) -> np.ndarray:
     large = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
     width = 8 if large else 4
     n = len(values)
+    if not n:  # an empty array may come without an offsets buffer
+        return np.zeros(0, np.uint64)
     buffers = values.buffers()
     offsets = np.frombuffer(
         buffers[1], dtype=np.int64 if large else np.int32, count=n + 1, offset=values.offset * width
@@ -56,7 +58,7 @@ def string_hashes(values: pa.Array) -> np.ndarray:
     order = np.argsort(-lengths, kind="stable")
     start, size = offsets[:-1][order] - low, lengths[order]
     hashes = size.astype(np.uint64) * _M1
-    for k in range(0, int(size[0]) if n else 0, 8):  # ~11 rounds for 85-byte paths
+    for k in range(0, int(size[0]), 8):  # ~11 rounds for 85-byte paths
         alive = int(np.searchsorted(-size, -k, side="left"))  # strings longer than k bytes
         whole = int(np.searchsorted(-size, -(k + 8), side="right"))  # with 8 bytes left
         word = words[start[:alive] + k]
