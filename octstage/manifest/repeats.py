@@ -54,7 +54,7 @@ def string_hashes(values: pa.Array) -> np.ndarray:
     # The 8 bytes from every byte position, as one (unaligned) word each: a view, not a copy.
     words = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
     lengths = np.diff(offsets)
-    # Longest first: the strings that still have a word ``k`` are a prefix (views, no masks).
+    # Longest first: the strings that still have a word ``k`` are a prefix (views, no copies).
     order = np.argsort(-lengths, kind="stable")
     start, size = offsets[:-1][order] - low, lengths[order]
     hashes = size.astype(np.uint64) * _M1
