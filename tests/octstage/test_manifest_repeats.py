@@ -13,6 +13,8 @@ import pytest
 
 from octstage import manifest as mf
 from octstage.manifest import repeats
+from octstage.manifest.columnar import SOURCE_PATHS
+from octstage.manifest.itemtable import COMMON
 from tests.octstage.test_manifest_cellpainting import make_cp_manifest, make_field
 
 
@@ -82,3 +84,27 @@ def test_a_collision_of_hashes_alone_is_no_finding(
     found = mf.check(mf.load(tmp_path / "manifest.json"), "cellpainting")
     assert found == mf.check(m, "cellpainting")
     assert [f.check for f in found] == ["shared-source"] * 5, found
+
+
+def test_the_check_streams_the_source_paths_and_keeps_only_a_trainer_s_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A million fields name five million source files: the check reads their paths a row
+    # group at a time, never whole, and keeps no column a trainer does not read next.
+    fields = tuple(make_field(well=f"B{i:02d}", site=i) for i in range(1, 6))
+    path = tmp_path / "manifest.json"
+    mf.write(make_cp_manifest(fields), path, form="table")
+    loaded = mf.load(path)
+    assert isinstance(loaded.fields, mf.ItemTable)
+    columns = loaded.fields._columns
+    read_whole: list[str] = []
+    get = columns.get
+
+    def whole(name: str, keep: bool = True) -> pa.ChunkedArray:
+        read_whole.append(name)
+        return get(name, keep)
+
+    monkeypatch.setattr(columns, "get", whole)
+    assert mf.check(loaded, "cellpainting") == []
+    assert SOURCE_PATHS not in read_whole and "sources" not in read_whole, read_whole
+    assert set(columns.kept) <= set(COMMON) and not columns.scratch, columns.kept
