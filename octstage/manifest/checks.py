@@ -243,7 +243,7 @@ def _source_pairs(
         return [], {}
     flat = pc.list_flatten(items.column_array(SOURCE_PATHS, keep=False))
     paths = pc.struct_field(flat, "path").take(pa.array(maybe)).to_pylist()
-    rows = [int(n) for n in sources.rows[maybe]]
+    rows = [int(n) for n in sources.rows_of(maybe)]
     named = sorted(set(rows))
     ids = dict(zip(named, _values(items, "item_id", named), strict=True))
     return list(zip(rows, paths, strict=True)), ids

@@ -84,33 +84,31 @@ def repeated(hashes: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class ListedStrings:
     """A list-of-strings column hashed: each row's count of values (-1: a null list), and each
-    listed value's row and hash, in the rows' order."""
+    listed value's hash, in the rows' order."""
 
     lengths: np.ndarray
-    rows: np.ndarray
     hashes: np.ndarray
+
+    def rows_of(self, values: np.ndarray) -> np.ndarray:
+        """The row of each listed value (positions in ``hashes``)."""
+        ends = np.cumsum(np.maximum(self.lengths, 0))
+        return np.searchsorted(ends, values, side="right")
 
 
 def hash_lists(chunks: Iterable[pa.Array], leaf: str | None = None) -> ListedStrings:
     """Hash a list column read in chunks (of lists of strings, or of structs whose ``leaf``
     field is the string), one chunk at a time."""
-    lengths, rows, hashes = [], [], []
-    first = 0
+    lengths, hashes = [], []
     for chunk in chunks:
         count = pc.fill_null(pc.list_value_length(chunk), -1).to_numpy(zero_copy_only=False)
-        count = np.asarray(count, dtype=np.int64)
         values = pc.list_flatten(chunk)
         if leaf is not None:
             values = pc.struct_field(values, leaf)
-        lengths.append(count)
-        rows.append(np.repeat(np.arange(first, first + len(count)), np.maximum(count, 0)))
+        lengths.append(np.asarray(count, dtype=np.int64))
         hashes.append(string_hashes(values))
-        first += len(count)
-    empty = np.zeros(0, np.int64)
     return ListedStrings(
-        np.concatenate(lengths) if lengths else empty,
-        np.concatenate(rows) if rows else empty,
-        np.concatenate(hashes) if hashes else empty.astype(np.uint64),
+        np.concatenate(lengths) if lengths else np.zeros(0, np.int64),
+        np.concatenate(hashes) if hashes else np.zeros(0, np.uint64),
     )
 
 
