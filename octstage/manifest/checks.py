@@ -4,6 +4,7 @@ consumer before its work (``FATAL``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,14 +77,16 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
             Finding("kind", f"kind {manifest.kind!r} but it also lists {len(other)} other items")
         )
     try:
-        # Of an item table of fields, the sources' paths are hashed once, a row group at a time.
-        sources = _listed_sources(items) if manifest.kind == "cellpainting" else None
-        # Of an item table, the per-row rules run over the rows Arrow finds suspect.
-        rows = _rows(manifest, sources)
-        if manifest.kind == "cellpainting":
-            found += _field_findings(manifest, rows, sources)
-        else:
-            found += _volume_findings(manifest)
+        # Of an item table of fields, the sources' paths are read and hashed on a second core
+        # meanwhile (``_listed_sources``); of an item table, the per-row rules run over the
+        # rows Arrow finds suspect (``_rows``).
+        with ThreadPoolExecutor(1) as pool:
+            if manifest.kind == "cellpainting":
+                field_findings, rows = _field_findings(manifest, _listed_sources(pool, items))
+                found += field_findings
+            else:
+                rows = _rows(manifest, _no_sources)
+                found += _volume_findings(manifest)
         found += _shape_findings(manifest, what, rows)
     finally:
         if isinstance(items, ItemTable):
@@ -118,20 +121,33 @@ def _shape_findings(manifest: Manifest, what: str, rows: Sequence[int]) -> list[
     return found
 
 
-def _rows(manifest: Manifest, sources: ListedStrings | None) -> Sequence[int]:
-    """The rows the per-row rules look at: every row, or an item table's suspects."""
+def _rows(manifest: Manifest, sources: Callable[[], ListedStrings | None]) -> Sequence[int]:
+    """The rows the per-row rules look at: every row, or an item table's suspects (of its
+    fields, the sources' counts asked for last)."""
     items = manifest.items
-    if isinstance(items, ItemTable):
-        counts = None if sources is None else sources.lengths
-        return suspect_rows(items, manifest.kind, manifest.classes, counts)
-    return range(len(items))
+    if not isinstance(items, ItemTable):
+        return range(len(items))
+
+    def counts() -> np.ndarray | None:
+        listed = sources()
+        return None if listed is None else listed.lengths
+
+    return suspect_rows(items, manifest.kind, manifest.classes, counts)
 
 
-def _listed_sources(items: Sequence[Item]) -> ListedStrings | None:
-    """An item table's source paths hashed (``repeats``); None for a list of items."""
-    if isinstance(items, ItemTable):
-        return hash_lists(items.chunks(SOURCE_PATHS), "path")
+def _no_sources() -> ListedStrings | None:
     return None
+
+
+def _listed_sources(
+    pool: ThreadPoolExecutor, items: Sequence[Item]
+) -> Callable[[], ListedStrings | None]:
+    """An item table's source paths hashed (``repeats``), when asked for: read and hashed on
+    a second core while the other rules run (Arrow and numpy release the GIL; a million
+    fields' five million paths take about as long as every other rule). None for a list."""
+    if isinstance(items, ItemTable):
+        return pool.submit(hash_lists, items.chunks(SOURCE_PATHS), "path").result
+    return _no_sources
 
 
 def _values(items: Sequence[Item], name: str, rows: Sequence[int] | None = None) -> list[Any]:
@@ -268,8 +284,10 @@ def _shared_sources(items: Sequence[Field], sources: ListedStrings | None) -> li
 
 
 def _field_findings(
-    manifest: Manifest, rows: Sequence[int], sources: ListedStrings | None
-) -> list[Finding]:
+    manifest: Manifest, listed: Callable[[], ListedStrings | None]
+) -> tuple[list[Finding], Sequence[int]]:
+    """The fields' findings and the rows the per-row rules looked at; the rules that need
+    the sources' paths (``listed``) run last."""
     items = manifest.items
     found = _duplicates(items, "fields", ("zarr_path", "cache_key", "item_id"))
     plates: dict[str, set[str]] = {}
@@ -278,6 +296,8 @@ def _field_findings(
     else:
         for plate, split in zip(_values(items, "plate"), _values(items, "split"), strict=True):
             plates.setdefault(plate, set()).add(split)
+    rows = _rows(manifest, listed)
+    sources = listed()
     found += _shared_sources(manifest.fields, sources)
     names = ("item_id", "plate", "zarr_path", "label", "perturbation", "shape")
     values = zip(*(_values(items, name, rows) for name in names), strict=True)
@@ -326,7 +346,7 @@ def _field_findings(
             found.append(
                 Finding("split", f"plate {plate}: in {len(seen)} splits: {', '.join(sorted(seen))}")
             )
-    return found
+    return found, rows
 
 
 def consistency_problems(manifest: Manifest) -> list[str]:

@@ -10,6 +10,7 @@ class). The rules' words stay in ``checks``; a row found here and passed there i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,20 +25,21 @@ def suspect_rows(
     items: ItemTable[Any],
     kind: str,
     classes: tuple[str, ...],
-    source_counts: np.ndarray | None = None,
+    source_counts: Callable[[], np.ndarray | None] = lambda: None,
 ) -> list[int]:
     """Row numbers of ``items`` that a per-row rule of ``checks`` may refuse, in order.
-    ``source_counts``: each field's count of source files (-1: none listed) where the caller
-    has them (``repeats.hash_lists``), else read here."""
+    ``source_counts``: each field's count of source files (-1: none listed), asked for last
+    (the caller may still be reading them: ``repeats.hash_lists``); None: read here."""
     shapes, three = padded_shapes(items)
     bad = ~three | (three & (shapes.min(axis=1) < 1))
     bad |= _mask(pc.not_equal(items.column_array("dtype", keep=False), "uint8"))
     if kind == "cellpainting":
         channels = _lengths(items, "channels")
-        sources = _lengths(items, SOURCE_PATHS) if source_counts is None else source_counts
-        bad |= (three & (shapes[:, 0] != channels)) | (sources != channels)
+        bad |= three & (shapes[:, 0] != channels)
         bad |= _outside_plate(items)
         bad |= _label_suspects(items, classes)
+        sources = source_counts()
+        bad |= (_lengths(items, SOURCE_PATHS) if sources is None else sources) != channels
     return [int(n) for n in np.flatnonzero(bad)]
 
 
