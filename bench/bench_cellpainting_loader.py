@@ -296,9 +296,9 @@ def main() -> None:
         generate(src, plates=1, sites=2, size=a.size, seed=0, traps=False)
     root = src / "cpg0016-jump"  # the twin's tables name s3://cellpainting-gallery/: map them here
     prefixes = PrefixMap.parse([f"s3://cellpainting-gallery/cpg0016-jump/={root}/"])
-    _, manifest = build(
+    manifest = build(
         str(root), cache, metadata=str(src / "datasets" / "metadata"), prefixes=prefixes
-    )
+    )[1].load()
     rows = list(manifest.fields)
     print(
         f"{len(rows)} fields of {a.size}x{a.size}x5, crops {a.crop}, batch {a.batch}, "

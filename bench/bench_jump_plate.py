@@ -150,7 +150,7 @@ def child(root: Path, table: str, cache: Path, workers: int) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     t0, c0 = time.perf_counter(), os.times()
-    report, manifest = build(
+    report, built = build(
         str(root),
         cache,
         load_data=[table],
@@ -162,7 +162,7 @@ def child(root: Path, table: str, cache: Path, workers: int) -> None:
     sampler.join()
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    assert len(manifest.fields) == report.fields and not report.rejected, report
+    assert built.fields == report.fields and not report.rejected, report
     out = {"fields": report.fields, "wall": wall, "cpu": cpu, "rss": plate_rss[0]}
     out |= {"rss_manifest": rss, "scratch": peak[0]}
     print(json.dumps({**out, "output": _tree_bytes(cache)}))

@@ -111,7 +111,7 @@ def write_real_cache(root: Path, n: int) -> list[dict[str, Any]]:
             ),
             intensity=mf.Intensity.of(data, channels_first=True),
         )
-        rows.append(mf.serial._field_to_dict(field))
+        rows.append(mf.serial.field_row(field))
     return rows
 
 

@@ -60,18 +60,21 @@ class CacheStore:
     def write_bytes(self, name: str, data: bytes) -> None:
         self.storage.write_bytes(name, data)
 
-    def write_manifest(self, manifest: mf.Manifest, local: Path | None, form: str) -> None:
+    def write_manifest(
+        self, manifest: mf.Manifest, local: Path | None, form: str, rows: mf.Rows | None = None
+    ) -> None:
         """The build's last write, in ``form`` ("json" or "table"): to the file ``local`` when
         one is named, and into the cache itself when it is a bucket or no file was named; the
-        columnar form's item table before the header that names it."""
+        columnar form's item table before the header that names it. ``rows``: the items
+        streamed (``mf.write``), not ``manifest``'s."""
         if local is not None:
-            mf.write(manifest, local, form)
+            mf.write(manifest, local, form, rows)
         if self.local is None or local is None:
 
             def put(name: str, path: Path) -> None:
                 self.write_bytes(name, path.read_bytes())
 
-            self.write_bytes(MANIFEST, mf.header_bytes(manifest, form, put))
+            self.write_bytes(MANIFEST, mf.header_bytes(manifest, form, put, rows))
 
     def write_volume(
         self,

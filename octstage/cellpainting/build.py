@@ -44,11 +44,13 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 
 from octstage import manifest as mf
@@ -207,7 +209,7 @@ def build(
     prefixes: layout.PrefixMap = layout.NO_PREFIXES,
     anonymous: bool = False,
     manifest_form: str = "json",
-) -> tuple[BuildReport, mf.Manifest]:
+) -> tuple[BuildReport, Built]:
     """Build the cache at ``out`` (a folder or a bucket URL) from the root ``source`` (a URL
     or a Storage); ``anonymous``: read ``s3://`` without credentials (the public bucket)."""
     started = time.monotonic()
@@ -223,73 +225,126 @@ def build(
         )
     # The metadata first: a bad table stops the build before any image is read.
     perturbations = load_metadata(metadata, storage, anonymous) if metadata else {}
-    rows: list[layout.FieldRow] = []
-    for name in names:
-        # A bare name is under the source root; a path or URL is read where it is.
+
+    def table_rows(name: str) -> Iterator[layout.FieldRow]:
+        """The selected fields of one table, one at a time (a bare name is under the source
+        root; a path or URL is read where it is)."""
         where, data = (
             _table(name, anonymous)
             if ("://" in name or Path(name).is_absolute())
             else (name, storage.read_bytes(name))
         )
-        table = layout.parse_load_data(layout.read_table(data, where), where, storage.url, prefixes)
-        rows += [r for r in table if select.row(r, perturbations.get((r.plate, r.well)))]
-    seen: set[str] = set()
-    for r in rows:
-        if r.item_id in seen:
-            raise CellPaintingError(f"field {r.item_id} is listed twice in the load-data tables")
-        seen.add(r.item_id)
-    if not rows:
+        rows = layout.iter_load_data(layout.iter_table(data, where), where, storage.url, prefixes)
+        return (r for r in rows if select.row(r, perturbations.get((r.plate, r.well))))
+
+    # Pass over the tables: their plates and field counts, checked, nothing kept per field; each
+    # plate's rows are read again when it is built (a whole source is a million rows).
+    plate_tables: dict[str, list[str]] = {}
+    plate_fields: dict[str, int] = {}
+    ids = _ItemIds()
+    for name in names:
+        for r in table_rows(name):
+            ids.add(r.item_id)
+            if plate_fields.setdefault(r.plate, 0) == 0 or plate_tables[r.plate][-1] != name:
+                plate_tables.setdefault(r.plate, []).append(name)
+            plate_fields[r.plate] += 1
+    ids.check(lambda: (r.item_id for n in names for r in table_rows(n)))
+    if not plate_fields:
         raise CellPaintingError(f"no field of {len(names)} load-data table(s) is selected")
-    by_plate: dict[str, list[layout.FieldRow]] = {}
-    for r in rows:
-        by_plate.setdefault(r.plate, []).append(r)
-    splits = plate_splits(list(by_plate), config.val_share, config.test_share)
-    report = BuildReport(fields=len(rows), plates=len(by_plate))
+    splits = plate_splits(list(plate_fields), config.val_share, config.test_share)
+    report = BuildReport(fields=sum(plate_fields.values()), plates=len(plate_fields))
     cache = open_cache(out)
     # Never over another cache (an OCT one, or another source's): its manifest would be replaced.
     written = [p for p in (manifest_path, cache.local and cache.local / "manifest.json") if p]
     check_cache_folder(cache.local, written, "cellpainting", CellPaintingError)
-    built: list[tuple[mf.Field, str]] = []
-    for plate in sorted(by_plate):
-        built += build_plate(
-            storage,
-            by_plate[plate],
-            cache,
-            splits[plate],
-            perturbations,
-            config,
-            workers,
-            retries,
-            report,
+    with mf.FieldSpool() as spool:
+        for plate in sorted(plate_fields):
+            rows = [r for n in plate_tables[plate] for r in table_rows(n) if r.plate == plate]
+            build_plate(
+                storage,
+                rows,
+                cache,
+                splits[plate],
+                perturbations,
+                config,
+                workers,
+                retries,
+                report,
+                spool,
+            )
+            del rows
+            console.print(f"plate {plate}: {plate_fields[plate]} fields read ({splits[plate]})")
+        rejected = tuple(mf.Rejected(r["source"], r["reason"]) for r in report.rejected)
+        config_dict: dict[str, Any] = {
+            **asdict(config),
+            "load_data": names,
+            "metadata": metadata or "",
+            "select": {k: list(v) for k, v in asdict(select).items() if v},
+        }
+        header = mf.Header(
+            dataset=storage.url,
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            code_version=code_version(),
+            cache_version=mf.CACHE_VERSION,
+            config_hash=hashlib.sha256(
+                json.dumps(config_dict, sort_keys=True).encode()
+            ).hexdigest()[:16],
+            config=config_dict,
+            counts={
+                **spool.tally.counts(len(rejected)),
+                "environment": len(report.environment),
+            },
         )
-        console.print(f"plate {plate}: {len(by_plate[plate])} fields read ({splits[plate]})")
-    classes = tuple(sorted({p for _, p in built if p}))
-    fields = tuple(
-        mf.Field(**{**f.__dict__, "label": classes.index(p) if p else None}) for f, p in built
-    )
-    rejected = tuple(mf.Rejected(r["source"], r["reason"]) for r in report.rejected)
-    config_dict: dict[str, Any] = {
-        **asdict(config),
-        "load_data": names,
-        "metadata": metadata or "",
-        "select": {k: list(v) for k, v in asdict(select).items() if v},
-    }
-    header = mf.Header(
-        dataset=storage.url,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        code_version=code_version(),
-        cache_version=mf.CACHE_VERSION,
-        config_hash=hashlib.sha256(json.dumps(config_dict, sort_keys=True).encode()).hexdigest()[
-            :16
-        ],
-        config=config_dict,
-        counts={**mf.field_counts(fields, len(rejected)), "environment": len(report.environment)},
-    )
-    manifest = mf.Manifest(header, classes, (), rejected, kind="cellpainting", fields=fields)
-    # Last: a cache with a manifest is complete.
-    cache.write_manifest(manifest, manifest_path, manifest_form)
+        head = mf.Manifest(header, spool.classes, (), rejected, kind="cellpainting")
+        # Last: a cache with a manifest is complete.
+        cache.write_manifest(head, manifest_path, manifest_form, spool.rows)
     report.seconds = time.monotonic() - started
-    return report, manifest
+    return report, Built(head, spool.tally.fields, manifest_path or (cache.local and written[-1]))
+
+
+class _ItemIds:
+    """Every field id seen, as 8 bytes of its hash (a million ids: 8 MB, not ~100 MB of
+    strings); ``check`` names a repeated id as the tables give it."""
+
+    def __init__(self) -> None:
+        self._hashes = array("Q")
+
+    def add(self, item_id: str) -> None:
+        self._hashes.append(_id_hash(item_id))
+
+    def check(self, again: Callable[[], Iterable[str]]) -> None:
+        hashes = np.frombuffer(self._hashes, dtype=np.uint64)
+        values, counts = np.unique(hashes, return_counts=True)
+        twice = set(values[counts > 1].tolist())
+        if not twice:
+            return
+        seen: set[str] = set()
+        for item_id in again():  # a repeated hash: find the id, and tell a collision apart
+            if _id_hash(item_id) in twice:
+                if item_id in seen:
+                    raise CellPaintingError(
+                        f"field {item_id} is listed twice in the load-data tables"
+                    )
+                seen.add(item_id)
+
+
+def _id_hash(item_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(item_id.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class Built:
+    """What a build wrote: the manifest without its items (``head``), how many fields it lists,
+    and where its local copy is (None: only in the bucket). ``load`` reads the whole of it."""
+
+    head: mf.Manifest
+    fields: int
+    path: Path | None
+
+    def load(self) -> mf.Manifest:
+        if self.path is None:
+            raise CellPaintingError("the manifest was written only into the bucket")
+        return mf.load(self.path)
 
 
 def exit_code(report: BuildReport) -> int:
@@ -314,7 +369,7 @@ def run_build_cellpainting(
     manifest_form: str = "json",
 ) -> int:
     """CLI: build, print a summary; exit 0 / 1 / 3 (see ``exit_code``)."""
-    report, manifest = build(
+    report, built = build(
         source,
         out,
         load_data,
@@ -331,7 +386,7 @@ def run_build_cellpainting(
     if json_out:
         mf.atomic_write_text(json_out, json.dumps(asdict(report), indent=1) + "\n")
     console.print(
-        f"build-cache (cellpainting): {len(manifest.fields)}/{report.fields} fields of "
+        f"build-cache (cellpainting): {built.fields}/{report.fields} fields of "
         f"{report.plates} plates in the manifest ({report.written} written, {report.kept} kept), "
         f"{len(report.rejected)} rejected, {len(report.environment)} environment failures, "
         f"{report.seconds:.1f} s"
@@ -347,7 +402,7 @@ def run_build_cellpainting(
         )
     if on_report:
         on_report(report)
-    if not manifest.fields:  # --help: "2 ... or nothing kept (0 volumes)"
+    if not built.fields:  # --help: "2 ... or nothing kept (0 volumes)"
         console.print("[bold red]build-cache: nothing kept: the manifest lists no field")
         return 2
     return exit_code(report)

@@ -25,9 +25,12 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import itertools
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 from octstage.errors import CellPaintingError as LayoutError
 
@@ -120,29 +123,44 @@ def relative_name(
     return mapped[len(root) + 1 :]
 
 
-def read_table(data: bytes, name: str) -> list[dict[str, str]]:
-    """Rows of a parquet, CSV or gzip-compressed CSV table, every value as a string."""
+def iter_table(data: bytes, name: str, batch_rows: int = 128) -> Iterator[dict[str, str]]:
+    """Rows of a parquet, CSV or gzip-compressed CSV table, every value as a string, one at a
+    time: a parquet table is decoded ``batch_rows`` rows at a time and a CSV read as a stream,
+    so a plate's table never sits in memory as Python rows (a 3,456-field plate's would be
+    ~20 MB of dicts)."""
     if name.endswith(".parquet"):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        yield from _parquet_rows(data, name, batch_rows)
+        return
+    text: IO[str] = (
+        gzip.open(io.BytesIO(data), "rt", encoding="utf-8-sig", newline="")  # noqa: SIM115
+        if name.endswith(".gz")
+        else io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
+    )
+    with text:
         try:
-            table = pq.read_table(io.BytesIO(data))
-        except (pa.ArrowException, OSError) as exc:
-            raise LayoutError(f"{name}: not a readable parquet table: {exc}") from None
-        return [
-            {k: "" if v is None else str(v) for k, v in row.items()} for row in table.to_pylist()
-        ]
-    if name.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
+            yield from csv.DictReader(text)
         except (OSError, EOFError) as exc:
             raise LayoutError(f"{name}: not a readable gzip file: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise LayoutError(f"{name}: not a UTF-8 CSV table: {exc}") from None
+
+
+def _parquet_rows(data: bytes, name: str, batch_rows: int) -> Iterator[dict[str, str]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise LayoutError(f"{name}: not a UTF-8 CSV table: {exc}") from None
-    return list(csv.DictReader(io.StringIO(text)))
+        table = pq.ParquetFile(io.BytesIO(data))
+        for batch in table.iter_batches(batch_size=batch_rows):
+            for row in batch.to_pylist():
+                yield {k: "" if v is None else str(v) for k, v in row.items()}
+    except (pa.ArrowException, OSError) as exc:
+        raise LayoutError(f"{name}: not a readable parquet table: {exc}") from None
+
+
+def read_table(data: bytes, name: str) -> list[dict[str, str]]:
+    """Every row of a table (``iter_table``) at once: for the small metadata tables."""
+    return list(iter_table(data, name))
 
 
 def _channel_columns(header: Sequence[str], kind: str, name: str) -> dict[str, tuple[str, ...]]:
@@ -186,12 +204,22 @@ def _locate(row: dict[str, str], columns: tuple[str, ...], root: str, prefixes: 
 
 
 def parse_load_data(
-    rows: list[dict[str, str]], name: str, root_url: str, prefixes: PrefixMap | None = None
+    rows: Iterable[dict[str, str]], name: str, root_url: str, prefixes: PrefixMap | None = None
 ) -> list[FieldRow]:
     """The fields a load-data table lists; LayoutError names the table, row and column."""
-    if not rows:
+    return list(iter_load_data(rows, name, root_url, prefixes))
+
+
+def iter_load_data(
+    rows: Iterable[dict[str, str]], name: str, root_url: str, prefixes: PrefixMap | None = None
+) -> Iterator[FieldRow]:
+    """``parse_load_data`` one field at a time. What rows repeat (names of the source, batch and
+    plate, a plate's illumination files) is one object shared by every row that names it."""
+    it = iter(rows)
+    first = next(it, None)
+    if first is None:
         raise LayoutError(f"{name}: the load-data table lists no fields")
-    header = list(rows[0])
+    header = list(first)
     missing = [c for c in ("Metadata_Plate", "Metadata_Well", "Metadata_Site") if c not in header]
     orig = _channel_columns(header, "Orig", name)
     if not orig:
@@ -199,12 +227,12 @@ def parse_load_data(
     if missing:
         raise LayoutError(f"{name}: missing column(s) {', '.join(missing)}")
     illum_cols = _channel_columns(header, "Illum", name)
-    out: list[FieldRow] = []
-    for n, row in enumerate(rows, start=2):  # row 1 is the header
+    prefixes = prefixes or NO_PREFIXES
+    shared: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+    for n, row in enumerate(itertools.chain([first], it), start=2):  # row 1 is the header
         column = "Metadata_Site"
         try:
             site = int(float(row["Metadata_Site"]))
-            prefixes = prefixes or NO_PREFIXES
             images = []
             for c in CHANNELS:
                 column = "/".join(orig[c])
@@ -219,20 +247,18 @@ def parse_load_data(
             plate = row["Metadata_Plate"].strip()
             if not plate:
                 raise LayoutError("empty plate name")
-            out.append(
-                FieldRow(
-                    source=row.get("Metadata_Source", "") or "source",
-                    batch=row.get("Metadata_Batch", "") or "",
-                    plate=plate,
-                    well=well,
-                    site=site,
-                    images=tuple(images),
-                    illum=tuple(illum),
-                )
+            key = tuple(illum)
+            yield FieldRow(
+                source=sys.intern(row.get("Metadata_Source", "") or "source"),
+                batch=sys.intern(row.get("Metadata_Batch", "") or ""),
+                plate=sys.intern(plate),
+                well=sys.intern(well),
+                site=site,
+                images=tuple(images),
+                illum=shared.setdefault(key, key),
             )
         except (LayoutError, ValueError, KeyError, TypeError) as exc:
             raise LayoutError(f"{name}: row {n}: column {column}: {exc}") from None
-    return out
 
 
 def write_csv(rows: list[dict[str, object]]) -> bytes:

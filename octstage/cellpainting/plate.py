@@ -121,7 +121,7 @@ def _read(storage: Storage, name: str, retries: int) -> bytes:
     raise AssertionError("unreachable")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Read:
     """One field after pass 1 (its histogram is added to the plate's, then dropped)."""
 
@@ -212,7 +212,7 @@ def _plate_illum(
     return arrays, tuple(sources)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Written:
     """One field after pass 2."""
 
@@ -260,9 +260,11 @@ def build_plate(
     workers: int,
     retries: int,
     report: BuildReport,
+    spool: mf.FieldSpool,
     window: int = 0,
-) -> list[tuple[mf.Field, str]]:
-    """Pass 1 and 2 for one plate: its fields (label filled in later) or [] when left out.
+) -> int:
+    """Pass 1 and 2 for one plate: its fields go into ``spool`` (label left to the manifest) as
+    they are written, committed once the whole plate is; returns how many (0: left out).
     ``window``: fields in flight at once (default ``2 * workers``)."""
     plate = rows[0].plate
     window = window or 2 * max(1, workers)
@@ -271,10 +273,10 @@ def build_plate(
     except EnvironmentFault as exc:
         report.environment.append({"source": plate, "reason": f"{ENVIRONMENT}: {exc}"})
         report.plates_left_out.append(plate)
-        return []
+        return 0
     except CellPaintingError as exc:
         report.rejected.extend({"source": r.item_id, "reason": str(exc)} for r in rows)
-        return []
+        return 0
     n_channels = len(rows[0].images)
     hists: dict[str, np.ndarray] = {}  # pixel type -> the plate's summed histograms
     good: list[_Read] = []
@@ -305,10 +307,10 @@ def build_plate(
                 good.append(r)
         if environment:
             report.plates_left_out.append(plate)
-            return []
+            return 0
         good, hist = _one_pixel_type(good, hists, report)
         if not good or hist is None:
-            return []
+            return 0
         norms = plate_normalization(hist, config.p_low, config.p_high)
 
         def write(r: _Read) -> _Written:
@@ -337,53 +339,60 @@ def build_plate(
                 out.environment = str(exc)
             return out
 
-        written = list(_fields(bounded_map(pool, write, good, window), report))
-    if any(w.environment for w in written):
-        report.plates_left_out.append(plate)
-        return []
-    fields = []
-    for w in written:
-        r = w.read
-        report.kept += w.existed
-        report.written += not w.existed
-        pert = perturbations.get((plate, r.row.well))
-        fields.append(
-            (
-                mf.Field(
-                    item_id=r.row.item_id,
-                    split=split,
-                    label=None,
-                    zarr_path=field_relpath(plate, w.key),
-                    shape=w.shape,
-                    dtype="uint8",
-                    checksum=w.checksum,
-                    cache_key=w.key,
-                    sources=r.sources,
-                    source=r.row.source,
-                    batch=r.row.batch,
-                    plate=plate,
-                    well=r.row.well,
-                    site=r.row.site,
-                    channels=tuple(c for c, _ in r.row.images),
-                    perturbation=pert.perturbation if pert else "",
-                    perturbation_type=pert.perturbation_type if pert else "",
-                    is_control=bool(pert and pert.is_control),
-                    normalization=norms,
-                    illum=illum_sources,
-                    source_dtype=r.dtype,
-                    intensity=w.intensity,
-                ),
-                pert.perturbation if pert else "",
-            )
-        )
-    return fields
+        out = spool.plate()
+        kept = 0
+        try:
+            for w in bounded_map(pool, write, good, window):
+                if w.environment:
+                    environment = True
+                    report.environment.append(
+                        {"source": w.read.row.item_id, "reason": f"{ENVIRONMENT}: {w.environment}"}
+                    )
+                elif not environment:  # a plate left out keeps none: stop spooling
+                    kept += w.existed
+                    out.add(_field(w, plate, split, perturbations, norms, illum_sources))
+            if environment:
+                report.plates_left_out.append(plate)
+                return 0
+            out.commit()
+        finally:
+            out.close()
+    report.kept += kept
+    report.written += out.tally.fields - kept
+    return out.tally.fields
 
 
-def _fields(written: Iterable[_Written], report: BuildReport) -> Iterator[_Written]:
-    """Pass 2's results, environment faults reported as they come."""
-    for w in written:
-        if w.environment:
-            report.environment.append(
-                {"source": w.read.row.item_id, "reason": f"{ENVIRONMENT}: {w.environment}"}
-            )
-        yield w
+def _field(
+    w: _Written,
+    plate: str,
+    split: str,
+    perturbations: dict[tuple[str, str], Perturbation],
+    norms: tuple[mf.Normalization, ...],
+    illum: tuple[mf.ChannelSource, ...],
+) -> mf.Field:
+    r = w.read
+    pert = perturbations.get((plate, r.row.well))
+    return mf.Field(
+        item_id=r.row.item_id,
+        split=split,
+        label=None,
+        zarr_path=field_relpath(plate, w.key),
+        shape=w.shape,
+        dtype="uint8",
+        checksum=w.checksum,
+        cache_key=w.key,
+        sources=r.sources,
+        source=r.row.source,
+        batch=r.row.batch,
+        plate=plate,
+        well=r.row.well,
+        site=r.row.site,
+        channels=tuple(c for c, _ in r.row.images),
+        perturbation=pert.perturbation if pert else "",
+        perturbation_type=pert.perturbation_type if pert else "",
+        is_control=bool(pert and pert.is_control),
+        normalization=norms,
+        illum=illum,
+        source_dtype=r.dtype,
+        intensity=w.intensity,
+    )

@@ -28,7 +28,8 @@ The package, by concern: ``model`` (the items, header and constants), ``checks``
 of a manifest and which findings stop which consumer), ``tablechecks`` (the rows of an item table
 the checks must see, found in Arrow), ``repeats`` (values an item table lists twice, found by
 hashing its strings in numpy), ``serial`` (both forms, load and write), ``columnar`` (the
-item table's schemas, writer and column reader), ``itemtable`` (the items over its columns).
+item table's schemas, writer and column reader), ``itemtable`` (the items over its columns),
+``spool`` (a build's fields on disk until the manifest is written).
 Import from ``octstage.manifest``: octtrain imports nothing else of octstage.
 """
 
@@ -56,6 +57,7 @@ from octstage.manifest.model import TABLE_SCHEMA_VERSION as TABLE_SCHEMA_VERSION
 from octstage.manifest.model import ChannelSource as ChannelSource
 from octstage.manifest.model import Concept as Concept
 from octstage.manifest.model import Field as Field
+from octstage.manifest.model import FieldTally as FieldTally
 from octstage.manifest.model import Header as Header
 from octstage.manifest.model import Intensity as Intensity
 from octstage.manifest.model import Item as Item
@@ -65,6 +67,8 @@ from octstage.manifest.model import Rejected as Rejected
 from octstage.manifest.model import Volume as Volume
 from octstage.manifest.model import count_summary as count_summary
 from octstage.manifest.model import field_counts as field_counts
+from octstage.manifest.serial import Rows as Rows
+from octstage.manifest.serial import field_row as field_row
 from octstage.manifest.serial import from_dict as from_dict
 from octstage.manifest.serial import header_bytes as header_bytes
 from octstage.manifest.serial import item_rows as item_rows
@@ -73,6 +77,8 @@ from octstage.manifest.serial import table_file_name as table_file_name
 from octstage.manifest.serial import to_dict as to_dict
 from octstage.manifest.serial import to_header as to_header
 from octstage.manifest.serial import write as write
+from octstage.manifest.spool import FieldSpool as FieldSpool
+from octstage.manifest.spool import PlateSpool as PlateSpool
 from octstage.outputs import atomic_write_bytes as atomic_write_bytes
 from octstage.outputs import atomic_write_text as atomic_write_text
 

@@ -6,7 +6,7 @@ contradictions, ``serial`` reads and writes its JSON form.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -268,24 +268,61 @@ def count_summary(
     }
 
 
-def field_counts(fields: tuple[Field, ...] | list[Field], rejected: int) -> dict[str, Any]:
+def field_counts(fields: Iterable[Field], rejected: int) -> dict[str, Any]:
     """Counts for a Cell Painting manifest header: fields, plates, wells, controls, rejected,
     by split, plate and perturbation type."""
-    by: dict[str, dict[str, int]] = {"split": {}, "plate": {}, "type": {}}
+    tally = FieldTally()
     for f in fields:
-        for key, value in (
-            ("split", f.split),
-            ("plate", f.plate),
-            ("type", f.perturbation_type or "unknown"),
+        tally.add(f)
+    return tally.counts(rejected)
+
+
+@dataclass
+class FieldTally:
+    """``field_counts`` kept as fields come (a build streams them; none is kept)."""
+
+    fields: int = 0
+    controls: int = 0
+    wells: set[tuple[str, str]] = field(default_factory=set)
+    by_split: dict[str, int] = field(default_factory=dict)
+    by_plate: dict[str, int] = field(default_factory=dict)
+    by_type: dict[str, int] = field(default_factory=dict)
+    perturbations: set[str] = field(default_factory=set)  # the classes, once sorted
+
+    def add(self, f: Field) -> None:
+        self.fields += 1
+        self.controls += f.is_control
+        self.wells.add((f.plate, f.well))
+        for by, value in (
+            (self.by_split, f.split),
+            (self.by_plate, f.plate),
+            (self.by_type, f.perturbation_type or "unknown"),
         ):
-            by[key][value] = by[key].get(value, 0) + 1
-    return {
-        "fields": len(fields),
-        "plates": len({f.plate for f in fields}),
-        "wells": len({(f.plate, f.well) for f in fields}),
-        "controls": sum(f.is_control for f in fields),
-        "rejected": rejected,
-        "by_split": by["split"],
-        "by_plate": by["plate"],
-        "by_perturbation_type": by["type"],
-    }
+            by[value] = by.get(value, 0) + 1
+        if f.perturbation:
+            self.perturbations.add(f.perturbation)
+
+    def merge(self, other: FieldTally) -> None:
+        self.fields += other.fields
+        self.controls += other.controls
+        self.wells |= other.wells
+        for mine, theirs in (
+            (self.by_split, other.by_split),
+            (self.by_plate, other.by_plate),
+            (self.by_type, other.by_type),
+        ):
+            for k, n in theirs.items():
+                mine[k] = mine.get(k, 0) + n
+        self.perturbations |= other.perturbations
+
+    def counts(self, rejected: int) -> dict[str, Any]:
+        return {
+            "fields": self.fields,
+            "plates": len(self.by_plate),
+            "wells": len(self.wells),
+            "controls": self.controls,
+            "rejected": rejected,
+            "by_split": dict(self.by_split),
+            "by_plate": dict(self.by_plate),
+            "by_perturbation_type": dict(self.by_type),
+        }

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ def to_dict(manifest: Manifest) -> dict[str, Any]:
     out = _head(manifest, SCHEMA_VERSION)
     out["volumes"] = [_volume_to_dict(v) for v in manifest.volumes]
     if manifest.kind == "cellpainting":
-        out["fields"] = [_field_to_dict(f) for f in manifest.fields]
+        out["fields"] = [field_row(f) for f in manifest.fields]
     return out
 
 
@@ -68,11 +68,12 @@ def _head(manifest: Manifest, version: int) -> dict[str, Any]:
 def item_rows(manifest: Manifest) -> Iterator[dict[str, Any]]:
     """The manifest's items as the JSON form's dicts, one at a time (the table's rows)."""
     if manifest.kind == "cellpainting":
-        return (_field_to_dict(f) for f in manifest.fields)
+        return (field_row(f) for f in manifest.fields)
     return (_volume_to_dict(v) for v in manifest.volumes)
 
 
-def _field_to_dict(f: Field) -> dict[str, Any]:
+def field_row(f: Field) -> dict[str, Any]:
+    """A field as the JSON form's dict (and the item table's row)."""
     d = asdict(f)
     for key in ("shape", "channels"):
         d[key] = list(d[key])
@@ -225,28 +226,69 @@ def table_file_name(info: Any, source: str) -> str:
     return name
 
 
-def write(manifest: Manifest, path: str | os.PathLike[str], form: str = "json") -> None:
+Rows = Callable[[], Iterable[dict[str, Any]]]
+
+
+def write(
+    manifest: Manifest, path: str | os.PathLike[str], form: str = "json", rows: Rows | None = None
+) -> None:
     """Write atomically: a reader sees the old file or the complete new one, never a part.
     ``form`` "table": the items go first into ``<stem>.items.parquet`` beside ``path`` (one row
-    group at a time), then the header naming it, last."""
+    group at a time), then the header naming it, last. ``rows``: the items as the JSON form's
+    dicts, streamed (a build's spool) instead of ``manifest``'s; either form is then written a
+    row at a time, never as one document in memory."""
     p = Path(path)
     if form not in FORMS:
         raise ManifestError(f"manifest form {form!r} is not one of {', '.join(FORMS)}")
+    items = rows or (lambda: item_rows(manifest))
     if form == "json":
-        text = json.dumps(to_dict(manifest), indent=1, sort_keys=False)
-    else:
-        info = write_items(p.with_name(items_name(p)), manifest.kind, item_rows(manifest))
-        text = json.dumps(to_header(manifest, info), indent=1, sort_keys=False)
-    atomic_write_text(p, text + "\n")
+        partial = p.with_name(f".{p.name}.partial")
+        try:
+            with open(partial, "w", encoding="utf-8") as f:
+                for text in _json_text(manifest, items()):
+                    f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, p)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        return
+    info = write_items(p.with_name(items_name(p)), manifest.kind, items())
+    atomic_write_text(p, json.dumps(to_header(manifest, info), indent=1, sort_keys=False) + "\n")
 
 
-def header_bytes(manifest: Manifest, form: str, put: Callable[[str, Path], None]) -> bytes:
+def _json_text(manifest: Manifest, rows: Iterable[dict[str, Any]]) -> Iterator[str]:
+    """``json.dumps(to_dict(manifest), indent=1)`` and a newline, piece by piece, the items
+    taken from ``rows``: the same text, the items' list cut out of the dump and filled in."""
+    key = "fields" if manifest.kind == "cellpainting" else "volumes"
+    head = _head(manifest, SCHEMA_VERSION)
+    head["volumes"] = []
+    head[key] = [_MARK]
+    # The dump is '..."<key>": [\n  "<mark>"\n ]\n}': an item is nested two levels deep.
+    before, found, after = json.dumps(head, indent=1).partition("  " + json.dumps(_MARK))
+    assert found, "the items' mark is in the dump"
+    empty = True
+    for row in rows:
+        yield before if empty else ",\n"
+        yield "  " + json.dumps(row, indent=1).replace("\n", "\n  ")
+        empty = False
+    yield (before[: -len("\n")] + "]" + after[len("\n ]") :] if empty else after) + "\n"
+
+
+_MARK = "@@octstage manifest items@@"
+
+
+def header_bytes(
+    manifest: Manifest, form: str, put: Callable[[str, Path], None], rows: Rows | None = None
+) -> bytes:
     """The manifest file's bytes in ``form`` for a cache in a bucket; the table (form "table")
     is built in a local temporary folder and handed to ``put(name, path)`` before."""
+    items = rows or (lambda: item_rows(manifest))
     if form == "json":
-        return (json.dumps(to_dict(manifest), indent=1) + "\n").encode()
+        return "".join(_json_text(manifest, items())).encode()
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / items_name(Path("manifest.json"))
-        info = write_items(local, manifest.kind, item_rows(manifest))
+        info = write_items(local, manifest.kind, items())
         put(info.path, local)
     return (json.dumps(to_header(manifest, info), indent=1) + "\n").encode()

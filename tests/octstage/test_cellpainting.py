@@ -191,7 +191,8 @@ def test_a_tls_error_is_an_environment_failure_retried_on_the_next_run(
     victim = first.images[2][1]
     flaky = FlakyStorage(inner, victim, times=10)
     cache2 = tmp_path / "cache2"
-    report, m = build(flaky, cache2, metadata=meta, retries=2)
+    report, built_m = build(flaky, cache2, metadata=meta, retries=2)
+    m = built_m.load()
     assert exit_code(report) == 3
     assert flaky.calls == 3  # tried, then retried twice in the run
     assert [e["source"] for e in report.environment] == [next(r for r in _rows(s3_twin)).item_id]
@@ -204,7 +205,8 @@ def test_a_tls_error_is_an_environment_failure_retried_on_the_next_run(
     assert {f.plate for f in m.fields} == set(info.plates) - {first.plate}
     written = report.written
     # The next run (the network healthy again) retries it and keeps what was done.
-    report2, m2 = build(inner, cache2, metadata=meta)
+    report2, built_m2 = build(inner, cache2, metadata=meta)
+    m2 = built_m2.load()
     assert exit_code(report2) == 1 and not report2.environment  # only the planted bad TIFF
     assert len(m2.fields) == info.fields - 1 and report2.kept == written
     assert verify(cache2 / "manifest.json").ok
@@ -214,7 +216,8 @@ def test_a_transient_tls_error_is_retried_within_the_run(s3_twin: str, tmp_path:
     inner = open_storage(s3_twin)
     victim = _rows(s3_twin)[0].images[0][1]
     flaky = FlakyStorage(inner, victim, times=1)
-    report, m = build(flaky, tmp_path / "c", config=CellPaintingConfig(), retries=2)
+    report, built_m = build(flaky, tmp_path / "c", config=CellPaintingConfig(), retries=2)
+    m = built_m.load()
     # failed, retried in the run (pass 1), then read once more to be written (pass 2)
     assert flaky.calls == 3 and not report.environment
     assert any(f.sources[0].path == victim for f in m.fields)

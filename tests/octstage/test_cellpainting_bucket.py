@@ -52,7 +52,7 @@ def test_a_cellpainting_cache_builds_into_a_bucket_stages_and_verifies(
     root, info = twin
     meta = str(root.parent / info.metadata)
     folder = tmp_path / "folder"
-    _, local = build(s3_twin, folder, metadata=meta)
+    local = build(s3_twin, folder, metadata=meta)[1].load()
     # No scratch: nothing lands in the machine's temp folder.
     scratch_root = tmp_path / "tmp"
     scratch_root.mkdir()

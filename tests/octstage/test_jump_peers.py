@@ -93,9 +93,9 @@ def test_jump_portrait_fetches_every_field_octstage_stages(
 
     fetch = _jump_portrait()
     out, info = gallery
-    _, m = build(
+    m = build(
         f"s3://{BUCKET}/{info.dataset}", tmp_path / "cache", metadata=str(out / info.metadata)
-    )
+    )[1].load()
     assert len(m.fields) == info.fields - 1 and len(m.rejected) == 1  # the planted bad TIFF
     # jump-portrait's index: the plates' load_data_with_illum tables, joined with well.csv.gz.
     tables = [pq.read_table(out / info.dataset / t) for t in info.load_data if t.endswith("quet")]

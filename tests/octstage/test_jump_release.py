@@ -110,7 +110,8 @@ def test_a_gzipped_csv_table_is_found_and_read(
         csv.unlink()
     names = find_tables(layout_storage(root))
     assert names and all(n.endswith("load_data_with_illum.csv.gz") for n in names)
-    report, m = build(str(root), tmp_path / "c", prefixes=_prefixes(spec))
+    report, built_m = build(str(root), tmp_path / "c", prefixes=_prefixes(spec))
+    m = built_m.load()
     assert len(m.fields) == report.fields - 1  # the planted truncated TIFF
 
 
@@ -181,17 +182,21 @@ def test_selection_by_source_batch_plate_and_type(
 ) -> None:
     root, meta, spec = copy
     prefixes = _prefixes(spec)
-    _, m = build(str(root), tmp_path / "a", metadata=str(meta), prefixes=prefixes,
-                 select=Selection(sources=("source_2",)))  # fmt: skip
+    m = build(str(root), tmp_path / "a", metadata=str(meta), prefixes=prefixes,
+                 select=Selection(sources=("source_2",)))[1].load()  # fmt: skip
     assert {f.source for f in m.fields} == {"source_2"}
     batch = m.fields[0].batch
-    _, m = build(str(root), tmp_path / "b", prefixes=prefixes, select=Selection(batches=(batch,)))
+    m = build(str(root), tmp_path / "b", prefixes=prefixes, select=Selection(batches=(batch,)))[
+        1
+    ].load()
     assert {f.batch for f in m.fields} == {batch}
     plate = m.fields[0].plate
-    _, m = build(str(root), tmp_path / "c", prefixes=prefixes, select=Selection(plates=(plate,)))
+    m = build(str(root), tmp_path / "c", prefixes=prefixes, select=Selection(plates=(plate,)))[
+        1
+    ].load()
     assert {f.plate for f in m.fields} == {plate}
-    _, m = build(str(root), tmp_path / "d", metadata=str(meta), prefixes=prefixes,
-                 select=Selection(types=("negcon", "poscon")))  # fmt: skip
+    m = build(str(root), tmp_path / "d", metadata=str(meta), prefixes=prefixes,
+                 select=Selection(types=("negcon", "poscon")))[1].load()  # fmt: skip
     assert {f.perturbation_type for f in m.fields} == {"negcon", "poscon"}
     with pytest.raises(CellPaintingError, match="perturbation types needs --metadata"):
         build(str(root), tmp_path / "e", select=Selection(types=("negcon",)))
@@ -311,8 +316,27 @@ def test_a_source_that_changes_between_the_passes_is_an_environment_fault(
         layout.read_table((root / table).read_bytes(), table), table, str(root), _prefixes(spec)
     )
     changing = ChangingStorage(inner, rows[0].images[1][1])
-    report, m = build(changing, tmp_path / "c", load_data=[table], prefixes=_prefixes(spec))  # type: ignore[arg-type]
+    report, built_m = build(changing, tmp_path / "c", load_data=[table], prefixes=_prefixes(spec))  # type: ignore[arg-type]
+    m = built_m.load()
     assert report.plates_left_out == [rows[0].plate] and m.fields == ()
     assert [e["source"] for e in report.environment] == [rows[0].item_id]
     assert "changed at the source during the build" in report.environment[0]["reason"]
     assert not report.rejected
+
+
+def test_a_field_listed_in_two_tables_is_refused_before_any_image_is_read(
+    copy: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    """The build keeps 8 bytes per field id, not the ids: a repeated id must still be named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, _, spec = copy
+    a, b = find_tables(layout_storage(root))[:2]
+    first = pq.read_table(root / a).slice(3, 1)
+    other = pq.read_table(root / b)
+    pq.write_table(pa.concat_tables([other, first.cast(other.schema)]), root / b)
+    cache = tmp_path / "c"
+    with pytest.raises(CellPaintingError, match=r"field source_\d+/\S+/\S+/\d+ is listed twice"):
+        build(str(root), cache, load_data=[a, b], prefixes=_prefixes(spec))
+    assert not cache.exists()

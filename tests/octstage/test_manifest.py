@@ -109,3 +109,23 @@ def test_failed_write_keeps_the_old_manifest_and_leaves_no_temporary(tmp_path: P
         manifest.write(bad, path)
     assert manifest.load(path) == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+@pytest.mark.parametrize("kind", ["oct", "cellpainting", "empty"])
+def test_a_streamed_json_manifest_is_the_one_document_written_at_once(
+    tmp_path: Path, kind: str
+) -> None:
+    """``write(..., rows=...)`` writes the items as they come: the file must be the very text of
+    ``json.dumps(to_dict(m), indent=1)`` that the whole manifest gives."""
+    from tests.octstage.test_manifest_cellpainting import make_cp_manifest, make_field
+
+    if kind == "cellpainting":
+        m = make_cp_manifest((make_field(), make_field(well="B02"), make_field(site=2)))
+    else:
+        m = make_manifest(() if kind == "empty" else (make_volume(), make_volume("1002")))
+    streamed = tmp_path / "streamed.json"
+    rows = list(manifest.item_rows(m))
+    manifest.write(m, streamed, rows=lambda: iter(rows))
+    whole = json.dumps(manifest.to_dict(m), indent=1) + "\n"
+    assert streamed.read_text() == whole
+    assert manifest.load(streamed) == m
