@@ -4,9 +4,12 @@ consumer before its work (``FATAL``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from octstage.manifest.columnar import SOURCE_PATHS
@@ -16,6 +19,7 @@ from octstage.manifest.model import (
     Item,
     Manifest,
 )
+from octstage.manifest.repeats import ListedStrings, hash_lists, hash_strings, repeated
 from octstage.manifest.tablechecks import first_shapes, plate_splits, suspect_rows
 
 # What ``check`` looks for, by name: the consumers differ only in which of these are fatal.
@@ -75,12 +79,16 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
             Finding("kind", f"kind {manifest.kind!r} but it also lists {len(other)} other items")
         )
     try:
-        # Of an item table, the per-row rules run over the rows Arrow finds suspect.
-        rows = _rows(manifest)
-        if manifest.kind == "cellpainting":
-            found += _field_findings(manifest, rows)
-        else:
-            found += _volume_findings(manifest)
+        # Of an item table of fields, the sources' paths are read and hashed on a second core
+        # meanwhile (``_listed_sources``); of an item table, the per-row rules run over the
+        # rows Arrow finds suspect (``_rows``).
+        with ThreadPoolExecutor(1) as pool:
+            if manifest.kind == "cellpainting":
+                field_findings, rows = _field_findings(manifest, _listed_sources(pool, items))
+                found += field_findings
+            else:
+                rows = _rows(manifest, _no_sources)
+                found += _volume_findings(manifest)
         found += _shape_findings(manifest, what, rows)
     finally:
         if isinstance(items, ItemTable):
@@ -115,39 +123,63 @@ def _shape_findings(manifest: Manifest, what: str, rows: Sequence[int]) -> list[
     return found
 
 
-def _rows(manifest: Manifest) -> Sequence[int]:
-    """The rows the per-row rules look at: every row, or an item table's suspects."""
+def _rows(manifest: Manifest, sources: Callable[[], ListedStrings | None]) -> Sequence[int]:
+    """The rows the per-row rules look at: every row, or an item table's suspects (of its
+    fields, the sources' counts asked for last)."""
     items = manifest.items
+    if not isinstance(items, ItemTable):
+        return range(len(items))
+
+    def counts() -> np.ndarray | None:
+        listed = sources()
+        return None if listed is None else listed.lengths
+
+    return suspect_rows(items, manifest.kind, manifest.classes, counts)
+
+
+def _no_sources() -> ListedStrings | None:
+    return None
+
+
+def _listed_sources(
+    pool: ThreadPoolExecutor, items: Sequence[Item]
+) -> Callable[[], ListedStrings | None]:
+    """An item table's source paths hashed (``repeats``), when asked for: read and hashed on
+    a second core while the other rules run (Arrow and numpy release the GIL; a million
+    fields' five million paths take about as long as every other rule). None for a list."""
     if isinstance(items, ItemTable):
-        return suspect_rows(items, manifest.kind, manifest.classes)
-    return range(len(items))
+        return pool.submit(hash_lists, items.chunks(SOURCE_PATHS), "path").result
+    return _no_sources
 
 
 def _values(items: Sequence[Item], name: str, rows: Sequence[int] | None = None) -> list[Any]:
     """One attribute of every item (or of ``rows``), in order; of an item table, its column
     (no item built)."""
     if isinstance(items, ItemTable):
+        if rows is not None and not len(rows):  # a view of no rows would read the column
+            return []
         return (items if rows is None else items.take(rows)).column(name, keep=False)
     values = [getattr(item, name) for item in items]
     return values if rows is None or isinstance(rows, range) else [values[n] for n in rows]
 
 
-def _all_distinct(items: Sequence[Item], name: str) -> bool:
-    """True when an item table's column holds no value twice (counted in Arrow); False when it
-    may: the caller then finds which (a list of Python objects is always looked at)."""
+def _maybe_repeated(items: Sequence[Item], name: str) -> Sequence[int]:
+    """The rows whose ``name`` may be listed twice: of an item table, those whose value's hash
+    repeats (``repeats``: no Python string per row); of a list of items, every row."""
     if not isinstance(items, ItemTable):
-        return False
-    column = items.column_array(name, keep=False)
-    return len(pc.unique(column)) == len(column)
+        return range(len(items))
+    rows = np.flatnonzero(repeated(hash_strings(items.chunks(name))))
+    return [int(n) for n in rows]
 
 
 def _duplicates(items: Sequence[Item], what: str, keys: tuple[str, ...]) -> list[Finding]:
     found = []
     for key in keys:
-        if _all_distinct(items, key):
+        rows = _maybe_repeated(items, key)
+        if not rows:
             continue
         seen: dict[object, int] = {}
-        for n, value in enumerate(_values(items, key)):
+        for n, value in zip(rows, _values(items, key, rows), strict=True):
             if value in seen:
                 found.append(
                     Finding(
@@ -241,27 +273,59 @@ def _volume_findings(manifest: Manifest) -> list[Finding]:
 
 
 def _lengths(items: Sequence[Item], name: str, rows: Sequence[int]) -> list[int]:
-    """How many values a list attribute (``channels``, ``sources``) holds, per item of ``rows``."""
+    """How many values a list attribute (``channels``) holds, per item of ``rows``."""
     if isinstance(items, ItemTable):
-        column = items.take(rows).column_array(SOURCE_PATHS if name == "sources" else name, False)
+        if not rows:  # a view of no rows would still read the whole column
+            return []
+        column = items.take(rows).column_array(name, False)
         return pc.list_value_length(column).to_pylist()  # type: ignore[no-any-return]
     return [len(value) for value in _values(items, name, rows)]
 
 
-def _source_paths(items: Sequence[Field]) -> list[list[str]] | None:
-    """Every item's source file paths; None when an item table lists no path twice (counted
-    in Arrow, without a Python string per source file)."""
-    if isinstance(items, ItemTable):
-        column = items.column_array(SOURCE_PATHS, keep=False)
-        paths = pc.struct_field(pc.list_flatten(column), "path")
-        if len(pc.unique(paths)) == len(paths):
-            return None
-        sources = column.to_pylist()
-        return [[s["path"] for s in row] for row in sources]
-    return [[s.path for s in item.sources] for item in items]
+def _source_pairs(
+    items: Sequence[Field], sources: ListedStrings | None
+) -> tuple[list[tuple[int, str]], dict[int, str]]:
+    """``(row, path)`` of every source file that may be another row's too, in the rows' order,
+    and those rows' ids. Of an item table (``sources`` hashed): only the paths whose hash
+    repeats, read again only when there are any; of a list of items, every path."""
+    if sources is None:
+        pairs = [(n, s.path) for n, item in enumerate(items) for s in item.sources]
+        return pairs, {n: item.item_id for n, item in enumerate(items)}
+    assert isinstance(items, ItemTable)
+    maybe = np.flatnonzero(repeated(sources.hashes))
+    if not len(maybe):
+        return [], {}
+    flat = pc.list_flatten(items.column_array(SOURCE_PATHS, keep=False))
+    paths = pc.struct_field(flat, "path").take(pa.array(maybe)).to_pylist()
+    rows = [int(n) for n in sources.rows_of(maybe)]
+    named = sorted(set(rows))
+    ids = dict(zip(named, _values(items, "item_id", named), strict=True))
+    return list(zip(rows, paths, strict=True)), ids
 
 
-def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
+def _shared_sources(items: Sequence[Field], sources: ListedStrings | None) -> list[Finding]:
+    """Two fields naming the same source file (they would share one array's data)."""
+    found: list[Finding] = []
+    pairs, ids = _source_pairs(items, sources)
+    first: dict[str, int] = {}
+    for n, path in pairs:
+        if path in first and first[path] != n:
+            found.append(
+                Finding(
+                    "shared-source",
+                    f"fields[{n}] ({ids[n]}): source {path!r} is also "
+                    f"fields[{first[path]}]'s ({ids[first[path]]})",
+                )
+            )
+        first.setdefault(path, n)
+    return found
+
+
+def _field_findings(
+    manifest: Manifest, listed: Callable[[], ListedStrings | None]
+) -> tuple[list[Finding], Sequence[int]]:
+    """The fields' findings and the rows the per-row rules looked at; the rules that need
+    the sources' paths (``listed``) run last."""
     items = manifest.items
     found = _duplicates(items, "fields", ("cache_key", "item_id"))
     found += _duplicate_addresses(items)
@@ -271,23 +335,16 @@ def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
     else:
         for plate, split in zip(_values(items, "plate"), _values(items, "split"), strict=True):
             plates.setdefault(plate, set()).add(split)
-    sources: dict[str, int] = {}
-    every = _source_paths(manifest.fields)
-    ids = _values(items, "item_id") if every is not None else []
-    for n, row in enumerate(every or ()):
-        for path in row:
-            if path in sources and sources[path] != n:
-                found.append(
-                    Finding(
-                        "shared-source",
-                        f"fields[{n}] ({ids[n]}): source {path!r} is also "
-                        f"fields[{sources[path]}]'s ({ids[sources[path]]})",
-                    )
-                )
-            sources.setdefault(path, n)
+    rows = _rows(manifest, listed)
+    sources = listed()
+    found += _shared_sources(manifest.fields, sources)
     names = ("item_id", "plate", "zarr_path", "label", "perturbation", "shape")
     values = zip(*(_values(items, name, rows) for name in names), strict=True)
-    channels, n_sources = _lengths(items, "channels", rows), _lengths(items, "sources", rows)
+    channels = _lengths(items, "channels", rows)
+    if sources is None:
+        n_sources = _lengths(items, "sources", rows)
+    else:
+        n_sources = [int(sources.lengths[n]) for n in rows]
     classes = manifest.classes
     for k, (item_id, plate, path, label, perturbation, shape) in enumerate(values):
         n = rows[k]
@@ -328,7 +385,7 @@ def _field_findings(manifest: Manifest, rows: Sequence[int]) -> list[Finding]:
             found.append(
                 Finding("split", f"plate {plate}: in {len(seen)} splits: {', '.join(sorted(seen))}")
             )
-    return found
+    return found, rows
 
 
 def consistency_problems(manifest: Manifest) -> list[str]:

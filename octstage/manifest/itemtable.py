@@ -22,6 +22,9 @@ from octstage.manifest.columnar import Columns, json_row, plain_type
 from octstage.manifest.model import Intensity
 
 T = TypeVar("T")
+# The columns a trainer keeps of its split (``ItemTable.common``): the check keeps the ones it
+# reads, for the trainer reads them next.
+COMMON = ("zarr_path", "shape", "split", "label", "intensity")
 
 
 def shape_array(column: pa.Array) -> np.ndarray:
@@ -31,6 +34,11 @@ def shape_array(column: pa.Array) -> np.ndarray:
     if len(values) != 3 * len(column):
         raise ValueError("a shape without 3 sizes")
     return np.asarray(values, dtype=np.int64).reshape(-1, 3)
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its only chunk as it is (``combine_chunks`` copies even one)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 class ItemTable(Sequence[T], Generic[T]):
@@ -100,6 +108,16 @@ class ItemTable(Sequence[T], Generic[T]):
             col = col.take(self._index)
         return col.cast(plain_type(col.type)) if pa.types.is_dictionary(col.type) else col
 
+    def chunks(self, name: str) -> Iterator[pa.Array]:
+        """One column in pieces (a row group each, of the whole table; one piece of a view),
+        nothing kept, dictionary columns decoded: see ``Columns.chunks``."""
+        if self._index is not None:
+            yield self.column_array(name, keep=False).combine_chunks()
+            return
+        for chunk in self._columns.chunks(name):
+            dictionary = pa.types.is_dictionary(chunk.type)
+            yield chunk.cast(plain_type(chunk.type)) if dictionary else chunk
+
     def release(self) -> None:
         """Forget the columns read without ``keep`` (see ``Columns.release``)."""
         self._columns.release()
@@ -121,19 +139,20 @@ class ItemTable(Sequence[T], Generic[T]):
     def common(self) -> CommonRows:
         """The items' common part a trainer reads (path, shape, split, label, intensity and a
         packed field's ``pack_index``), as arrays; one small record is built per item when it
-        is read."""
-        return CommonRows(
-            self.column_array("zarr_path").combine_chunks(),
-            shape_array(self.column_array("shape").combine_chunks()),
-            self.column_array("split").combine_chunks(),
-            self.column_array("label").combine_chunks(),
-            self.column_array("intensity").combine_chunks(),
-            (
-                self.column_array("pack_index").combine_chunks()
-                if "pack_index" in self._columns.names  # a Cell Painting table's
-                else None
-            ),
+        is read. The table's whole columns (kept: the check has read most of them) and this
+        view's row numbers: no column is copied for a split."""
+        columns = [self._columns.get(name) for name in COMMON]
+        path, shape, split, label, intensity = (
+            _one_array(c.cast(plain_type(c.type)) if pa.types.is_dictionary(c.type) else c)
+            for c in columns
         )
+        pack = (
+            _one_array(self._columns.get("pack_index"))
+            if "pack_index" in self._columns.names  # a Cell Painting table's
+            else None
+        )
+        rows = None if self._index is None else self._index.to_numpy()
+        return CommonRows(path, shape_array(shape), split, label, intensity, rows, pack)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
@@ -163,7 +182,8 @@ class CommonRecord:
 
 
 class CommonRows(Sequence[CommonRecord]):
-    """Items' common part as Arrow arrays and one numpy array of shapes: ``rows[i]`` builds one
+    """Items' common part as Arrow arrays and one numpy array of shapes, of a table's rows
+    (``rows``: their numbers, None: every row in order): ``rows[i]`` builds one
     ``CommonRecord``. Nothing here is a Python object per item, so forked loader workers share
     these buffers instead of copying pages that reference counts write to."""
 
@@ -174,17 +194,30 @@ class CommonRows(Sequence[CommonRecord]):
         split: pa.Array,
         label: pa.Array,
         intensity: pa.Array,
+        rows: np.ndarray | None = None,
         pack_index: pa.Array | None = None,
     ) -> None:
-        self.zarr_path, self.shapes, self.split = zarr_path, shapes, split
-        self.label, self.intensity = label, intensity
+        self.zarr_path, self.all_shapes, self.split = zarr_path, shapes, split
+        self.label, self.all_intensity, self.rows = label, intensity, rows
         # None: no item is packed (no per-item null kept)
         self.pack_index = (
             pack_index if pack_index is None or pack_index.null_count < len(pack_index) else None
         )
 
     def __len__(self) -> int:
-        return len(self.zarr_path)
+        return len(self.zarr_path) if self.rows is None else len(self.rows)
+
+    @property
+    def shapes(self) -> np.ndarray:
+        """The ``[n, 3]`` shapes of these rows."""
+        return self.all_shapes if self.rows is None else self.all_shapes[self.rows]
+
+    @property
+    def intensity(self) -> pa.Array:
+        """The intensity column of these rows."""
+        if self.rows is None:
+            return self.all_intensity
+        return self.all_intensity.take(pa.array(self.rows))
 
     @overload
     def __getitem__(self, key: int) -> CommonRecord: ...
@@ -192,25 +225,28 @@ class CommonRows(Sequence[CommonRecord]):
     def __getitem__(self, key: slice) -> CommonRows: ...
     def __getitem__(self, key: int | slice) -> CommonRecord | CommonRows:
         if isinstance(key, slice):
-            take = pa.array(range(len(self))[key], pa.int64())
+            if self.rows is None and key.indices(len(self)) == (0, len(self), 1):
+                return self  # ``[:max_samples]`` of every row
+            rows = np.arange(len(self)) if self.rows is None else self.rows
             return CommonRows(
-                self.zarr_path.take(take),
-                self.shapes[key],
-                self.split.take(take),
-                self.label.take(take),
-                self.intensity.take(take),
-                None if self.pack_index is None else self.pack_index.take(take),
+                self.zarr_path,
+                self.all_shapes,
+                self.split,
+                self.label,
+                self.all_intensity,
+                rows[key],
+                self.pack_index,
             )
         n = len(self)
         if not -n <= key < n:
             raise IndexError(f"item {key} of {n}")
-        key %= n
-        stats = self.intensity[key].as_py()
+        row = key % n if self.rows is None else int(self.rows[key])
+        stats = self.all_intensity[row].as_py()
         return CommonRecord(
-            self.zarr_path[key].as_py(),
-            tuple(int(x) for x in self.shapes[key]),
-            self.split[key].as_py(),
-            self.label[key].as_py(),
+            self.zarr_path[row].as_py(),
+            tuple(int(x) for x in self.all_shapes[row]),
+            self.split[row].as_py(),
+            self.label[row].as_py(),
             None if stats is None else Intensity(tuple(stats["mean"]), tuple(stats["std"])),
-            None if self.pack_index is None else self.pack_index[key].as_py(),
+            None if self.pack_index is None else self.pack_index[row].as_py(),
         )

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from octstage.manifest import CommonRows, Intensity, ItemTable
@@ -76,17 +77,24 @@ def pooled(items: Sequence[object], channels: int, what: str = "the train split"
 
 
 def _columns(items: ItemTable[object] | CommonRows, channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(means, stds)`` ``[n, channels]`` of the rows whose intensity has ``channels`` values."""
-    column = (
-        items.intensity
-        if isinstance(items, CommonRows)
-        else items.column_array("intensity").combine_chunks()
-    )
+    """``(means, stds)`` ``[n, channels]`` of the rows whose intensity has ``channels`` values.
+    Of ``CommonRows`` (a split's row numbers over the table's column), picked by those numbers
+    in numpy: the column is not copied for the split."""
+    if isinstance(items, CommonRows):
+        column, rows = items.all_intensity, items.rows
+    else:
+        column, rows = items.column_array("intensity").combine_chunks(), None
     mean, std = pc.struct_field(column, "mean"), pc.struct_field(column, "std")
     keep = pc.and_(column.is_valid(), pc.equal(pc.list_value_length(mean), channels))
-    keep = pc.fill_null(keep, False)
+    kept = np.asarray(pc.fill_null(keep, False).to_numpy(zero_copy_only=False), dtype=bool)
+    every = bool(kept.all())  # the usual case: no row to leave out, nothing filtered
+    chosen = np.flatnonzero(kept) if rows is None else rows[kept[rows]]
     out = []
     for part in (mean, std):
-        values = pc.list_flatten(part.filter(keep)).to_numpy(zero_copy_only=False)
-        out.append(np.asarray(values, dtype="float64").reshape(-1, channels))
+        part = part if every else part.filter(pa.array(kept))
+        values = pc.list_flatten(part).to_numpy(zero_copy_only=False)
+        values = np.asarray(values, dtype="float64").reshape(-1, channels)
+        if rows is not None:  # the split's rows, by their place among the kept ones
+            values = values[chosen if every else (np.cumsum(kept) - 1)[chosen]]
+        out.append(values)
     return out[0], out[1]

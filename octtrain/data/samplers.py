@@ -80,13 +80,19 @@ class EpochSampler(Sampler[tuple[int, int]]):
 
     def epoch_items(self, epoch: int) -> list[tuple[int, int]]:
         """This process's ``(index, seed)`` pairs of one epoch."""
+        return list(self._epoch(epoch, 0))
+
+    def _epoch(self, epoch: int, offset: int) -> Iterator[tuple[int, int]]:
+        """This process's pairs of one epoch from its ``offset``-th on, each seed drawn when
+        the pair is: an epoch of a million fields would otherwise draw a million seeds (~10 s)
+        and hold them as tuples before the first batch."""
         order = self.global_order(epoch)
         positions = range(self.process_index, len(order), self.process_count)
-        mine = list(itertools.islice(positions, self.per_epoch))
-        return [(int(order[j]), item_seed(self.seed, epoch, j)) for j in mine]
+        for j in itertools.islice(positions, offset, self.per_epoch):
+            yield int(order[j]), item_seed(self.seed, epoch, j)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         epoch, offset = divmod(self.start, self.per_epoch)
         for e in itertools.count(epoch):
-            yield from self.epoch_items(e)[offset:]
+            yield from self._epoch(e, offset)
             offset = 0

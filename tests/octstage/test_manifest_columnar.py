@@ -72,12 +72,17 @@ def test_a_trainer_s_common_rows_slice_as_a_list_does(tmp_path: Path) -> None:
     holds the records the same slice of the items holds."""
     fields = cp_fields()
     manifest.write(make_cp_manifest(fields), tmp_path / "manifest.json", form="table")
-    common = manifest.load(tmp_path / "manifest.json").fields.common()  # type: ignore[attr-defined]
-    for key in (slice(None), slice(1, None), slice(None, None, -1), slice(2, 0, -1)):
-        part = common[key]
-        assert [(r.zarr_path, r.shape, r.split) for r in part] == [
-            (f.zarr_path, tuple(f.shape), f.split) for f in fields[key]
-        ]
+    loaded = manifest.load(tmp_path / "manifest.json")
+    keys = (slice(None), slice(1, None), slice(None, None, -1), slice(2, 0, -1), slice(-2, None))
+    for items, listed in ((loaded.fields, fields), (loaded.split_fields("train"), fields[:2])):
+        common = items.common()  # type: ignore[attr-defined]
+        assert (common.shapes == [f.shape for f in listed]).all()
+        for key in (*keys, slice(1, 2), slice(2, 1), slice(None, 10), slice(5, 9)):
+            part = common[key]
+            assert [(r.zarr_path, r.shape, r.split, r.label, r.intensity) for r in part] == [
+                (f.zarr_path, tuple(f.shape), f.split, f.label, f.intensity) for f in listed[key]
+            ]
+            assert list(part[::-1][::-1]) == list(part)  # a slice of a slice
 
 
 def test_the_table_is_written_in_row_groups(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ needs, channels never mixed, and the device-side views."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from octtrain.config.dino import CropConfig
 from octtrain.data.cellpainting import (
     CellPaintingDataset,
     channel_jitter,
+    field_records,
     read_region,
     sample_region,
     to_views,
@@ -203,6 +205,27 @@ def test_the_columnar_manifest_gives_the_same_items_without_a_list_of_fields(
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1)
     assert [int(item["index"]) for item in loader] == list(range(6))
     assert pooled(train, 5) == pooled(list(as_json.split_fields("train")), 5)
+    assert pooled(ds.fields, 5) == pooled(train, 5)
+
+
+def test_a_split_s_statistics_pool_its_own_measured_rows(tmp_path: Path) -> None:
+    """``CommonRows`` pick a split's rows out of the table's intensity column: with rows that
+    record no statistics among them, the pooled figures are still those of the split's own
+    measured rows, as of the list of its fields."""
+    write_cell_cache(tmp_path, n=8)
+    path = tmp_path / "manifest.json"
+    m = manifest.load(path)
+    unmeasured = {0, 3, 6}  # train and val rows among them
+    fields = tuple(
+        dataclasses.replace(f, intensity=None) if n in unmeasured else f
+        for n, f in enumerate(m.fields)
+    )
+    m = dataclasses.replace(m, fields=fields)
+    manifest.write(m, path, form="table")
+    for split in ("train", "val"):
+        rows = field_records(manifest.load(path).split_fields(split))
+        assert isinstance(rows, manifest.CommonRows)
+        assert pooled(rows, 5) == pooled(list(m.split_fields(split)), 5), split
 
 
 def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> int:

@@ -15,6 +15,7 @@ import torch
 from octstage.manifest import load
 from octtrain.config.pretrain import MaskConfig
 from octtrain.config.sections import AugmentConfig, DataConfig
+from octtrain.data import samplers
 from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
 from octtrain.data.loaders import Prefetcher, padded_loader, train_loader
 from octtrain.data.masks import SampleMasker
@@ -97,6 +98,27 @@ def test_train_shards_are_disjoint_per_epoch_and_resume_continues_the_stream() -
     resumed = iter(EpochSampler(10, 0, 2, seed=3, start=5))
     assert [next(resumed) for _ in range(7)] == stream
     assert len({s for _, s in first_a + first_b}) == 10  # every item of an epoch: its own seed
+
+
+def test_the_sampler_draws_each_seed_when_its_item_is_drawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A million-field epoch drew every seed (~10 s) before its first batch. The stream is
+    # unchanged (the same pairs as epoch_items, resumed or not); only the first items' seeds
+    # are drawn for the first items.
+    drawn: list[int] = []
+    seed_of = samplers.item_seed
+
+    def counted(seed: int, epoch: int, position: int) -> int:
+        drawn.append(position)
+        return seed_of(seed, epoch, position)
+
+    sampler = EpochSampler(100_000, 1, 2, seed=7, start=3)
+    expected = EpochSampler(100_000, 1, 2, seed=7).epoch_items(0)[3:6]
+    monkeypatch.setattr(samplers, "item_seed", counted)
+    stream = iter(sampler)
+    assert [next(stream) for _ in range(3)] == expected
+    assert len(drawn) == 3
 
 
 @pytest.mark.parametrize("hosts", [2, 4])
