@@ -382,7 +382,7 @@ EDITS: list[Edit] = [
     Edit(
         "manifest-shared-source",
         "octstage/manifest/checks.py",
-        "if path in sources and sources[path] != n:",
+        "if path in first and first[path] != n:",
         "if False:",
         (OS + "test_manifest_check.py",),
         "two fields naming the same source TIFF is not a finding",
@@ -390,8 +390,8 @@ EDITS: list[Edit] = [
     Edit(
         "manifest-field-plate-path",
         "octstage/manifest/checks.py",
-        'if len(parts) < 3 or parts[0] != "fields" or parts[1] != plate:',
-        'if len(parts) < 3 or parts[0] != "fields":',
+        "if len(parts) < 3 or parts[0] not in FIELD_TOPS or parts[1] != plate:",
+        "if len(parts) < 3 or parts[0] not in FIELD_TOPS:",
         (OS + "test_manifest_check.py",),
         "a field stored under another plate's folder is not a finding",
     ),
@@ -705,5 +705,31 @@ EDITS: list[Edit] = [
         "    if False:",
         (OS + "test_manifest_columnar.py", OS + "test_stage.py"),
         "stage copies a cache whose item table is not the one its header names",
+    ),
+    # --- Cell Painting build: streamed fields ---------------------------------------------------
+    Edit(
+        "cp-build-duplicate-id",
+        "octstage/cellpainting/build.py",
+        "    ids.check(lambda: (r.item_id for n in names for r in table_rows(n)))",
+        "    pass",
+        (OS + "test_jump_release.py",),
+        "a field listed in two load-data tables is built twice instead of refused",
+    ),
+    Edit(
+        "cp-plate-left-out-spooled",
+        "octstage/cellpainting/plate.py",
+        "                report.plates_left_out.append(plate)\n"
+        "                return 0\n            out.commit()",
+        "                report.plates_left_out.append(plate)\n            out.commit()",
+        (OS + "test_cellpainting.py",),
+        "a plate left out for an environment fault still lists the fields it wrote",
+    ),
+    Edit(
+        "manifest-streamed-json-text",
+        "octstage/manifest/serial.py",
+        'yield before if empty else ",\\n"',
+        'yield before if empty else ",\\n "',
+        (OS + "test_manifest.py",),
+        "a manifest written a row at a time is not the document written at once",
     ),
 ]

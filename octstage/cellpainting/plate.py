@@ -222,29 +222,71 @@ class _Written:
     environment: str = ""
 
 
+class _Pass1:
+    """What pass 1 keeps of a plate's good fields until pass 2, with no Python object per field
+    (objects made one by one while pixel buffers come and go pin the allocator's pages: a plate
+    is thousands of fields): each field's row, its files' SHA1s and sizes, its pixel type."""
+
+    def __init__(self, rows: list[layout.FieldRow], channels: int) -> None:
+        self.rows = rows
+        self.index = np.empty(len(rows), np.int64)
+        self.sha1 = np.empty((len(rows), channels, 20), np.uint8)
+        self.size = np.empty((len(rows), channels), np.int64)
+        self.dtype = np.empty(len(rows), np.int16)
+        self.types: list[str] = []  # dtype codes -> names
+        self.n = 0
+
+    def add(self, index: int, r: _Read) -> None:
+        k = self.n
+        self.index[k] = index
+        digests = b"".join(bytes.fromhex(s.sha1) for s in r.sources)
+        self.sha1[k] = np.frombuffer(digests, np.uint8).reshape(-1, 20)
+        self.size[k] = [s.size for s in r.sources]
+        if r.dtype not in self.types:
+            self.types.append(r.dtype)
+        self.dtype[k] = self.types.index(r.dtype)
+        self.n += 1
+
+    def read(self, k: int) -> _Read:
+        """Field ``k`` as pass 1 read it (its row, sources and pixel type)."""
+        row = self.rows[int(self.index[k])]
+        sources = tuple(
+            mf.ChannelSource(c, name, self.sha1[k, i].tobytes().hex(), int(self.size[k, i]))
+            for i, (c, name) in enumerate(row.images)
+        )
+        return _Read(row, sources, self.types[int(self.dtype[k])])
+
+    def only(self, dtype: str) -> None:
+        """Keep the fields of one pixel type."""
+        keep = self.dtype[: self.n] == self.types.index(dtype)
+        for name in ("index", "sha1", "size", "dtype"):
+            setattr(self, name, getattr(self, name)[: self.n][keep])
+        self.n = int(keep.sum())
+
+
 def _one_pixel_type(
-    reads: list[_Read], hists: dict[str, np.ndarray], report: BuildReport
-) -> tuple[list[_Read], np.ndarray | None]:
-    """The fields of the plate's most common pixel type and their summed histogram; the others
-    are rejections naming both types (an 8-bit TIFF among 16-bit ones would be scaled by the
-    plate's 16-bit percentiles into a black field)."""
-    counts: dict[str, int] = {}
-    for r in reads:
-        counts[r.dtype] = counts.get(r.dtype, 0) + 1
-    if not counts:
-        return [], None
+    kept: _Pass1, hists: dict[str, np.ndarray], report: BuildReport
+) -> np.ndarray | None:
+    """Keep the fields of the plate's most common pixel type and return their summed
+    histogram; the others are rejections naming both types (an 8-bit TIFF among 16-bit ones
+    would be scaled by the plate's 16-bit percentiles into a black field)."""
+    if not kept.n:
+        return None
+    codes = np.bincount(kept.dtype[: kept.n], minlength=len(kept.types))
+    counts = {t: int(codes[i]) for i, t in enumerate(kept.types) if codes[i]}
     common = max(sorted(counts), key=counts.__getitem__)
-    for r in reads:
-        if r.dtype != common:
-            names = ", ".join(s.path for s in r.sources)
-            report.rejected.append(
-                {
-                    "source": r.row.item_id,
-                    "reason": f"{names}: pixel type {r.dtype}, the plate's other fields are "
-                    f"{common} ({counts[common]} fields): its percentiles would not fit",
-                }
-            )
-    return [r for r in reads if r.dtype == common], hists[common]
+    for k in np.flatnonzero(kept.dtype[: kept.n] != kept.types.index(common)):
+        r = kept.read(int(k))
+        names = ", ".join(s.path for s in r.sources)
+        report.rejected.append(
+            {
+                "source": r.row.item_id,
+                "reason": f"{names}: pixel type {r.dtype}, the plate's other fields are "
+                f"{common} ({counts[common]} fields): its percentiles would not fit",
+            }
+        )
+    kept.only(common)
+    return hists[common]
 
 
 def build_plate(
@@ -278,12 +320,13 @@ def build_plate(
         return 0
     n_channels = len(rows[0].images)
     hists: dict[str, np.ndarray] = {}  # pixel type -> the plate's summed histograms
-    good: list[_Read] = []
+    kept = _Pass1(rows, n_channels)
     environment = False
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        for r in bounded_map(
+        reads = bounded_map(
             pool, lambda row: _read_field(storage, row, illum, retries), rows, window
-        ):
+        )
+        for index, r in enumerate(reads):
             if r.rejected:
                 report.rejected.append({"source": r.row.item_id, "reason": r.rejected})
             elif r.environment:
@@ -303,16 +346,16 @@ def build_plate(
                 else:
                     hists[r.dtype] = r.hist
                 r.hist = None
-                good.append(r)
+                kept.add(index, r)
         if environment:
             report.plates_left_out.append(plate)
             return 0
-        good, hist = _one_pixel_type(good, hists, report)
-        if not good or hist is None:
+        hist = _one_pixel_type(kept, hists, report)
+        if not kept.n or hist is None:
             return 0
         norms = plate_normalization(hist, config.p_low, config.p_high)
 
-        keys = [_cache_key(r, illum_sources, norms, config) for r in good]
+        keys = [_cache_key(kept.read(k), illum_sources, norms, config) for k in range(kept.n)]
         writer = writer_for(cache, plate, config.chunk, config.clevel, pack)
         writer.plan(keys)
 
@@ -335,10 +378,11 @@ def build_plate(
             return out
 
         out = spool.plate()
-        kept = 0
+        existed = 0
         try:
             try:
-                for w in bounded_map(pool, write, zip(good, keys, strict=True), window):
+                todo = ((kept.read(k), keys[k]) for k in range(kept.n))
+                for w in bounded_map(pool, write, todo, window):
                     if w.environment:
                         environment = True
                         report.environment.append(
@@ -348,7 +392,7 @@ def build_plate(
                             }
                         )
                     elif not environment:  # a plate left out keeps none: stop spooling
-                        kept += w.existed
+                        existed += w.existed
                         out.add(_field(w, plate, split, perturbations, norms, illum_sources))
             finally:
                 writer.close()
@@ -358,8 +402,8 @@ def build_plate(
             out.commit()
         finally:
             out.close()
-    report.kept += kept
-    report.written += out.tally.fields - kept
+    report.kept += existed
+    report.written += out.tally.fields - existed
     return out.tally.fields
 
 
