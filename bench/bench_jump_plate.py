@@ -9,10 +9,10 @@ release (``source_4/images/<batch>/images/<plate>/...``, a ``load_data_with_illu
 whose ``s3://cellpainting-gallery/`` URLs ``--map-prefix`` maps onto the folder, illumination
 functions) into a fresh folder cache, in a child process (``--workers`` threads) so that its
 peak RSS (``ru_maxrss``) is its own: "plate RSS" is the peak when the plate is built,
-"+manifest" the peak at the end, after the manifest (one JSON listing every field: tens of KB of
-Python objects per field while it is written, the same for any pixel size). Scratch is sampled
-every 0.1 s: bytes in the child's TMPDIR plus any hidden scratch folder in the cache (the
-output, the fields themselves, is printed apart). fields/s per core = fields / the child's CPU
+"+manifest" the peak at the end, after the manifest is written (from the build's spool, a
+field at a time). Scratch is sampled every 0.1 s: bytes in the child's TMPDIR (where the
+manifest's spool is, ~0.3 KB a field) plus any scratch folder in the cache (the output, the
+fields themselves, is printed apart). fields/s per core = fields / the child's CPU
 seconds; the decode floor is reading and decoding the same TIFFs (one thread, the same CPU
 clock), fields / CPU seconds; the write floor is writing a uint8 field of that size into a
 folder cache (one OME-Zarr group and shard: a fixed ~13 ms at 256 px), and "2 decodes+write"
@@ -119,18 +119,18 @@ def _tree_bytes(path: Path, hidden_only: bool = False) -> int:
 
 
 def _hidden_bytes(cache: Path) -> int:
-    """Bytes in hidden folders and files (a build's scratch: ``.tmp-*``, ``.scratch-*``,
-    ``.partial``) at the cache's top and in its plate folders, the only places the build writes
-    them. Not a walk of the whole output: listing thousands of fields ten times a second would
-    grow this process's own peak RSS with the plate (it added ~19 MiB at 3,456 fields)."""
+    """Bytes in scratch folders (``.scratch-*``, a pack's ``.tmp-*`` spool) at the cache's top
+    and in its plate folders, the only places the build makes them (a field's own atomic
+    write is the output, not scratch). Not a walk of the whole output: listing thousands of
+    fields ten times a second grew this process's own peak RSS with the plate (~19 MiB at
+    3,456 fields)."""
     total = 0
     levels = [cache, *(p for top in ("fields", "packs") for p in _dirs(cache / top))]
     for folder in levels:
         with contextlib.suppress(FileNotFoundError), os.scandir(folder) as it:
             for entry in it:
-                if entry.name.startswith("."):
-                    path = Path(entry.path)
-                    total += _tree_bytes(path) if entry.is_dir() else entry.stat().st_size
+                if entry.name.startswith((".scratch-", ".tmp-")) and entry.is_dir():
+                    total += _tree_bytes(Path(entry.path))
     return total
 
 
