@@ -119,17 +119,17 @@ def _tree_bytes(path: Path, hidden_only: bool = False) -> int:
 
 
 def _hidden_bytes(cache: Path) -> int:
-    """Bytes in scratch folders (``.scratch-*``, a pack's ``.tmp-*`` spool) at the cache's top
-    and in its plate folders, the only places the build makes them (a field's own atomic
-    write is the output, not scratch). Not a walk of the whole output: listing thousands of
-    fields ten times a second grew this process's own peak RSS with the plate (~19 MiB at
-    3,456 fields)."""
+    """Bytes in scratch folders (``.scratch-*``) at the cache's top and in its plate folders, the
+    only places a build would make them (a field's or a pack's ``.tmp-*`` folder is the output
+    being written, renamed into place when complete: not scratch). Not a walk of the whole
+    output: listing thousands of fields ten times a second grew this process's own peak RSS
+    with the plate (~19 MiB at 3,456 fields)."""
     total = 0
     levels = [cache, *(p for top in ("fields", "packs") for p in _dirs(cache / top))]
     for folder in levels:
         with contextlib.suppress(FileNotFoundError), os.scandir(folder) as it:
             for entry in it:
-                if entry.name.startswith((".scratch-", ".tmp-")) and entry.is_dir():
+                if entry.name.startswith(".scratch-") and entry.is_dir():
                     total += _tree_bytes(Path(entry.path))
     return total
 
