@@ -491,8 +491,8 @@ EDITS: list[Edit] = [
     Edit(
         "jump-pixel-type",
         "octstage/cellpainting/plate.py",
-        "        if r.dtype != common:\n",
-        "        if False:\n",
+        "    for k in np.flatnonzero(kept.dtype[: kept.n] != kept.types.index(common)):",
+        "    for k in np.flatnonzero(kept.dtype[: kept.n] < 0):",
         (BI + "test_octstage_caches.py", OS + "test_cellpainting.py"),
         "an 8-bit TIFF among 16-bit ones is not reported as rejected",
     ),
