@@ -36,15 +36,16 @@ class FlakyStorage:
     """The real S3 backend, except that reads of ``name`` fail ``times`` times with the TLS
     error the users saw, mapped to StorageError by the backend's own ``fail`` (as s3fs would)."""
 
-    def __init__(self, inner: Storage, name: str, times: int) -> None:
+    def __init__(self, inner: Storage, name: str, times: int, after: int = 0) -> None:
         self.inner, self.name, self.left = inner, name, times
         self.url = inner.url
         self.calls = 0
+        self.after = after  # reads that succeed before the failures start
 
     def read_bytes(self, name: str) -> bytes:
         if name == self.name:
             self.calls += 1
-            if self.left > 0:
+            if self.calls > self.after and self.left > 0:
                 self.left -= 1
                 exc = ssl.SSLError(
                     1, "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)"
@@ -333,3 +334,29 @@ def test_build_cache_writes_the_columnar_form_when_asked(
     assert mf.check(m, "cellpainting") == []
     report = verify(cache / "manifest.json")
     assert report.ok and report.schema == "valid" and report.verified == len(m.fields)
+
+
+def test_a_plate_whose_second_pass_fails_lists_none_of_its_fields(
+    s3_twin: str, twin: tuple[Path, TwinInfo], tmp_path: Path
+) -> None:
+    """The plate's fields already written when pass 2 fails are in the spool: the plate is left
+    out whole (its percentiles need all its fields), none of its fields in the manifest."""
+    root, info = twin
+    inner = open_storage(s3_twin)
+    rows = _rows(s3_twin)
+    plate = rows[0].plate
+    bad = {name.rpartition("/")[2] for name in info.truncated}  # rejected in pass 1
+    last = [
+        r
+        for r in rows
+        if r.plate == plate and not any(n.rpartition("/")[2] in bad for _, n in r.images)
+    ][-1]  # written after the plate's other fields
+    flaky = FlakyStorage(inner, last.images[0][1], times=10, after=1)  # pass 1 reads it fine
+    report, built = build(
+        flaky, tmp_path / "c", metadata=str(root.parent / info.metadata), retries=0
+    )
+    assert exit_code(report) == 3 and report.plates_left_out == [plate]
+    assert report.written > 0  # other fields of the plate were written before the fault
+    m = built.load()
+    assert m.fields and plate not in {f.plate for f in m.fields}
+    assert m.header.counts["by_plate"].get(plate) is None
