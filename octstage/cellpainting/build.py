@@ -41,6 +41,7 @@ looks), as the OCT build does.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -259,9 +260,20 @@ def build(
     # Never over another cache (an OCT one, or another source's): its manifest would be replaced.
     written = [p for p in (manifest_path, cache.local and cache.local / "manifest.json") if p]
     check_cache_folder(cache.local, written, "cellpainting", CellPaintingError)
+
+    @functools.lru_cache(maxsize=1)
+    def table_plates(name: str) -> dict[str, list[layout.FieldRow]]:
+        """One table's rows by plate, the last table's kept: a lab's one table of many plates
+        is read once for them all (in sorted order its plates come one after the other), not
+        once per plate."""
+        grouped: dict[str, list[layout.FieldRow]] = {}
+        for r in table_rows(name):
+            grouped.setdefault(r.plate, []).append(r)
+        return grouped
+
     with mf.FieldSpool() as spool:
         for plate in sorted(plate_fields):
-            rows = [r for n in plate_tables[plate] for r in table_rows(n) if r.plate == plate]
+            rows = [r for n in plate_tables[plate] for r in table_plates(n).get(plate, [])]
             build_plate(
                 storage,
                 rows,

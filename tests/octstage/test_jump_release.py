@@ -340,3 +340,43 @@ def test_a_field_listed_in_two_tables_is_refused_before_any_image_is_read(
     with pytest.raises(CellPaintingError, match=r"field source_\d+/\S+/\S+/\d+ is listed twice"):
         build(str(root), cache, load_data=[a, b], prefixes=_prefixes(spec))
     assert not cache.exists()
+
+
+class _CountingStorage:
+    """A storage that counts reads of one object (the rest passes through)."""
+
+    def __init__(self, inner: Storage, name: str) -> None:
+        self.inner, self.name, self.reads = inner, name, 0
+        self.url = inner.url
+
+    def read_bytes(self, name: str) -> bytes:
+        self.reads += name == self.name
+        return self.inner.read_bytes(name)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix)
+
+    def stat(self, name: str) -> ObjectInfo:
+        return self.inner.stat(name)
+
+
+def test_a_lab_s_one_table_of_many_plates_is_read_once_to_check_and_once_to_build(
+    copy: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, _, spec = copy
+    a, b = find_tables(layout_storage(root))[:2]
+    first, second = pq.read_table(root / a), pq.read_table(root / b)
+    one = "lab/all_plates.parquet"
+    (root / one).parent.mkdir()
+    pq.write_table(pa.concat_tables([first, second.cast(first.schema)]), root / one)
+    storage = _CountingStorage(open_storage(str(root)), one)
+    report, built = build(storage, tmp_path / "c", load_data=[one], prefixes=_prefixes(spec))  # type: ignore[arg-type]
+    assert report.plates == 2 and built.fields == report.fields - len(report.rejected)
+    assert {f.plate for f in built.load().fields} == {
+        first["Metadata_Plate"][0].as_py(),
+        second["Metadata_Plate"][0].as_py(),
+    }
+    assert storage.reads == 2
