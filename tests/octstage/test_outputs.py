@@ -61,6 +61,8 @@ def test_ctrl_c_during_the_swap_is_held_until_the_new_report_is_whole(tmp_path: 
     out.mkdir()
     _report(out, "old")
     interrupted: list[str] = []
+    # A user's Ctrl-C: Python's own handler, whatever an earlier test left installed.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def belongs(name: str) -> bool:
         if not interrupted:  # the swap has begun: Ctrl-C now
