@@ -18,9 +18,8 @@ import functools
 import json
 import os
 import sys
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from octstage import manifest as mf
+from octstage.bounded import bounded_map
 from octstage.cache import volumestore
 from octstage.cellpainting import packstore
 from octstage.errors import VerificationError
@@ -40,7 +40,6 @@ console = Console(stderr=True)
 # changed since they were written: said here in words instead (any other text is shown as is).
 ZARR_CRC_MISMATCH = "Stored and computed checksum do not match"
 T = TypeVar("T")
-R = TypeVar("R")
 ARRAY_FOLDERS = (".ome.zarr", ".pack.zarr")  # a volume's or field's group, a pack's folder
 SCHEMA = mf.SCHEMA_PATH
 
@@ -209,20 +208,6 @@ def validate_table(
     return errors
 
 
-def _bounded(
-    pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T], window: int
-) -> Iterator[R]:
-    """``pool.map`` with at most ``window`` items in flight: ``map`` submits every item at
-    once (a million futures and items held together)."""
-    pending: deque[Future[R]] = deque()
-    for item in items:
-        if len(pending) >= window:
-            yield pending.popleft().result()
-        pending.append(pool.submit(fn, item))
-    while pending:
-        yield pending.popleft().result()
-
-
 def _interruptible(pool: ThreadPoolExecutor, results: Iterator[T]) -> Iterator[T]:
     """``results`` of ``pool.map``; on Ctrl-C the checks not started are dropped at once."""
     try:
@@ -268,7 +253,7 @@ def verify(
         ThreadPoolExecutor(workers) as pool,
         counter(console, "verify", len(items), every) as advance,
     ):
-        findings = _interruptible(pool, _bounded(pool, check, items, 4 * workers))
+        findings = _interruptible(pool, bounded_map(pool, check, items, 4 * workers))
         for volume, finding in zip(items, findings, strict=True):
             if finding is None:
                 report.verified += 1

@@ -19,15 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import TypeVar
 
 import numpy as np
 
 from octstage import manifest as mf
+from octstage.bounded import bounded_map
 from octstage.cache.store import CacheStore
 from octstage.cellpainting import layout
 from octstage.cellpainting.fieldwriter import Stored, writer_for
@@ -44,22 +42,6 @@ from octstage.errors import CellPaintingError, ConfigError, ObjectNotFoundError,
 from octstage.storage import Storage
 
 ENVIRONMENT = "environment"
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-def bounded_map(
-    pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T], window: int
-) -> Iterator[R]:
-    """``pool.map`` with at most ``window`` items submitted and not yet consumed (``map``
-    submits everything at once: its results would pile up in memory)."""
-    pending: deque[Future[R]] = deque()
-    for item in items:
-        if len(pending) >= window:
-            yield pending.popleft().result()
-        pending.append(pool.submit(fn, item))
-    while pending:
-        yield pending.popleft().result()
 
 
 @dataclass(frozen=True)

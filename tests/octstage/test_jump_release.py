@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from octstage import manifest as mf
+from octstage.bounded import bounded_map
 from octstage.cellpainting import layout
 from octstage.cellpainting.build import Selection, build, find_tables
 from octstage.cellpainting.metadata import DMSO, TABLES
@@ -33,7 +34,6 @@ from octstage.cellpainting.normalize import (
     percentile,
     to_uint8,
 )
-from octstage.cellpainting.plate import bounded_map
 from octstage.cellpainting.synth import PHENOTYPES, TwinInfo
 from octstage.cli import main
 from octstage.errors import CellPaintingError, ConfigError
