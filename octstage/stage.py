@@ -33,6 +33,7 @@ import re
 import shutil
 import time
 import uuid
+from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -99,47 +100,55 @@ def zarr_path_pattern(kind: str = "oct") -> re.Pattern[str]:
     return re.compile(schema["$defs"][item]["properties"]["zarr_path"]["pattern"])
 
 
-def volume_paths(manifest: manifest_mod.Manifest, where: str) -> dict[str, str | list[int]]:
-    """``{zarr_path: checksum}`` of every volume (a packed field's: ``{zarr_path: [rows]}``,
+def volume_paths(manifest: manifest_mod.Manifest, where: str) -> dict[str, str | array[int]]:
+    """``{zarr_path: checksum}`` of every volume (a packed field's: ``{zarr_path: rows}``,
     the manifest's rows of the pack's members), or an error naming the manifest and the entry:
     a name that could escape the destination (UnsafePathError) or that the schema would refuse
-    (ManifestError). Either refuses the whole manifest before anything is fetched."""
-    volumes: dict[str, str | list[int]] = {}
+    (ManifestError). Either refuses the whole manifest before anything is fetched. An item
+    table is read a row group at a time (three columns, no item built): a million fields'
+    paths and checksums as Python strings were ~250 MB; a pack's rows are 8 bytes each."""
+    volumes: dict[str, str | array[int]] = {}
     pattern = zarr_path_pattern(manifest.kind)
     key = "fields" if manifest.kind == "cellpainting" else "volumes"
-    items = manifest.items
-    # Of an item table, the few columns read (no item built); of a list, the items' own.
-    if isinstance(items, manifest_mod.ItemTable):
-        paths = items.column("zarr_path", keep=False)
-        checksums = items.column("checksum", keep=False)
-        slots = items.column("pack_index", keep=False) if key == "fields" else [None] * len(paths)
-        items.release()
-    else:
-        paths = [v.zarr_path for v in items]
-        checksums = [v.checksum for v in items]
-        slots = [getattr(v, "pack_index", None) for v in items]
-    for n, (path, checksum, slot) in enumerate(zip(paths, checksums, slots, strict=True)):
-        rel = check_name(path)
-        # fullmatch: the schema's "$" (ECMA-262) does not allow the trailing newline re's does.
-        if not pattern.fullmatch(rel):
-            raise ManifestError(
-                f"{where}: {key}[{n}].zarr_path {rel!r} does not match the schema's pattern "
-                f"{pattern.pattern!r}: refusing the manifest, nothing fetched"
-            )
-        if slot is not None:
-            rows = volumes.setdefault(rel, [])
-            if not isinstance(rows, list):
-                raise ManifestError(f"{where}: {rel}: listed both as one field and as a pack")
-            rows.append(n)
-        elif volumes.setdefault(rel, checksum) != checksum:
+    last: str | None = None  # a pack's members come one after another: its name checked once
+    for n, (path, checksum, slot) in enumerate(_address_rows(manifest.items, key)):
+        if path != last:
+            rel = check_name(path)
+            # fullmatch: the schema's "$" (ECMA-262) does not allow the trailing newline re's does.
+            if not pattern.fullmatch(rel):
+                raise ManifestError(
+                    f"{where}: {key}[{n}].zarr_path {rel!r} does not match the schema's pattern "
+                    f"{pattern.pattern!r}: refusing the manifest, nothing fetched"
+                )
+            last = path
+        listed = volumes.setdefault(rel, checksum if slot is None else array("q"))
+        if isinstance(listed, array) != (slot is not None):
+            raise ManifestError(f"{where}: {rel}: listed both as one field and as a pack")
+        if isinstance(listed, array):
+            listed.append(n)
+        elif listed != checksum:
             raise VerificationError(f"{where}: {rel}: listed twice with different checksums")
     return volumes
 
 
-def pack_members(items: Sequence[Any], rows: list[int]) -> list[packstore.Member]:
+def _address_rows(items: Sequence[Any], key: str) -> Iterator[tuple[str, str, int | None]]:
+    """Each item's ``(zarr_path, checksum, pack_index)``: of an item table, a row group at a
+    time (nothing kept); of a list, the items' own."""
+    if not isinstance(items, manifest_mod.ItemTable):
+        for v in items:
+            yield v.zarr_path, v.checksum, getattr(v, "pack_index", None)
+        return
+    names = ("zarr_path", "checksum") + (("pack_index",) if key == "fields" else ())
+    for batch in items.batches(names):
+        columns = [batch.column(n).to_pylist() for n in names]
+        slots = columns[2] if len(columns) == 3 else [None] * batch.num_rows
+        yield from zip(columns[0], columns[1], slots, strict=True)
+
+
+def pack_members(items: Sequence[Any], rows: Sequence[int]) -> list[packstore.Member]:
     """The pack members' ``(pack_index, shape, checksum)`` at the manifest's ``rows``."""
     if isinstance(items, manifest_mod.ItemTable):
-        view = items.take(rows)
+        view = items.take(list(rows))
         columns = [view.column(c, keep=False) for c in ("pack_index", "shape", "checksum")]
         return [(int(i), tuple(s), str(c)) for i, s, c in zip(*columns, strict=True)]
     return [(int(items[n].pack_index), tuple(items[n].shape), items[n].checksum) for n in rows]
@@ -249,7 +258,7 @@ def _submitted(
     pool: ThreadPoolExecutor,
     storage: Storage,
     dst: Path,
-    volumes: dict[str, str | list[int]],
+    volumes: dict[str, str | array[int]],
     items: Sequence[Any],
     transfers: int,
 ) -> Iterator[tuple[str, Future[tuple[str, int]]]]:
@@ -260,7 +269,7 @@ def _submitted(
     for rel, what in volumes.items():
         if len(pending) >= 4 * max(1, transfers):
             yield pending.popleft()
-        check = pack_members(items, what) if isinstance(what, list) else what
+        check = pack_members(items, what) if isinstance(what, array) else what
         pending.append((rel, pool.submit(stage_volume, storage, dst, rel, check)))
     while pending:
         yield pending.popleft()

@@ -19,7 +19,7 @@ from octstage.manifest.model import (
     Item,
     Manifest,
 )
-from octstage.manifest.repeats import ListedStrings, hash_lists, hash_strings, repeated
+from octstage.manifest.repeats import ListedStrings, hash_lists, hash_strings, mix, repeated
 from octstage.manifest.tablechecks import first_shapes, plate_splits, suspect_rows
 
 # What ``check`` looks for, by name: the consumers differ only in which of these are fatal.
@@ -195,23 +195,26 @@ def _duplicates(items: Sequence[Item], what: str, keys: tuple[str, ...]) -> list
 def _duplicate_addresses(items: Sequence[Item]) -> list[Finding]:
     """Two fields at one address: the same ``zarr_path`` (the per-field form), or the same
     place (``pack_index``) in one pack: they would read the same values."""
+    rows: Sequence[int] = range(len(items))
     if isinstance(items, ItemTable):
         index = items.column_array("pack_index", keep=False)
         if index.null_count == len(index):  # no packed field: the path alone, as before
             return _duplicates(items, "fields", ("zarr_path",))
-        address = pc.binary_join_element_wise(
-            items.column_array("zarr_path", keep=False),
-            pc.fill_null(pc.cast(index, "string"), ""),
-            "#",
-        )
-        if len(pc.unique(address)) == len(address):
+        # Hashed as the other repeat checks (a pack's path repeats by design: every member
+        # names it), the place mixed in; only rows whose address hash repeats are compared.
+        places = np.array(pc.fill_null(index, -1).to_numpy(), dtype=np.int64)  # mixed in place
+        hashes = hash_strings(items.chunks("zarr_path")) ^ mix(places.view(np.uint64))
+        rows = [int(n) for n in np.flatnonzero(repeated(hashes))]
+        if not rows:
             return []
-        values: list[Any] = address.to_pylist()
+        view = items.take(rows)
+        paths, slots = view.column("zarr_path", keep=False), view.column("pack_index", keep=False)
+        values = [f"{p}#{'' if s is None else s}" for p, s in zip(paths, slots, strict=True)]
     else:
         values = [f"{f.zarr_path}#{_pack_index(f)}" for f in items]
     found: list[Finding] = []
     seen: dict[str, int] = {}
-    for n, value in enumerate(values):
+    for n, value in zip(rows, values, strict=True):
         if value in seen:
             path, _, slot = value.partition("#")
             what = f"zarr_path {path!r}" + (f" pack_index {slot}" if slot else "")

@@ -26,7 +26,8 @@ _S1, _S2, _S3 = np.uint64(30), np.uint64(27), np.uint64(31)
 _KEEP = np.array([(1 << (8 * k)) - 1 for k in range(8)], dtype=np.uint64)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser of each word (in place, and returned)."""
     x ^= x >> _S1
     x *= _M1
     x ^= x >> _S2
@@ -65,7 +66,7 @@ def string_hashes(values: pa.Array) -> np.ndarray:
         word[whole:] &= _KEEP[size[whole:alive] - k]  # a string's last, partial word
         part = hashes[:alive]
         part ^= word
-        _mix(part)
+        mix(part)
     hashes[order] = hashes.copy()
     if values.null_count:
         hashes[~np.asarray(values.is_valid())] = 0

@@ -362,3 +362,39 @@ def test_a_stage_stopped_between_the_table_and_the_header_resumes(
     (tmp_path / "ssd" / "manifest.json").unlink()  # killed after the table, before the header
     code, report = stage(str(src), tmp_path / "ssd", tmp_path)
     assert code == 0 and report["present"] == 8 and report["manifest_written"]
+
+
+@pytest.mark.parametrize("form", ["json", "table"])
+def test_an_array_listed_two_ways_is_refused_before_any_fetch(
+    tmp_path: Path, form: str
+) -> None:
+    """``volume_paths`` (an item table read a row group at a time) still sees every row: one
+    folder listed twice with different checksums, or both as one field and as a pack."""
+    from dataclasses import replace
+
+    from octstage.stage import volume_paths
+    from tests.octstage.test_manifest_cellpainting import make_cp_manifest, make_field
+
+    a, b = make_field(), make_field(well="B02", site=2)
+    pack = "packs/P1/x.pack.zarr"
+    cases = {
+        "listed twice with different checksums": (
+            a,
+            replace(b, zarr_path=a.zarr_path, checksum="sha256:" + "2" * 64),
+        ),
+        "listed both as one field and as a pack": (
+            replace(a, zarr_path=pack, pack_index=0),
+            replace(b, zarr_path=pack),
+        ),
+    }
+    for n, (message, fields) in enumerate(cases.items()):
+        path = tmp_path / str(n) / "manifest.json"
+        path.parent.mkdir()
+        mf.write(make_cp_manifest(fields), path, form)
+        with pytest.raises((VerificationError, mf.ManifestError), match=message):
+            volume_paths(mf.load(path), "m")
+    fields = (replace(a, zarr_path=pack, pack_index=0), replace(b, zarr_path=pack, pack_index=1))
+    path = tmp_path / "ok" / "manifest.json"
+    path.parent.mkdir()
+    mf.write(make_cp_manifest(fields), path, form)
+    assert {k: list(v) for k, v in volume_paths(mf.load(path), "m").items()} == {pack: [0, 1]}
