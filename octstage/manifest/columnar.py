@@ -229,10 +229,13 @@ class Columns:
             start += rows
             yield pa.table(dict(zip(names, columns, strict=True)))
 
-    def release(self) -> None:
-        """Forget the columns read without ``keep`` (a check's, not a trainer's), and hand the
-        memory they took back to the system (Arrow's allocator keeps freed pages otherwise)."""
+    def release(self, kept: bool = False) -> None:
+        """Forget the columns read without ``keep`` (a check's, not a trainer's; ``kept``: the
+        kept ones too, for a consumer that is not a trainer), and hand the memory they took
+        back to the system (Arrow's allocator keeps freed pages otherwise)."""
         self.scratch.clear()
+        if kept:
+            self.kept.clear()
         pa.default_memory_pool().release_unused()
 
     def table(self) -> pa.Table:

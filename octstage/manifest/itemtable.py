@@ -130,9 +130,10 @@ class ItemTable(Sequence[T], Generic[T]):
             dictionary = pa.types.is_dictionary(chunk.type)
             yield chunk.cast(plain_type(chunk.type)) if dictionary else chunk
 
-    def release(self) -> None:
-        """Forget the columns read without ``keep`` (see ``Columns.release``)."""
-        self._columns.release()
+    def release(self, kept: bool = False) -> None:
+        """Forget the columns read without ``keep`` (``kept``: every column; see
+        ``Columns.release``)."""
+        self._columns.release(kept)
 
     def take(self, rows: Sequence[int]) -> ItemTable[T]:
         """The view of the given rows (of this view), in the given order."""
