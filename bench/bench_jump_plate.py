@@ -8,12 +8,12 @@ are, each field's pixels its own: a seeded random texture) from a local folder l
 release (``source_4/images/<batch>/images/<plate>/...``, a ``load_data_with_illum.parquet``
 whose ``s3://cellpainting-gallery/`` URLs ``--map-prefix`` maps onto the folder, illumination
 functions) into a fresh folder cache, in a child process (``--workers`` threads) so that its
-peak RSS (``ru_maxrss``) is its own: "plate RSS" is the peak when the plate is built,
+peak RSS (``VmHWM``: ``_peak_rss``) is its own: "plate RSS" is the peak when the plate is built,
 "+manifest" the peak at the end, after the manifest is written (from the build's spool, a
 field at a time). RSS counts the pages of files mapped too (~55 MiB here: the libraries'
 code, the same for every plate); "anon" is the anonymous memory alone (``RssAnon``: what the
 machine must hold for the build), its peak until the plate is built, sampled every 0.1 s (a
-spike between samples is missed: ``ru_maxrss`` is the exact peak). Scratch is sampled every
+spike between samples is missed: ``VmHWM`` is the exact peak). Scratch is sampled every
 0.1 s: bytes in the child's TMPDIR (where the manifest's spool is, ~0.3 KB a field) plus any
 scratch folder in the cache (the output, the fields themselves, is printed apart). fields/s
 per core = fields / the child's CPU seconds; the decode floor is reading and decoding the
@@ -143,13 +143,26 @@ def _dirs(folder: Path) -> list[Path]:
     return []
 
 
-def _rss_anon() -> int:
-    """This process's anonymous resident bytes now (``/proc/self/status``; 0 off Linux)."""
+def _status(key: str) -> int:
+    """A size in this process's ``/proc/self/status`` (``VmHWM``, ``RssAnon``), bytes; 0 off
+    Linux."""
     with contextlib.suppress(OSError), open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("RssAnon:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _rss_anon() -> int:
+    return _status("RssAnon")
+
+
+def _peak_rss() -> int:
+    """This process's own peak RSS: ``VmHWM``, not ``ru_maxrss``, which in a child starts at
+    its parent's peak (Linux keeps the high-water mark of the address space it had before
+    ``exec``: the forked parent's), so a bench that made a larger plate first reported a
+    larger peak for the build: ~21 KB a field, none of it the build's."""
+    return _status("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def child(root: Path, table: str, cache: Path, workers: int) -> None:
@@ -165,7 +178,7 @@ def child(root: Path, table: str, cache: Path, workers: int) -> None:
 
     def measured(*args: object, **kwargs: object) -> object:
         out = build_plate(*args, **kwargs)  # type: ignore[arg-type]
-        plate_rss[0] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        plate_rss[0] = _peak_rss()
         plate_anon[0] = max(anon[0], _rss_anon())
         return out
 
@@ -195,7 +208,7 @@ def child(root: Path, table: str, cache: Path, workers: int) -> None:
     done.set()
     sampler.join()
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = _peak_rss()
     assert built.fields == report.fields and not report.rejected, report
     out = {"fields": report.fields, "wall": wall, "cpu": cpu, "rss": plate_rss[0]}
     out |= {"anon": plate_anon[0]}
