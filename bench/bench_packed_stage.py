@@ -38,6 +38,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -157,7 +158,9 @@ def _pack_objects(size: int, array: np.ndarray, folder: Path) -> Objects:
 
 
 def manifest_files(fields: list[mf.Field], folder: Path) -> list[tuple[str, bytes]]:
-    header = mf.Header("bench", "2026-01-01T00:00:00Z", "bench", mf.CACHE_VERSION, "0", {}, {})
+    plates = len({f.plate for f in fields})
+    counts = {"fields": len(fields), "plates": plates, "rejected": 0}  # verify checks them
+    header = mf.Header("bench", "2026-01-01T00:00:00Z", "bench", mf.CACHE_VERSION, "0", {}, counts)
     m = mf.Manifest(header, (), (), (), kind="cellpainting", fields=tuple(fields))
     folder.mkdir(parents=True, exist_ok=True)
     mf.write(m, folder / "manifest.json", "table")
@@ -222,7 +225,7 @@ def s3_serving(listing: list[tuple[str, bytes]], work: Path) -> Iterator[dict[st
 
 
 @contextmanager
-def gcs_serving(listing: list[tuple[str, bytes]]) -> Iterator[dict[str, str]]:
+def gcs_serving(listing: list[tuple[str, bytes]], _work: Path) -> Iterator[dict[str, str]]:
     from tests.doubles.gcs import GcsDouble
 
     with GcsDouble() as double:
@@ -269,25 +272,38 @@ def _gcs_metadata(data: bytes) -> bytes:
     ).encode()
 
 
-def stage_time(url: str, env: dict[str, str], dst: Path, transfers: int) -> tuple[float, int]:
-    """``octstage stage`` of ``url`` into ``dst``: (seconds, exit code)."""
-    from octstage.stage import run_stage
-    from tests.doubles.fixtures import clear_client_caches
-
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    clear_client_caches()
+@contextmanager
+def local_serving(listing: list[tuple[str, bytes]], work: Path) -> Iterator[dict[str, str]]:
+    """The objects as files in a local folder (``stage``'s folder source): what the object
+    stores' request costs hide, staging's own work and memory."""
+    root = work / "local-source"
+    for name, data in listing:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
     try:
-        started = time.monotonic()
-        rc = run_stage(url, dst, transfers=transfers, progress_seconds=60)
-        return time.monotonic() - started, rc
+        yield {}
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        clear_client_caches()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def timed_command(args: list[str], env: dict[str, str]) -> tuple[float, int, float]:
+    """``octstage ARGS`` as its console script runs it, in a child process of its own:
+    (seconds, exit code, the child's peak RSS in MB). Its progress lines pass through."""
+    started = time.monotonic()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from octstage.cli import main; sys.exit(main())",
+            *args,
+        ],
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return time.monotonic() - started, child.returncode, usage.ru_maxrss / 1024
 
 
 def main() -> None:
@@ -295,7 +311,10 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=100_000)
     ap.add_argument("--pack", type=int, default=packstore.DEFAULT_PACK)
     ap.add_argument("--transfers", type=int, default=16)
-    ap.add_argument("--doubles", default="s3,gcs")
+    ap.add_argument("--doubles", default="s3,gcs", help="s3, gcs and/or local (a folder)")
+    ap.add_argument(
+        "--verify", action="store_true", help="also time `octstage verify` of each staged copy"
+    )
     ap.add_argument("--forms", default="per-field,packed")
     ap.add_argument(
         "--per-field-items",
@@ -328,31 +347,49 @@ def main() -> None:
                 flush=True,
             )
             for double in a.doubles.split(","):
-                serving = s3_serving(listing, work) if double == "s3" else gcs_serving(listing)
-                with serving as env:
-                    dst = work / f"staged-{form}-{double}"
-                    scheme = "s3" if double == "s3" else "gs"
-                    seconds, rc = stage_time(f"{scheme}://{BUCKET}", env, dst, a.transfers)
-                shutil.rmtree(dst, ignore_errors=True)
+                serving = {"s3": s3_serving, "gcs": gcs_serving, "local": local_serving}[double]
+                dst = work / f"staged-{form}-{double}"
+                with serving(listing, work) as env:
+                    src = {"s3": f"s3://{BUCKET}", "gcs": f"gs://{BUCKET}"}.get(
+                        double, str(work / "local-source")
+                    )
+                    stage = ["stage", src, str(dst), "--transfers", str(a.transfers)]
+                    seconds, rc, rss = timed_command([*stage, "--progress-seconds", "60"], env)
                 rate = data_objects / seconds
-                rows.append((form, items, double, per_item, seconds, rc))
+                row = [form, items, double, per_item, seconds, rc, rss, None, None, None]
                 print(
                     f"{form:>9} from {double}: stage {seconds:,.1f} s (exit {rc}), "
-                    f"{rate:,.0f} objects/s, {items / seconds:,.0f} fields/s",
+                    f"{rate:,.0f} objects/s, {items / seconds:,.0f} fields/s, "
+                    f"peak RSS {rss:,.0f} MB",
                     flush=True,
                 )
+                if a.verify:
+                    verify = ["verify", str(dst / "manifest.json"), "--progress-seconds", "60"]
+                    row[7:] = timed_command(verify, {})
+                    print(
+                        f"{form:>9} verify of the staged copy: {row[7]:,.1f} s (exit {row[8]}), "
+                        f"{items / row[7]:,.0f} fields/s, peak RSS {row[9]:,.0f} MB",
+                        flush=True,
+                    )
+                shutil.rmtree(dst, ignore_errors=True)
+                rows.append(tuple(row))
             del listing
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n--pack {a.pack}, {a.transfers} transfers")
+    print(f"\n--pack {a.pack}, {a.transfers} transfers; peak RSS: the child's ru_maxrss")
     print(
-        f"{'form':>9} {'fields':>8} {'double':>6} {'objects/item':>13} {'stage s':>9} "
-        f"{'fields/s':>9} {'exit':>5}"
+        f"{'form':>9} {'fields':>9} {'double':>6} {'objects/item':>13} {'stage s':>9} "
+        f"{'fields/s':>9} {'exit':>5} {'stage MB':>9} {'verify s':>9} {'exit':>5} {'verify MB':>9}"
     )
-    for form, items, double, per_item, seconds, rc in rows:
+    for form, items, double, per_item, seconds, rc, rss, vs, vrc, vrss in rows:
+        verified = (
+            f"{vs:>9.1f} {vrc:>5} {vrss:>9,.0f}"
+            if vs is not None
+            else f"{'-':>9} {'-':>5} {'-':>9}"
+        )
         print(
-            f"{form:>9} {items:>8,} {double:>6} {per_item:>13.4f} {seconds:>9.1f} "
-            f"{items / seconds:>9,.0f} {rc:>5}"
+            f"{form:>9} {items:>9,} {double:>6} {per_item:>13.4f} {seconds:>9.1f} "
+            f"{items / seconds:>9,.0f} {rc:>5} {rss:>9,.0f} {verified}"
         )
 
 

@@ -8,8 +8,9 @@ the JSON Schema that ships with the package (``octstage/manifest.schema.json``).
 values: zarr would silently read fill values), changed (the bytes are there and differ: the
 values' checksum, or the crc32c that caches written since it have after each chunk), extra,
 a schema violation, or the manifest contradicting itself (``manifest.consistency_problems``).
-A packed Cell Painting field (``pack_index``) is checked alone in its pack (``check_packed``:
-a pack is opened once for its members); a pack whose shard is gone makes every member missing.
+A packed Cell Painting field (``pack_index``) is checked in its pack (``check_packed``: a pack
+is opened once for its members, whose values are read a run at a time); a pack whose shard is
+gone makes every member missing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -75,34 +76,66 @@ class VerifyReport:
 Opener = Callable[[str], "zarr.Array[Any]"]
 
 
-def check_packed(cache: Path, item: mf.Item, opener: Opener) -> tuple[str, str] | None:
-    """``check_entry`` for a packed field: its pack's metadata and shard there (else
-    "missing"), its values (the chunks it covers alone) those the manifest says (else
-    "changed"). ``opener`` opens a pack once for all its members (``packstore.open_pack``)."""
-    if not (cache / item.zarr_path).exists():
-        return "missing", "not in the cache"
+def check_packed(
+    cache: Path, items: Sequence[mf.Item], opener: Opener
+) -> list[tuple[str, str] | None]:
+    """``check_entry`` for packed fields of one pack, one finding per item: its pack's metadata
+    and shard there (else "missing"), its values (the chunks it covers alone) those the
+    manifest says (else "changed"). ``opener`` opens a pack once for all its members
+    (``packstore.open_pack``); members' values are read in runs (``packstore.member_values``)."""
+    relpath = items[0].zarr_path
+    if not (cache / relpath).exists():
+        return [("missing", "not in the cache")] * len(items)
+    try:
+        pack = opener(relpath)
+    except VerificationError as exc:
+        return [("missing", str(exc).removeprefix(f"{relpath}: "))] * len(items)
+    except Exception as exc:  # noqa: BLE001 - unreadable metadata is these items' finding
+        return [("changed", f"unreadable: {type(exc).__name__}: {exc}")] * len(items)
+    members = [(_pack_index(item), tuple(item.shape), item.checksum) for item in items]
+    findings: list[tuple[str, str] | None] = [None] * len(items)
+    for n, values in packstore.member_values(pack, relpath, members):
+        if isinstance(values, Exception):
+            findings[n] = ("changed", _unreadable(values, members[n][0], relpath))
+            continue
+        finding = packstore.values_finding(values, members[n])
+        findings[n] = None if finding is None else ("changed", finding)
+    return findings
+
+
+def _pack_index(item: mf.Item) -> int:
     index = getattr(item, "pack_index", None)
     assert index is not None
-    try:
-        pack = opener(item.zarr_path)
-    except VerificationError as exc:
-        return "missing", str(exc).removeprefix(f"{item.zarr_path}: ")
-    except Exception as exc:  # noqa: BLE001 - unreadable metadata is this item's finding
-        return "changed", f"unreadable: {type(exc).__name__}: {exc}"
-    try:
-        finding = packstore.member_finding(pack, item.zarr_path, (index, item.shape, item.checksum))
-    except VerificationError as exc:
-        return "changed", str(exc).removeprefix(f"{item.zarr_path}: ")
-    except ValueError as exc:
-        if str(exc).startswith(ZARR_CRC_MISMATCH):
-            return "changed", (
-                f"field {index} unreadable: a chunk or shard index fails its crc32c checksum "
-                "(its bytes changed after they were written)"
-            )
-        return "changed", f"field {index} unreadable: {type(exc).__name__}: {exc}"
-    except Exception as exc:  # noqa: BLE001 - any read failure of this field is its finding
-        return "changed", f"field {index} unreadable: {type(exc).__name__}: {exc}"
-    return None if finding is None else ("changed", finding)
+    return int(index)
+
+
+def _unreadable(exc: Exception, index: int, relpath: str) -> str:
+    """A packed field's read failure, in words."""
+    if isinstance(exc, VerificationError):
+        return str(exc).removeprefix(f"{relpath}: ")
+    if isinstance(exc, ValueError) and str(exc).startswith(ZARR_CRC_MISMATCH):
+        return (
+            f"field {index} unreadable: a chunk or shard index fails its crc32c checksum "
+            "(its bytes changed after they were written)"
+        )
+    return f"field {index} unreadable: {type(exc).__name__}: {exc}"
+
+
+def runs(items: Iterable[mf.Item], most: int) -> Iterator[list[mf.Item]]:
+    """The items in manifest order, a packed pack's consecutive members together (at most
+    ``most`` a run), every other item alone."""
+    run: list[mf.Item] = []
+    for item in items:
+        packed = getattr(item, "pack_index", None) is not None
+        if run and (not packed or item.zarr_path != run[0].zarr_path or len(run) >= most):
+            yield run
+            run = []
+        if packed:
+            run.append(item)
+        else:
+            yield [item]
+    if run:
+        yield run
 
 
 def check_entry(cache: Path, volume: mf.Item) -> tuple[str, str] | None:
@@ -244,16 +277,19 @@ def verify(
         lambda rel: packstore.open_pack(root, rel)
     )
 
-    def check(item: mf.Item) -> tuple[str, str] | None:
-        if getattr(item, "pack_index", None) is None:
-            return check_entry(root, item)
-        return check_packed(root, item, opener)
+    def check(run: list[mf.Item]) -> list[tuple[str, str] | None]:
+        if getattr(run[0], "pack_index", None) is None:
+            return [check_entry(root, run[0])]
+        return check_packed(root, run, opener)
 
     with (
         ThreadPoolExecutor(workers) as pool,
         counter(console, "verify", len(items), every) as advance,
     ):
-        findings = _interruptible(pool, bounded_map(pool, check, items, 4 * workers))
+        checked = _interruptible(
+            pool, bounded_map(pool, check, runs(items, packstore.DEFAULT_PACK), 4 * workers)
+        )
+        findings = (finding for run in checked for finding in run)
         for volume, finding in zip(items, findings, strict=True):
             if finding is None:
                 report.verified += 1

@@ -85,14 +85,21 @@ class ItemTable(Sequence[T], Generic[T]):
         names = self._columns.names
         return self._convert({name: self._columns.get(name)[row].as_py() for name in names})
 
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        """Every row in batches: of the whole table a row group at a time, nothing kept (a walk
+        over a million items holds one row group); of a view, its rows."""
+        tables = self._columns.row_groups() if self._index is None else iter([self.table])
+        for table in tables:
+            yield from table.to_batches(max_chunksize=4096)
+
     def __iter__(self) -> Iterator[T]:
-        for batch in self.table.to_batches(max_chunksize=4096):
+        for batch in self._batches():
             for row in batch.to_pylist():
                 yield self._convert(row)
 
     def json_rows(self) -> Iterator[dict[str, Any]]:
         """The rows as the JSON form's item dicts (what the JSON Schema's $defs describe)."""
-        for batch in self.table.to_batches(max_chunksize=4096):
+        for batch in self._batches():
             for row in batch.to_pylist():
                 yield json_row(row)
 

@@ -95,6 +95,29 @@ def test_the_table_is_written_in_row_groups(tmp_path: Path) -> None:
     assert pq.ParquetFile(tmp_path / "t.items.parquet").num_row_groups == 3
 
 
+def test_a_walk_over_every_item_holds_one_row_group(tmp_path: Path) -> None:
+    """Iterating the items (``verify``, the schema check of every row) reads the table a row
+    group at a time and keeps none of it: the whole table of a million fields is ~1 GB of
+    Arrow. A column a trainer kept is sliced, not read again; the rows are the same."""
+    from octstage.manifest.columnar import read_items, write_items
+    from octstage.manifest.serial import _field_row
+
+    fields = tuple(make_field(well=f"B{i:02d}", site=i) for i in range(1, 6))
+    m = make_cp_manifest(fields)
+    info = write_items(tmp_path / "t.parquet", "cellpainting", manifest.item_rows(m), 2)
+    assert pq.ParquetFile(tmp_path / "t.parquet").num_row_groups == 3
+    columns = read_items(tmp_path / "t.parquet", "cellpainting", "t", info.as_dict())
+    table = manifest.ItemTable(columns, _field_row)
+    seen = []
+    for item in table:
+        seen.append(item)
+        assert not columns.kept and not columns.scratch  # nothing held between row groups
+    assert seen == list(fields)
+    assert [r["zarr_path"] for r in table.json_rows()] == [f.zarr_path for f in fields]
+    columns.get("zarr_path")  # kept, as a trainer keeps it
+    assert list(table) == list(fields)
+
+
 def test_checks_find_the_same_contradictions_in_both_forms(tmp_path: Path) -> None:
     a = make_field()
     twin = manifest.Field(**{**make_field(well="B02").__dict__, "sources": a.sources})

@@ -22,6 +22,7 @@ from octstage.cellpainting import packstore
 from octstage.cellpainting.build import build
 from octstage.cellpainting.fieldwriter import PackWriter
 from octstage.cellpainting.synth import TwinInfo
+from octstage.errors import VerificationError
 from octstage.manifest.tablechecks import suspect_rows
 from octstage.stage import run_stage
 from octstage.storage import open_storage
@@ -349,3 +350,44 @@ def test_two_fields_of_one_cache_key_are_one_member(tmp_path: Path) -> None:
     writer.close()
     pack = zarr.open_array(str(tmp_path / first.zarr_path / "0"), mode="r")
     assert pack.shape == (2, 5, 64, 64)
+
+
+def _pack_of(tmp_path: Path, n: int) -> tuple[str, list[packstore.Member], list[np.ndarray]]:
+    fields = _fields(np.random.default_rng(1), [(5, 70, 60)] * n)
+    writer = PackWriter(CacheStore(str(tmp_path)), "P1", 64, 3, n)
+    writer.plan([f"k{i}" for i in range(n)])
+    records = [writer.write(f"k{i}", f"k{i}", f, "ABCDE") for i, f in enumerate(fields)]
+    writer.close()
+    members = [(int(r.pack_index or 0), tuple(r.shape), r.checksum) for r in records]
+    return records[0].zarr_path, members, fields
+
+
+def test_a_healthy_pack_is_checked_a_run_of_members_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zarr read costs ~1.7 ms whatever its size: a million small fields read one by one
+    take half an hour to stage or verify. An intact pack is read in runs, never a member."""
+    rel, members, _ = _pack_of(tmp_path, 6)
+
+    def one_by_one(*_: object) -> np.ndarray:
+        raise AssertionError("a member read alone")
+
+    monkeypatch.setattr(packstore, "read_member", one_by_one)
+    packstore.check_pack(tmp_path, rel, members[::-1])  # any order: runs follow the places
+
+
+def test_member_values_in_runs_give_each_member_its_own_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs end at a gap in the places and at READ_BYTES; a member without a place is its own
+    error and the others still read."""
+    rel, members, fields = _pack_of(tmp_path, 7)
+    pack = packstore.open_pack(tmp_path, rel)
+    monkeypatch.setattr(packstore, "READ_BYTES", 2 * 5 * 70 * 60)  # two members a read
+    asked = [members[6], members[0], members[1], members[2], members[4], (9, (5, 70, 60), "x")]
+    got = dict(packstore.member_values(pack, rel, asked))
+    assert sorted(got) == list(range(len(asked)))
+    for n, member in enumerate(asked[:-1]):
+        assert (got[n] == fields[member[0]]).all()
+    assert isinstance(got[5], VerificationError) and "no field 9" in str(got[5])
+    assert packstore._runs(asked[:-1], 5 * 70 * 60) == [[1, 2], [3], [4], [0]]
