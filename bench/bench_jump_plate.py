@@ -8,15 +8,18 @@ are, each field's pixels its own: a seeded random texture) from a local folder l
 release (``source_4/images/<batch>/images/<plate>/...``, a ``load_data_with_illum.parquet``
 whose ``s3://cellpainting-gallery/`` URLs ``--map-prefix`` maps onto the folder, illumination
 functions) into a fresh folder cache, in a child process (``--workers`` threads) so that its
-peak RSS (``ru_maxrss``) is its own: "plate RSS" is the peak when the plate is built,
+peak RSS (``VmHWM``: ``_peak_rss``) is its own: "plate RSS" is the peak when the plate is built,
 "+manifest" the peak at the end, after the manifest is written (from the build's spool, a
-field at a time). Scratch is sampled every 0.1 s: bytes in the child's TMPDIR (where the
-manifest's spool is, ~0.3 KB a field) plus any scratch folder in the cache (the output, the
-fields themselves, is printed apart). fields/s per core = fields / the child's CPU
-seconds; the decode floor is reading and decoding the same TIFFs (one thread, the same CPU
-clock), fields / CPU seconds; the write floor is writing a uint8 field of that size into a
-folder cache (one OME-Zarr group and shard: a fixed ~13 ms at 256 px), and "2 decodes+write"
-what the two floors allow together.
+field at a time). RSS counts the pages of files mapped too (~55 MiB here: the libraries'
+code, the same for every plate); "anon" is the anonymous memory alone (``RssAnon``: what the
+machine must hold for the build), its peak until the plate is built, sampled every 0.1 s (a
+spike between samples is missed: ``VmHWM`` is the exact peak). Scratch is sampled every
+0.1 s: bytes in the child's TMPDIR (where the manifest's spool is, ~0.3 KB a field) plus any
+scratch folder in the cache (the output, the fields themselves, is printed apart). fields/s
+per core = fields / the child's CPU seconds; the decode floor is reading and decoding the
+same TIFFs (one thread, the same CPU clock), fields / CPU seconds; the write floor is writing
+a uint8 field of that size into a folder cache (one OME-Zarr group and shard: a fixed ~13 ms
+at 256 px), and "2 decodes+write" what the two floors allow together.
 
 Real fields are ~1,080 px: the sweep runs at ``--size`` (default 256: 3,456 fields x 5 x 128 KiB
 = 2.2 GB of sources; at 1,080 px they would be 40 GB) and a shorter sweep at ``--real-size``
@@ -140,6 +143,28 @@ def _dirs(folder: Path) -> list[Path]:
     return []
 
 
+def _status(key: str) -> int:
+    """A size in this process's ``/proc/self/status`` (``VmHWM``, ``RssAnon``), bytes; 0 off
+    Linux."""
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _rss_anon() -> int:
+    return _status("RssAnon")
+
+
+def _peak_rss() -> int:
+    """This process's own peak RSS: ``VmHWM``, not ``ru_maxrss``, which in a child starts at
+    its parent's peak (Linux keeps the high-water mark of the address space it had before
+    ``exec``: the forked parent's), so a bench that made a larger plate first reported a
+    larger peak for the build: ~21 KB a field, none of it the build's."""
+    return _status("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def child(root: Path, table: str, cache: Path, workers: int) -> None:
     """One build, measured from inside: prints a JSON line."""
     from octstage.cellpainting import build as build_module
@@ -148,22 +173,24 @@ def child(root: Path, table: str, cache: Path, workers: int) -> None:
 
     # The peak while the plate is built, apart from the manifest written after it (whose
     # size grows with the fields it lists, whatever the pixels).
-    plate_rss = [0]
+    plate_rss, plate_anon = [0], [0]
     build_plate = build_module.build_plate
 
     def measured(*args: object, **kwargs: object) -> object:
         out = build_plate(*args, **kwargs)  # type: ignore[arg-type]
-        plate_rss[0] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        plate_rss[0] = _peak_rss()
+        plate_anon[0] = max(anon[0], _rss_anon())
         return out
 
     build_module.build_plate = measured  # type: ignore[assignment]
 
     tmp = Path(tempfile.gettempdir())
-    peak = [0]
+    peak, anon = [0], [0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(0.1):
+            anon[0] = max(anon[0], _rss_anon())
             scratch = _tree_bytes(tmp) + _hidden_bytes(cache)
             peak[0] = max(peak[0], scratch)
 
@@ -181,9 +208,10 @@ def child(root: Path, table: str, cache: Path, workers: int) -> None:
     done.set()
     sampler.join()
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = _peak_rss()
     assert built.fields == report.fields and not report.rejected, report
     out = {"fields": report.fields, "wall": wall, "cpu": cpu, "rss": plate_rss[0]}
+    out |= {"anon": plate_anon[0]}
     out |= {"rss_manifest": rss, "scratch": peak[0]}
     print(json.dumps({**out, "output": _tree_bytes(cache)}))
 
@@ -260,7 +288,7 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f}"
     )
     print(
-        f"{'px':>5} {'fields':>6} {'plate RSS':>10} {'+manifest':>10} {'scratch':>9} "
+        f"{'px':>5} {'fields':>6} {'plate RSS':>10} {'anon':>8} {'+manifest':>10} {'scratch':>9} "
         f"{'output':>9} {'wall s':>7} "
         f"{'fields/s':>8} {'f/s/core':>8} {'decode floor':>12} {'build/floor':>11} "
         f"{'write floor':>11} {'2 decodes+write':>15}"
@@ -272,7 +300,8 @@ def main() -> None:
         per_core = r["fields"] / max(1e-9, r["cpu"])
         results.append((size, n, r))
         print(
-            f"{size:>5} {n:>6} {r['rss'] / mib:>6.0f} MiB {r['rss_manifest'] / mib:>6.0f} MiB "
+            f"{size:>5} {n:>6} {r['rss'] / mib:>6.0f} MiB {r['anon'] / mib:>4.0f} MiB "
+            f"{r['rss_manifest'] / mib:>6.0f} MiB "
             f"{r['scratch'] / mib:>5.1f} MiB "
             f"{r['output'] / mib:>5.0f} MiB {r['wall']:>7.1f} {r['fields'] / r['wall']:>8.1f} "
             f"{per_core:>8.1f} {r['floor']:>12.1f} {per_core / r['floor']:>10.2f}x "
@@ -281,13 +310,16 @@ def main() -> None:
         )
     for size in sorted({s for s, _, _ in results}):
         rss = [r["rss"] for s, _, r in results if s == size]
+        anon = [r["anon"] for s, _, r in results if s == size]
         ns = [n for s, n, _ in results if s == size]
         if len(rss) > 1:
             print(
                 f"{size} px: peak RSS building the plate "
                 f"{min(rss) / mib:.0f}-{max(rss) / mib:.0f} MiB from "
                 f"{min(ns)} to {max(ns)} fields ({max(ns) / min(ns):.0f}x the fields, "
-                f"{max(rss) / min(rss):.2f}x the RSS); scratch peak "
+                f"{max(rss) / min(rss):.2f}x the RSS, "
+                f"{(rss[-1] - rss[0]) / max(1, ns[-1] - ns[0]) / 1024:.1f} KB a field; anon "
+                f"{min(anon) / mib:.0f}-{max(anon) / mib:.0f} MiB); scratch peak "
                 f"{max(r['scratch'] for s, _, r in results if s == size) / mib:.1f} MiB"
             )
     window = 2 * a.workers

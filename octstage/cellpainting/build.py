@@ -67,6 +67,7 @@ from octstage.cellpainting.metadata import (
 )
 from octstage.cellpainting.plate import BuildReport, CellPaintingConfig, build_plate
 from octstage.errors import CellPaintingError, ConfigError, ObjectNotFoundError
+from octstage.heap import fix_mmap_threshold
 from octstage.outputs import check_cache_folder
 from octstage.provenance import code_version
 from octstage.storage import Storage, open_storage
@@ -216,6 +217,9 @@ def build(
     """Build the cache at ``out`` (a folder or a bucket URL) from the root ``source`` (a URL
     or a Storage); ``anonymous``: read ``s3://`` without credentials (the public bucket)."""
     started = time.monotonic()
+    # Pixel buffers each their own mapping, returned when freed: else glibc's moving threshold
+    # puts them in its heap, which fragments, and the peak grows with the plate (``heap``).
+    fix_mmap_threshold()
     config = config or CellPaintingConfig()
     if select.types and not metadata:
         raise CellPaintingError("selecting perturbation types needs --metadata")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from octstage.errors import CellPaintingError as LayoutError
+from octstage.heap import arrow_system_pool
 
 CHANNELS = ("DNA", "AGP", "ER", "Mito", "RNA")
 # Preferred first: the parquet the release ships, then its CSV forms.
@@ -149,17 +150,18 @@ def _parquet_rows(data: bytes, name: str, batch_rows: int) -> Iterator[dict[str,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
-        table = pq.ParquetFile(io.BytesIO(data))
-        for batch in table.iter_batches(batch_size=batch_rows):
-            for row in batch.to_pylist():
-                yield {k: "" if v is None else str(v) for k, v in row.items()}
-    except (pa.ArrowException, OSError) as exc:
-        raise LayoutError(f"{name}: not a readable parquet table: {exc}") from None
-    finally:
-        # Arrow's allocator keeps what a decoded row group took (~3 KB a row) unless told to
-        # give it back: a plate's table read twice would stay in the build's memory.
-        pa.default_memory_pool().release_unused()
+    # A row group decodes whole (its dictionary pages hold every file name: ~2 KB a field);
+    # Arrow's default pool would keep those pages, and take them from far larger segments, and
+    # its I/O threads' pages could not be given back: the build's peak grew with its plate's
+    # fields. So: malloc (``heap``), in this thread.
+    with arrow_system_pool():
+        try:
+            table = pq.ParquetFile(io.BytesIO(data), pre_buffer=False)
+            for batch in table.iter_batches(batch_size=batch_rows, use_threads=False):
+                for row in batch.to_pylist():
+                    yield {k: "" if v is None else str(v) for k, v in row.items()}
+        except (pa.ArrowException, OSError) as exc:
+            raise LayoutError(f"{name}: not a readable parquet table: {exc}") from None
 
 
 def read_table(data: bytes, name: str) -> list[dict[str, str]]:
