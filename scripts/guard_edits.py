@@ -783,4 +783,14 @@ EDITS: list[Edit] = [
         (OS + "test_stage.py::test_an_array_listed_two_ways_is_refused_before_any_fetch",),
         "a folder listed as a pack and as one field is staged as one of them",
     ),
+    Edit(
+        "folder-manifest-streamed",
+        "octstage/cache/store.py",
+        "        if self.local is not None and local is None:  # a folder: streamed to the file\n"
+        "            mf.write(manifest, self.local / MANIFEST, form, rows)\n"
+        "        elif self.local is None:\n",
+        "        if self.local is None or local is None:\n",
+        (OS + "test_manifest_columnar.py::test_a_folder_cache_streams_its_manifest",),
+        "a folder cache's manifest is built whole in memory before it is written",
+    ),
 ]

@@ -69,7 +69,9 @@ class CacheStore:
         streamed (``mf.write``), not ``manifest``'s."""
         if local is not None:
             mf.write(manifest, local, form, rows)
-        if self.local is None or local is None:
+        if self.local is not None and local is None:  # a folder: streamed to the file
+            mf.write(manifest, self.local / MANIFEST, form, rows)
+        elif self.local is None:
 
             def put(name: str, path: Path) -> None:
                 self.write_bytes(name, path.read_bytes())

@@ -207,3 +207,21 @@ def test_verify_checks_the_table_hash_and_every_row(
     assert any(e.startswith("table/volumes/1/participant_id") for e in report.schema_errors)
     _edit(tmp_path, ["table", "sha256"], "f" * 64)
     assert any("SHA-256" in e for e in verify(path).schema_errors)
+
+
+@pytest.mark.parametrize("form", ["json", "table"])
+def test_a_folder_cache_streams_its_manifest(
+    tmp_path: Path, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder cache's manifest is written a row at a time into its file, never built as one
+    document in memory first (``header_bytes`` is for a bucket: ~2.4 KB a field in RAM)."""
+    from octstage.cache.store import CacheStore
+
+    m = make_cp_manifest(cp_fields())
+
+    def whole(*_: object, **__: object) -> bytes:
+        raise AssertionError("the whole manifest built in memory")
+
+    monkeypatch.setattr(manifest, "header_bytes", whole)
+    CacheStore(str(tmp_path)).write_manifest(m, None, form, lambda: manifest.item_rows(m))
+    assert manifest.load(tmp_path / "manifest.json") == m

@@ -365,9 +365,7 @@ def test_a_stage_stopped_between_the_table_and_the_header_resumes(
 
 
 @pytest.mark.parametrize("form", ["json", "table"])
-def test_an_array_listed_two_ways_is_refused_before_any_fetch(
-    tmp_path: Path, form: str
-) -> None:
+def test_an_array_listed_two_ways_is_refused_before_any_fetch(tmp_path: Path, form: str) -> None:
     """``volume_paths`` (an item table read a row group at a time) still sees every row: one
     folder listed twice with different checksums, or both as one field and as a pack."""
     from dataclasses import replace
