@@ -257,9 +257,8 @@ def member_values(
     VerificationError naming it."""
     field_bytes = max(1, math.prod(pack.shape[1:]))
     for run in _runs(members, field_bytes):
-        placed = [n for n in run if _place_problem(pack.shape, members[n]) is None]
         block: npt.NDArray[np.uint8] | None = None
-        if len(placed) > 1 and len(placed) == len(run):
+        if len(run) > 1 and all(_place_problem(pack.shape, members[n]) is None for n in run):
             lo, hi = members[run[0]][0], members[run[-1]][0] + 1
             try:
                 block = np.asarray(pack[lo:hi], dtype=np.uint8)
@@ -274,11 +273,6 @@ def member_values(
                 yield n, read_member(pack, relpath, members[n])
             except Exception as exc:  # noqa: BLE001 - the caller decides what a failure is
                 yield n, exc
-
-
-def member_finding(pack: zarr.Array[Any], relpath: str, member: Member) -> str | None:
-    """Why member ``member`` of the pack differs from the manifest, or None when it matches."""
-    return values_finding(read_member(pack, relpath, member), member)
 
 
 def values_finding(values: npt.NDArray[np.uint8], member: Member) -> str | None:
