@@ -37,9 +37,7 @@ from octstage.errors import VerificationError
 from octstage.progress import counter, interval
 
 console = Console(stderr=True)
-# How zarr's crc32c codec (after blosc in each chunk, after a shard's index) says that bytes
-# changed since they were written: said here in words instead (any other text is shown as is).
-ZARR_CRC_MISMATCH = "Stored and computed checksum do not match"
+ZARR_CRC_MISMATCH = volumestore.ZARR_CRC_MISMATCH
 T = TypeVar("T")
 ARRAY_FOLDERS = (".ome.zarr", ".pack.zarr")  # a volume's or field's group, a pack's folder
 SCHEMA = mf.SCHEMA_PATH
@@ -110,14 +108,9 @@ def _pack_index(item: mf.Item) -> int:
 
 
 def _unreadable(exc: Exception, index: int, relpath: str) -> str:
-    """A packed field's read failure, in words."""
+    """A packed field's read failure, in words (``member_values`` words a crc mismatch)."""
     if isinstance(exc, VerificationError):
         return str(exc).removeprefix(f"{relpath}: ")
-    if isinstance(exc, ValueError) and str(exc).startswith(ZARR_CRC_MISMATCH):
-        return (
-            f"field {index} unreadable: a chunk or shard index fails its crc32c checksum "
-            "(its bytes changed after they were written)"
-        )
     return f"field {index} unreadable: {type(exc).__name__}: {exc}"
 
 

@@ -41,6 +41,11 @@ def volume_relpath(participant_id: str, cache_key: str) -> str:
     return f"volumes/{participant_id}/{cache_key}.ome.zarr"
 
 
+# How zarr's crc32c codec (after blosc in each chunk, after a shard's index) says that bytes
+# changed since they were written: said in words instead (any other text is shown as is).
+ZARR_CRC_MISMATCH = "Stored and computed checksum do not match"
+
+
 def array_checksum(array: npt.NDArray[Any]) -> str:
     """``sha256:<hex>`` of the array's values in C order (independent of codec and chunking)."""
     return "sha256:" + hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()

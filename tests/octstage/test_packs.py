@@ -211,6 +211,11 @@ def test_damage_to_a_pack_is_found_and_named(
     changed = [c for c in report.changed if c["zarr_path"] == f.zarr_path]
     assert len(changed) == 1 and "crc32c" in changed[0]["why"], report.changed
     assert report.verified == len(m.fields) - 1
+    # stage says it in the same words (zarr's own text names two byte strings, not the cause)
+    out = tmp_path / "stage.json"
+    assert run_stage(str(cache), tmp_path / "staged", json_out=out) == 1
+    (failed,) = json.loads(out.read_text())["failed"]
+    assert "fails its crc32c checksum (its bytes changed" in failed["reason"], failed
     crops = _crops()
     data = CellPaintingDataset(m.fields, cache, crops, patch=8)
     bad = next(
