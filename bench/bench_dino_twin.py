@@ -66,10 +66,13 @@ ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("activity", "distinctiveness")
 
 
-def build_twin(tmp: Path, plates: int, twin_seed: int) -> tuple[Path, list[Any]]:
+def build_twin(
+    tmp: Path, plates: int, twin_seed: int, compounds: int = 0, sites: int = 3
+) -> tuple[Path, list[Any]]:
     """The twin's cache under ``tmp`` and its fields."""
     src, root = tmp / "src", tmp / "cache"
     synth = ["synth", "--kind", "cellpainting", "--seed", str(twin_seed), "--plates", str(plates)]
+    synth += ["--compounds", str(compounds), "--sites", str(sites)]
     assert octstage([*synth, str(src)]) == 0
     twin = src / "cpg0016-jump"  # its tables name s3://cellpainting-gallery/: map them
     build = ["build-cache", "--kind", "cellpainting", "--source", str(twin)]
@@ -163,14 +166,22 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument(
         "--seeds", type=int, nargs="+", default=[0, 1, 2], help="DINO train.seed(s)"
     )
     parser.add_argument("--twin-seed", type=int, default=7, help="octstage synth --seed")
     parser.add_argument("--plates", type=int, default=5)
     parser.add_argument("--train-plates", type=int, default=2)
+    parser.add_argument("--compounds", type=int, default=30, help="octstage synth --compounds")
+    parser.add_argument("--sites", type=int, default=2, help="octstage synth --sites")
     parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="keep the twin, its cache and the runs here (reused by a later run with the same "
+        "twin flags); default: a temporary folder",
+    )
     parser.add_argument(
         "--json", type=Path, default=Path("bench-output/bench_dino_twin.json")
     )  # /bench-output/ is git-ignored
@@ -181,8 +192,13 @@ def main() -> None:
     torch.set_num_threads(1)  # one core: the figures below are a one-core run's
     start = time.perf_counter()
     records = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root, fields = build_twin(Path(tmp), args.plates, args.twin_seed)
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.work or Path(scratch)
+        if args.work and (tmp / "cache" / "manifest.json").exists():
+            root = tmp / "cache"  # a twin of an earlier run with --work: the same flags
+            fields = list(load(root / "manifest.json").fields)
+        else:
+            root, fields = build_twin(tmp, args.plates, args.twin_seed, args.compounds, args.sites)
         plates = sorted({f.plate for f in fields})
         trained_on = set(plates[: args.train_plates])
         train = [f for f in fields if f.plate in trained_on]
@@ -192,12 +208,13 @@ def main() -> None:
             f"{', '.join(sorted(trained_on))} ({len(train)} fields); scored on the held-out "
             f"{', '.join(p for p in plates if p not in trained_on)}"
         )
+        fixed: dict[str, Any] = {}  # handcrafted and cp-measure: computed once, for every seed
         for seed in args.seeds:
             t0 = time.perf_counter()
-            ckpt = train_dino(Path(tmp), root, train, seed, args)
+            ckpt = train_dino(tmp, root, train, seed, args)
             trained = time.perf_counter() - t0
             report = profile_fields(
-                str(ckpt), scored, root, resamples=args.resamples, only_held_out=False
+                str(ckpt), scored, root, resamples=args.resamples, only_held_out=False, fixed=fixed
             )
             took = time.perf_counter() - t0
             print(
@@ -217,6 +234,8 @@ def main() -> None:
     record = {
         "twin_seed": args.twin_seed,
         "plates": args.plates,
+        "compounds": args.compounds,
+        "sites": args.sites,
         "train_plates": sorted(trained_on),
         "steps": args.steps,
         "overrides": args.overrides,

@@ -20,6 +20,11 @@ Each plate is a 4 x 6 block of wells (A01..D06) with ``sites`` fields per well, 
 per plate, placed at random (so a well's position says nothing): DMSO (``JCP2022_033924``, the
 negative control), AMG900 (``JCP2022_037716``, a positive control) and compounds, an ORF and a
 CRISPR guide with ids in their own JCP2022 ranges, each changing morphology as documented there.
+``compounds`` adds a library of that many more compounds (``library``), each a subtle change of
+one or two features drawn from the seed; the plate is then a 384-well plate (16 x 24) whose first
+wells hold them, with DMSO in 4x as many wells as each compound. An evaluation's intervals shrink
+with the number of perturbations it averages over: five cannot tell mAP 0.72 from 0.76, a few
+dozen can.
 Every field is multiplied by its channel's illumination (a vignette; the illum ``.npy`` undoes
 it, up to the plate's residual: its true vignette's peak is shifted) and a plate gain (a batch
 effect, 0.8..1.2), plus the nuisance of ``cells.py`` (per well: stain intensity per channel, cell
@@ -55,6 +60,7 @@ DATASET = "cpg0016-jump"
 BUCKET = "cellpainting-gallery"
 METADATA_DIR = "datasets/metadata"
 ROWS, COLS = "ABCD", 6
+PLATE_384 = "ABCDEFGHIJKLMNOP", 24  # the layout once a library needs more than 24 wells
 WELLS_PER_PERTURBATION = 4
 # id -> (perturbation type the build assigns, phenotype, what changes; a probe should tell them
 # apart). Ids follow JUMP's numbering: compounds below 800000, CRISPR 8xxxxx, ORF 9xxxxx. One
@@ -89,6 +95,46 @@ PHENOTYPES: dict[str, tuple[str, Phenotype, str]] = {
         "more nucleoli and cytoplasmic RNA, +50% (RNA; subtle)",
     ),
 }
+Library = dict[str, tuple[str, Phenotype, str]]
+# A library compound changes one or two of these by a factor drawn log-uniform in
+# [LIBRARY_STRENGTH]: at most ``cap`` up or down (sizes move less than counts, as in real screens,
+# where a compound that shrinks cells by a third is toxic rather than subtle). The low end sits
+# inside the well-to-well nuisance (stain sd 0.15), so some library APs stay low for every encoder.
+LIBRARY_STRENGTH = (0.08, 1.0)  # share of ``cap`` (log scale)
+LIBRARY_FEATURES = {  # feature -> its cap (log of the largest factor)
+    "nucleus_size": 0.35,
+    "cell_size": 0.2,
+    "mito_count": 0.9,
+    "er_spread": 0.35,
+    "agp_membrane": 0.4,
+    "nucleoli": 0.6,
+}
+CONTROL_SHARE = 4  # a library plate's DMSO wells per compound's wells
+LIBRARY_FIRST_ID = 100001  # the library's JCP2022 ids count up from here (JUMP's compound range)
+
+
+def library(seed: int, compounds: int) -> Library:
+    """``PHENOTYPES`` plus ``compounds`` compounds drawn from ``seed``: each changes one or two
+    features of ``LIBRARY_FEATURES``, up or down, by a strength drawn in ``LIBRARY_STRENGTH``."""
+    out = dict(PHENOTYPES)
+    names = sorted(LIBRARY_FEATURES)
+    for i in range(compounds):
+        rng = np.random.default_rng([seed, 29, i])
+        chosen = rng.choice(names, size=int(rng.integers(1, 3)), replace=False)
+        change = {}
+        for name in sorted(str(c) for c in chosen):
+            share = float(np.exp(rng.uniform(*np.log(LIBRARY_STRENGTH))))
+            sign = 1.0 if rng.random() < 0.5 else -1.0
+            change[name] = round(float(np.exp(sign * share * LIBRARY_FEATURES[name])), 3)
+        what = ", ".join(f"{k} x{v:g}" for k, v in change.items())
+        out[f"JCP2022_{LIBRARY_FIRST_ID + i:06d}"] = (
+            "compound",
+            Phenotype(**change),
+            f"library compound: {what}",
+        )
+    return out
+
+
 # Modality (which datasets table lists the id) of the controls above.
 _CONTROL_MODALITY = {DMSO: "compound", "JCP2022_037716": "compound"}
 _CONTROL_NAMES = {DMSO: "DMSO", "JCP2022_037716": "AMG900"}
@@ -110,12 +156,26 @@ class TwinInfo:
 
 
 def plate_map(
-    seed: int, plate_index: int, replicates: int = WELLS_PER_PERTURBATION
+    seed: int,
+    plate_index: int,
+    replicates: int = WELLS_PER_PERTURBATION,
+    perturbations: Library = PHENOTYPES,
 ) -> dict[str, str]:
     """well -> perturbation id: every perturbation in ``replicates`` wells (at most 4), at
-    random places per plate (the first wells of the 4 x 6 block, row by row)."""
-    ids = [p for p in PHENOTYPES for _ in range(replicates)]
-    wells = [f"{r}{c:02d}" for r in ROWS for c in range(1, COLS + 1)][: len(ids)]
+    random places per plate (the first wells of the 4 x 6 block, row by row, or of a 384-well
+    plate when they do not fit)."""
+    # A library plate carries DMSO in 4x as many wells as a compound, as JUMP's compound plates
+    # do (tens of DMSO wells of 384): the per-plate robust z-score and sphering need them.
+    library_plate = len(perturbations) > len(PHENOTYPES)
+    ids = [
+        p
+        for p in perturbations
+        for _ in range(replicates * (CONTROL_SHARE if library_plate and p == DMSO else 1))
+    ]
+    rows, cols = (ROWS, COLS) if len(ids) <= len(ROWS) * COLS else PLATE_384
+    if len(ids) > len(rows) * cols:
+        raise ConfigError(f"{len(ids)} wells do not fit a 384-well plate: fewer compounds")
+    wells = [f"{r}{c:02d}" for r in rows for c in range(1, cols + 1)][: len(ids)]
     order = np.random.default_rng([seed, plate_index, 17]).permutation(len(wells))
     return {wells[i]: ids[k] for k, i in enumerate(order)}
 
@@ -144,11 +204,14 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def _write_metadata(
-    out: Path, plates: list[tuple[str, Microscope]], wells: list[dict[str, object]]
+    out: Path,
+    plates: list[tuple[str, Microscope]],
+    wells: list[dict[str, object]],
+    perturbations: Library,
 ) -> None:
     """The datasets repository's tables for the twin's plates and wells."""
     by_type: dict[str, list[dict[str, object]]] = {"compound": [], "orf": [], "crispr": []}
-    for jcp, (kind, _, what) in PHENOTYPES.items():
+    for jcp, (kind, _, what) in perturbations.items():
         modality = _CONTROL_MODALITY.get(jcp, kind)
         if modality == "compound":
             key = "".join(chr(65 + int(d)) for d in jcp[-6:])
@@ -206,14 +269,24 @@ def generate(
     traps: bool = True,
     replicates: int = WELLS_PER_PERTURBATION,
     bucket: str = BUCKET,
+    compounds: int = 0,
 ) -> TwinInfo:
     """Write the twin under ``out`` (see the module doc); ``replicates`` wells per
     perturbation and plate (1..4; tests use fewer to stay fast); ``bucket``: the bucket the
-    tables' ``s3://`` URLs name (the twin's tree goes to ``s3://<bucket>/cpg0016-jump/``)."""
+    tables' ``s3://`` URLs name (the twin's tree goes to ``s3://<bucket>/cpg0016-jump/``);
+    ``compounds``: library compounds beside ``PHENOTYPES`` (``library``)."""
     if not (
-        1 <= replicates <= WELLS_PER_PERTURBATION and size >= 32 and plates >= 1 and sites >= 1
+        1 <= replicates <= WELLS_PER_PERTURBATION
+        and size >= 32
+        and plates >= 1
+        and sites >= 1
+        and compounds >= 0
     ):
-        raise ConfigError("twin needs 1..4 replicates, size >= 32, at least one plate and site")
+        raise ConfigError(
+            "twin needs 1..4 replicates, size >= 32, at least one plate and site, compounds >= 0"
+        )
+    perturbations = library(seed, compounds)
+    plate_map(seed, 0, replicates, perturbations)  # refuses a library too big before writing
     root = out / DATASET
     root.mkdir(parents=True, exist_ok=True)
     well_rows: list[dict[str, object]] = []
@@ -239,9 +312,9 @@ def generate(
             np.save(buf, illum[k] / illum[k].mean())
             _write(root / illum_dir / f"{plate}_Illum{ch}.npy", buf.getvalue())
         rows: list[dict[str, object]] = []
-        wells = plate_map(seed, pi, replicates)
+        wells = plate_map(seed, pi, replicates, perturbations)
         for wi, (well, pert) in enumerate(sorted(wells.items())):
-            _, phenotype, _ = PHENOTYPES[pert]
+            _, phenotype, _ = perturbations[pert]
             well_rows.append(
                 {
                     "Metadata_Source": scope.source,
@@ -250,7 +323,7 @@ def generate(
                     "Metadata_JCP2022": pert,
                 }
             )
-            r, c = ROWS.index(well[0]) + 1, int(well[1:])
+            r, c = PLATE_384[0].index(well[0]) + 1, int(well[1:])
             nuisance = Nuisance.of_well(rng)
             for site in range(1, sites + 1):
                 field = draw_field(rng, size, phenotype, cells=int(rng.integers(*nuisance.cells)))
@@ -282,7 +355,9 @@ def generate(
         _write(root / f"{table}.parquet", write_parquet(rows))
         _write(root / f"{table}.csv", write_csv(rows))
         load_data += [f"{table}.parquet", f"{table}.csv"]
-    _write_metadata(out / METADATA_DIR, list(zip(plate_names, scopes, strict=True)), well_rows)
+    _write_metadata(
+        out / METADATA_DIR, list(zip(plate_names, scopes, strict=True)), well_rows, perturbations
+    )
     return TwinInfo(
         plate_names,
         n_fields,
@@ -296,12 +371,12 @@ def generate(
 
 
 def run_synth_cellpainting(
-    out: Path, plates: int, sites: int, size: int, seed: int, traps: bool
+    out: Path, plates: int, sites: int, size: int, seed: int, traps: bool, compounds: int = 0
 ) -> int:
     """CLI: write the twin and say what it holds."""
     console = Console(stderr=True)
     with console.status(f"writing the Cell Painting twin into {out}"):
-        info = generate(out, plates, sites, size, seed, traps)
+        info = generate(out, plates, sites, size, seed, traps, compounds=compounds)
     console.print(
         f"octstage synth --kind cellpainting: {out}: {len(info.plates)} plates "
         f"({', '.join(f'{p} of {s}' for p, s in zip(info.plates, info.sources, strict=True))}), "
@@ -310,6 +385,6 @@ def run_synth_cellpainting(
         f"  the bucket's tree: {out / info.dataset} (upload it as s3://{info.bucket}/{info.dataset})"
         f"\n  the datasets repository's tables: {out / info.metadata}"
     )
-    for pert, (kind, _, what) in PHENOTYPES.items():
+    for pert, (kind, _, what) in library(seed, compounds).items():
         console.print(f"  {pert:16s} {kind:9s} {what}")
     return 0

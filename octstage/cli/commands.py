@@ -20,7 +20,7 @@ def synth(a: argparse.Namespace) -> int:
         from octstage.cellpainting.synth import run_synth_cellpainting
 
         return run_synth_cellpainting(
-            Path(a.out), a.plates, a.sites, a.size, a.seed, traps=not a.no_traps
+            Path(a.out), a.plates, a.sites, a.size, a.seed, not a.no_traps, a.compounds
         )
     from octstage.dataset.synth import run_synth
 

@@ -116,9 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/... or images/...)")
     s.add_argument("--kind", choices=("oct", "cellpainting"), default="oct", help="which twin")
     s.add_argument(
-        "--plates", type=_at_least(1), default=2, help="cellpainting: plates (24 wells each)"
+        "--plates",
+        type=_at_least(1),
+        default=2,
+        help="cellpainting: plates (24 wells each, 384 with --compounds)",
     )
     s.add_argument("--sites", type=_at_least(1), default=3, help="cellpainting: fields per well")
+    s.add_argument(
+        "--compounds",
+        type=_at_least(0),
+        default=0,
+        help="cellpainting: library compounds beside the six named perturbations (subtle "
+        "changes drawn from --seed; more than 0 makes each plate a 384-well plate with DMSO in "
+        "4x a compound's wells; at most 87)",
+    )
     s.add_argument(
         "--size", type=_at_least(32), default=128, help="cellpainting: field size in pixels"
     )

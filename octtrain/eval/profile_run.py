@@ -204,11 +204,14 @@ def profile_fields(
     random_seeds: int = RANDOM_SEEDS,
     resamples: int = RESAMPLES,
     only_held_out: bool = True,
+    fixed: dict[str, Array] | None = None,
 ) -> dict[str, Any]:
     """The report: per encoder (dino, random_init_<i> for each seed, handcrafted, cp_measure when
     installed) mAP with intervals and probes, per-perturbation APs, the recipe's notes, and
     DINO minus each rival with paired intervals. ``only_held_out`` leaves out the fields of the
-    checkpoint's training split (a caller that picked held-out plates itself passes False)."""
+    checkpoint's training split (a caller that picked held-out plates itself passes False).
+    ``fixed``: a cache of the features that do not depend on the checkpoint (handcrafted,
+    cp_measure), filled by the first call and reused by the next ones on the same fields."""
     fields = profiled(fields)
     if not fields:
         raise DataError("no Cell Painting fields with perturbation metadata to profile")
@@ -226,13 +229,18 @@ def profile_fields(
     features = {"dino": field_embeddings(trained, dataset, tile, dev)}
     for i, random in enumerate(randoms):
         features[f"random_init_{i}"] = field_embeddings(random, dataset, tile, dev)
-    features["handcrafted"] = np.stack(
-        [handcrafted_features(dataset.open(i).read()) for i in range(len(dataset))]
-    )
-    if cp_features.available():
-        features["cp_measure"] = np.stack(
+    fixed = {} if fixed is None else fixed
+    if "handcrafted" not in fixed:
+        fixed["handcrafted"] = np.stack(
+            [handcrafted_features(dataset.open(i).read()) for i in range(len(dataset))]
+        )
+    if cp_features.available() and "cp_measure" not in fixed:
+        fixed["cp_measure"] = np.stack(
             [cp_features.cp_measure_features(dataset.open(i).read()) for i in range(len(dataset))]
         )
+    if any(len(x) != len(dataset) for x in fixed.values()):
+        raise ValueError("fixed features of other fields: a cache is for one set of fields")
+    features.update(fixed)
     classes = sorted({f.perturbation for f in fields})
     report: dict[str, Any] = {
         "fields": len(fields),

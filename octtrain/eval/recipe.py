@@ -16,9 +16,12 @@ The steps, in the order the JUMP consortium's profiling recipe (``jump-profiling
    |Pearson r| above ``corr_threshold``, most correlated first, drop the member with the higher
    mean |r| to all features, unless one of the pair is gone already).
 4. ``sphere``: ZCA whitening fitted on the negative-control wells (pycytominer's ``Spherize``,
-   ZCA with ``epsilon`` added to the eigenvalues), only where there are more control wells than
-   ``SPHERE_RATIO`` x the selected features: with fewer, the control covariance is singular and
-   whitening would amplify noise directions, so the step is skipped and the notes say so.
+   ZCA with ``epsilon`` added to the eigenvalues) of the controls' Ledoit-Wolf covariance
+   (``SHRUNK``): with no more control wells than ``SPHERE_RATIO`` x the selected features the
+   plain covariance is singular and whitening it would amplify its null directions (the notes
+   then say how few wells there were); with many more wells the shrinkage shrinks and it
+   comes close to pycytominer's. One estimator for every encoder, whatever its feature count:
+   skipping the step, or shrinking only for some, would score them under another recipe.
 
 JUMP then corrects batches (Harmony) across sources; the twin has one source and the per-plate
 robust z-score is its batch correction.
@@ -33,13 +36,20 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtri
 from scipy.stats import rankdata
+from sklearn.covariance import ledoit_wolf
 
 Array = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
 
 MAD_SCALE = 1.4826  # MAD of a normal distribution = 0.6745 sd
 MIN_CONTROLS = 2  # control wells a plate needs for a median and a MAD
-SPHERE_RATIO = 1.0  # sphere only with more control wells than this x features
+SPHERE_RATIO = 1.0  # a plain covariance needs more control wells than this x features
+# Every encoder is whitened on the controls' Ledoit-Wolf covariance: one estimator whatever the
+# feature count (with far more wells than features it comes close to the plain one). Plain
+# where it could be and shrunk elsewhere measured the recipe, not the encoder: on the library
+# twin one random init (41 features, 48 controls) scored distinctiveness 0.069 plain and 0.098
+# shrunk.
+SHRUNK = True
 
 
 @dataclass(frozen=True)
@@ -150,19 +160,23 @@ def select_features(x: Array, cfg: RecipeConfig) -> npt.NDArray[np.int64]:
     return kept.astype(np.int64)
 
 
-def zca(reference: Array, epsilon: float = 1e-6) -> tuple[Array, Array]:
+def zca(reference: Array, epsilon: float = 1e-6, shrunk: bool = False) -> tuple[Array, Array]:
     """(mean, W) of ZCA whitening fitted on ``reference``: ``(x - mean) @ W`` has identity
-    covariance on the reference (up to ``epsilon``)."""
+    covariance on the reference (up to ``epsilon``). ``shrunk``: whiten the Ledoit-Wolf
+    covariance instead (shrunk towards a scaled identity: defined with fewer rows than columns)."""
     mean = reference.mean(axis=0)
-    cov = np.cov(reference - mean, rowvar=False).reshape(reference.shape[1], -1)
+    if shrunk:
+        cov = ledoit_wolf(reference - mean, assume_centered=True)[0]
+    else:
+        cov = np.cov(reference - mean, rowvar=False).reshape(reference.shape[1], -1)
     values, vectors = np.linalg.eigh(cov)
     w: Array = (vectors / np.sqrt(np.clip(values, 0.0, None) + epsilon)) @ vectors.T
     return mean, w
 
 
-def sphere(x: Array, controls: Mask, epsilon: float = 1e-6) -> Array:
-    """``x`` ZCA-whitened on its control wells."""
-    mean, w = zca(x[controls], epsilon)
+def sphere(x: Array, controls: Mask, epsilon: float = 1e-6, shrunk: bool = False) -> Array:
+    """``x`` ZCA-whitened on its control wells (``shrunk``: see ``zca``)."""
+    mean, w = zca(x[controls], epsilon, shrunk)
     out: Array = (x - mean) @ w
     return out
 
@@ -186,10 +200,12 @@ def apply_recipe(
     if not cfg.sphere:
         return RecipeResult(z, kept, False, [*notes, "sphering off"])
     n_controls = int(np.sum(controls))
+    if n_controls < MIN_CONTROLS or not len(kept):
+        notes.append(f"sphering skipped: {n_controls} control wells")
+        return RecipeResult(z, kept, False, notes)
     if not can_sphere(n_controls, len(kept)):
         notes.append(
-            f"sphering skipped: {n_controls} control wells for {len(kept)} features "
-            f"(needs more than {SPHERE_RATIO:g} per feature)"
+            f"sphered on a Ledoit-Wolf covariance: {n_controls} control wells for {len(kept)} "
+            f"features (a plain one needs more than {SPHERE_RATIO:g} per feature)"
         )
-        return RecipeResult(z, kept, False, notes)
-    return RecipeResult(sphere(z, controls, cfg.sphere_epsilon), kept, True, notes)
+    return RecipeResult(sphere(z, controls, cfg.sphere_epsilon, SHRUNK), kept, True, notes)

@@ -152,6 +152,18 @@ def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) 
     assert set(report["dino_minus"]) == set(report["encoders"]) - {"dino"}
     diff = report["dino_minus"]["handcrafted"]["activity"]
     assert diff["low"] <= diff["value"] <= diff["high"]
+    # The features that do not depend on the checkpoint are computed once for a bench's seeds:
+    # a second call scores the cached ones (here: planted, so the report shows them used).
+    fixed: dict[str, np.ndarray] = {}
+    first = profile_fields(ckpt, fields, root, resamples=50, fixed=fixed)
+    assert set(fixed) == {"handcrafted", "cp_measure"} and len(fixed["handcrafted"]) == 16
+    for name in ("handcrafted", "dino"):
+        assert first["encoders"][name]["activity_map"] == report["encoders"][name]["activity_map"]
+    planted = {k: np.random.default_rng(1).normal(size=v.shape) for k, v in fixed.items()}
+    again = profile_fields(ckpt, fields, root, resamples=50, fixed=dict(planted))
+    assert again["encoders"]["handcrafted"]["activity_map"] < 0.9  # noise, not the nuclei
+    with pytest.raises(ValueError, match="fixed features of other fields"):
+        profile_fields(ckpt, fields, root, resamples=50, fixed={"handcrafted": np.zeros((3, 2))})
 
 
 def test_profiling_refuses_a_checkpoint_s_own_training_plates(tmp_path: Path) -> None:

@@ -110,15 +110,40 @@ def test_sphering_needs_more_control_wells_than_features() -> None:
     assert can_sphere(40, 10) and not can_sphere(10, 10) and not can_sphere(5, 0)
 
 
-def test_the_recipe_skips_sphering_when_controls_are_too_few_and_says_so() -> None:
+def test_with_fewer_controls_than_features_the_recipe_spheres_a_shrunk_covariance() -> None:
+    # Every encoder is sphered, whatever its feature count: skipping the step for the encoders
+    # with more features than control wells would score them under another recipe.
     rng = np.random.default_rng(4)
-    x = rng.normal(size=(24, 30))
+    x = rng.normal(size=(24, 30)) @ rng.normal(size=(30, 30))  # correlated features
     plates = ["P1"] * 12 + ["P2"] * 12
     controls = np.array(([True] * 4 + [False] * 8) * 2)
     result = apply_recipe(x, plates, controls)
-    assert not result.sphered
-    assert any("sphering skipped: 8 control wells" in n for n in result.notes)
+    assert result.sphered
+    assert any("Ledoit-Wolf covariance: 8 control wells for" in n for n in result.notes)
     assert result.profiles.shape == (24, len(result.kept))
+    # A plain whitening of 8 wells' covariance blows the 20+ null directions up by 1/sqrt(eps);
+    # the shrunk one stays on the scale of the data.
+    assert np.abs(result.profiles).max() < 100.0
+    plain = sphere(x[:, result.kept], controls, 1e-6)
+    assert np.abs(plain).max() > 100.0
+
+
+def test_with_many_controls_the_shrunk_sphering_is_the_plain_one() -> None:
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2000, 3)) @ np.array([[2.0, 0.0, 0.0], [1.5, 0.5, 0.0], [0.0, 0.3, 1.0]])
+    controls = np.zeros(2000, dtype=bool)
+    controls[::2] = True
+    shrunk, plain = sphere(x, controls, 1e-9, True), sphere(x, controls, 1e-9)
+    np.testing.assert_allclose(np.cov(shrunk[controls], rowvar=False), np.eye(3), atol=0.1)
+    assert np.abs(shrunk - plain).max() < 0.1 * np.abs(plain).max()
+
+
+def test_the_recipe_skips_sphering_without_two_control_wells_and_says_so() -> None:
+    x = np.random.default_rng(6).normal(size=(12, 3))
+    controls = np.array([True] + [False] * 11)
+    result = apply_recipe(x, ["P1"] * 12, controls)
+    assert not result.sphered
+    assert any("sphering skipped: 1 control wells" in n for n in result.notes)
 
 
 def test_the_recipe_spheres_when_controls_allow() -> None:
