@@ -1,42 +1,48 @@
 """Does DINOv2 pretraining give profiles that beat a random-init encoder? A CPU-sized check, scored
 as JUMP scores profiles, on plates DINO did not train on, with intervals.
 
-Builds a Cell Painting cache: by default octstage's JUMP-layout twin (``octstage synth --kind
-cellpainting --plates N``, then ``octstage build-cache --kind cellpainting``): N plates x 24
-wells, six perturbations x 4 wells per plate (DMSO, one strong and four subtle phenotypes),
-with the twin's nuisance (per-well stain and density, per-field focus and background, per-plate
-gain and residual illumination: ``octstage/cellpainting/cells.py``). DINO (the tiny 2D ViT,
-DINO + iBOT + KoLeo, ``configs/pretrain/dino-tiny.yaml``, through the real job and skeleton)
-trains for ``--steps`` on the first ``--train-plates`` plates only; every other plate is held
-out. For each training seed of ``--seeds``, ``profile_fields`` then scores on the held-out plates
-alone: DINO's teacher, the same encoder at random init with 3 seeds, the handcrafted features and
-cp-measure's CellProfiler features; each through JUMP's recipe (``eval/recipe.py``: per-plate
-robust z-score to DMSO, rank inverse normal transform, feature selection, sphering where the
-controls allow) and copairs mAP (``eval/retrieval.py``): phenotypic activity (vs DMSO) and
-distinctiveness (vs the other perturbations; called "consistency" before) with two-stage
-bootstrap 95% intervals over perturbations and their wells, and DINO minus each rival with a
-paired interval (the same draws for both).
+Builds a Cell Painting cache: by default octstage's JUMP-layout twin with its compound library
+(``octstage synth --kind cellpainting --plates 5 --compounds 30 --sites 2``, then ``octstage
+build-cache --kind cellpainting``): 384-well plates, DMSO in 16 wells, one strong and four subtle
+named phenotypes and 30 library compounds (one or two features changed, from inside the nuisance
+to clear) in 4 wells each, with the twin's nuisance (per-well stain and density, per-field focus
+and background, per-plate gain and residual illumination: ``octstage/cellpainting/cells.py``).
+35 perturbations give intervals of about +-0.05 where the five named ones gave +-0.1 and more.
+DINO (the tiny 2D ViT, DINO + iBOT + KoLeo, ``configs/pretrain/dino-tiny.yaml``, through the real
+job and skeleton) trains for ``--steps`` on the first ``--train-plates`` plates only; every
+other plate is held out. For each training seed of ``--seeds``, ``profile_fields`` then scores on
+the held-out plates alone: DINO's teacher, the same encoder at random init with 3 seeds, the
+handcrafted features and cp-measure's CellProfiler features (these two computed once for all
+seeds); each through JUMP's recipe (``eval/recipe.py``: per-plate robust z-score to DMSO, rank
+inverse normal transform, feature selection, sphering on the controls' Ledoit-Wolf covariance)
+and copairs mAP (``eval/retrieval.py``): phenotypic activity (vs DMSO) and distinctiveness (vs
+the other perturbations; called "consistency" before) with two-stage bootstrap 95% intervals over
+perturbations and their wells, and DINO minus each rival with a paired interval (the same draws
+for both).
 
 It prints, per training seed, the table with intervals, the paired differences, the
 per-perturbation activity AP and a verdict line: is DINO's activity and distinctiveness mAP above
 every random-init seed's with non-overlapping intervals, and is the paired difference's interval
 above 0; and writes the reports with their seeds to ``--json``. ``docs/cellpainting-evaluation.md``
-says how to read them. The defaults' run (``--steps 1000 --seeds 0 1 2``, twin seed 7, 5 plates,
-2 trained on, 476 s on 2 shared cores), mAP [95% interval] on the held-out plates, activity /
-distinctiveness:
+says how to read them. The defaults' run (3000 steps, seeds 0 1 2, twin seed 7, 1,183 s on 2
+quiet cores; ``bench/results/dino-twin.log``), mAP [95% interval] on the 3 held-out plates (468
+wells), activity / distinctiveness:
 
-    dino (seeds 0, 1, 2)  0.761 [0.647, 0.854], 0.751 [0.632, 0.850], 0.734 [0.626, 0.812]
-                          / 0.473 [0.384, 0.551], 0.480 [0.396, 0.557], 0.453 [0.379, 0.519]
-    random_init_*         0.708-0.727 / 0.421-0.463
-    handcrafted           0.663 [0.592, 0.735] / 0.392 [0.301, 0.477]
-    cp_measure            0.725 [0.627, 0.856] / 0.527 [0.387, 0.729]
+    dino (seeds 0, 1, 2)  0.493 [0.422, 0.573], 0.509 [0.437, 0.592], 0.467 [0.402, 0.544]
+                          / 0.111 [0.078, 0.153], 0.113 [0.081, 0.153], 0.104 [0.075, 0.138]
+    random_init (seeds 1-5)  0.413-0.441 / 0.093-0.105
+    handcrafted           0.463 [0.388, 0.546] / 0.148 [0.096, 0.213]
+    cp_measure            0.752 [0.687, 0.817] / 0.207 [0.131, 0.307]
 
-DINO minus random init, paired activity: +0.046..+0.053 (every interval above 0) for seed 0,
-+0.007..+0.038 (straddling 0) for seeds 1 and 2; verdict: not above random init (intervals
-apart: no). docs/benchmarks.md has the table.
+DINO minus random init, paired activity: +0.026..+0.096, the interval above 0 in 7 of 9 pairs
+(all of seeds 0 and 1); distinctiveness +0.020 at most, above 0 in 2 of 9. Verdict: not above
+random init (intervals apart: no). cp-measure is apart from every learned encoder. Before the
+library, with 5 perturbations and 1000 steps, DINO scored 0.734-0.761 against 0.708-0.727 with
+intervals ~0.2 wide, and sphering was skipped for every encoder (12 control wells).
 
-    PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 1000] [--seeds 0 1 2]
-        [--twin-seed 7] [--plates 5] [--train-plates 2] [--resamples 1000]
+    PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 3000] [--seeds 0 1 2]
+        [--twin-seed 7] [--plates 5] [--train-plates 2] [--compounds 30] [--sites 2]
+        [--resamples 1000] [--work DIR]
         [--json bench-output/bench_dino_twin.json] [dotted.key=value ...]
 """
 
