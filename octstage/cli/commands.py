@@ -6,6 +6,7 @@ each function, so that a refused argument costs no dask, zarr or cloud SDK impor
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.console import Console
@@ -15,7 +16,19 @@ from octstage.errors import OctstageError
 console = Console(stderr=True)
 
 
+# synth's options that only one kind reads, and their defaults (the parser leaves them None).
+SYNTH_KIND_ONLY = {
+    "oct": ("participants", "full_size"),
+    "cellpainting": ("plates", "sites", "size", "compounds"),
+}
+SYNTH_DEFAULTS = {"participants": 60, "plates": 2, "sites": 3, "size": 128, "compounds": 0}
+
+
 def synth(a: argparse.Namespace) -> int:
+    refuse_other_kinds_options(a, SYNTH_KIND_ONLY)
+    for name, default in SYNTH_DEFAULTS.items():
+        if getattr(a, name) is None:
+            setattr(a, name, default)
     if a.kind == "cellpainting":
         from octstage.cellpainting.synth import run_synth_cellpainting
 
@@ -79,8 +92,10 @@ _KIND_ONLY = {
 }
 
 
-def refuse_other_kinds_options(a: argparse.Namespace) -> None:
-    for kind, names in _KIND_ONLY.items():
+def refuse_other_kinds_options(
+    a: argparse.Namespace, kind_only: Mapping[str, tuple[str, ...]] = _KIND_ONLY
+) -> None:
+    for kind, names in kind_only.items():
         given = [n for n in names if kind != a.kind and getattr(a, n) not in (None, False)]
         if given:
             flags = ", ".join("--" + n.replace("_", "-") for n in given)

@@ -115,25 +115,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("out", help="folder to create (participants.tsv, retinal_oct/... or images/...)")
     s.add_argument("--kind", choices=("oct", "cellpainting"), default="oct", help="which twin")
+    # Each kind's options default to None, so that one given with the other kind is refused
+    # (commands.SYNTH_DEFAULTS holds the defaults the help names).
     s.add_argument(
         "--plates",
         type=_at_least(1),
-        default=2,
-        help="cellpainting: plates (24 wells each, 384 with --compounds)",
+        help="cellpainting: plates (24 wells each, 384 with --compounds; default 2)",
     )
-    s.add_argument("--sites", type=_at_least(1), default=3, help="cellpainting: fields per well")
+    s.add_argument("--sites", type=_at_least(1), help="cellpainting: fields per well (default 3)")
     s.add_argument(
         "--compounds",
         type=_at_least(0),
-        default=0,
         help="cellpainting: library compounds beside the six named perturbations (subtle "
         "changes drawn from --seed; more than 0 makes each plate a 384-well plate with DMSO in "
-        "4x a compound's wells; at most 87)",
+        "4x a compound's wells; at most 87; default 0)",
     )
     s.add_argument(
-        "--size", type=_at_least(32), default=128, help="cellpainting: field size in pixels"
+        "--size", type=_at_least(32), help="cellpainting: field size in pixels (default 128)"
     )
-    s.add_argument("--participants", type=_at_least(1), default=60, help="number of participants")
+    s.add_argument(
+        "--participants", type=_at_least(1), help="oct: number of participants (default 60)"
+    )
     s.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     s.add_argument(
         "--full-size",

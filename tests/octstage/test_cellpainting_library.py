@@ -85,3 +85,28 @@ def test_the_twin_lists_its_library_in_the_datasets_tables(tmp_path: Path) -> No
     wells = table("well")
     assert Counter(wells["Metadata_JCP2022"]) == Counter(synth.plate_map(0, 0, 4, lib).values())
     assert len(wells) == (5 + 3) * 4 + 4 * synth.CONTROL_SHARE  # 5 named, 3 drawn, DMSO x4
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "named"),
+    [
+        ("oct", ["--compounds", "3"], "--compounds: only for --kind cellpainting"),
+        (
+            "oct",
+            ["--plates", "2", "--size", "64"],
+            "--plates, --size: only for --kind cellpainting",
+        ),
+        ("cellpainting", ["--participants", "20"], "--participants: only for --kind oct"),
+    ],
+)
+def test_synth_refuses_an_option_of_the_other_kind_instead_of_ignoring_it(
+    kind: str,
+    extra: list[str],
+    named: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "twin"
+    assert main(["synth", "--kind", kind, *extra, str(out)]) == 2
+    assert named in capsys.readouterr().err
+    assert not out.exists()
