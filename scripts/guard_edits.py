@@ -231,6 +231,14 @@ EDITS: list[Edit] = [
         "a bench's seeds recompute (and ignore) the cached handcrafted features",
     ),
     Edit(
+        "synth-kind-only",
+        "octstage/cli/commands.py",
+        "refuse_other_kinds_options(a, SYNTH_KIND_ONLY)",
+        "None",
+        (OS + "test_cellpainting_library.py",),
+        "synth ignores an option of the other kind (--compounds with --kind oct)",
+    ),
+    Edit(
         "library-dmso-share",
         "octstage/cellpainting/synth.py",
         "for _ in range(replicates * (CONTROL_SHARE if library_plate and p == DMSO else 1))",
