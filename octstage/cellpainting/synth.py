@@ -285,8 +285,13 @@ def generate(
         raise ConfigError(
             "twin needs 1..4 replicates, size >= 32, at least one plate and site, compounds >= 0"
         )
+    most = (len(PLATE_384[0]) * PLATE_384[1]) // replicates - CONTROL_SHARE - len(PHENOTYPES) + 1
+    if compounds > most:
+        raise ConfigError(
+            f"compounds {compounds}: with {replicates} wells each and DMSO in "
+            f"{CONTROL_SHARE * replicates}, at most {most} fit a 384-well plate"
+        )
     perturbations = library(seed, compounds)
-    plate_map(seed, 0, replicates, perturbations)  # refuses a library too big before writing
     root = out / DATASET
     root.mkdir(parents=True, exist_ok=True)
     well_rows: list[dict[str, object]] = []

@@ -65,9 +65,13 @@ def test_a_library_too_big_for_384_wells_is_refused_before_anything_is_written(
 ) -> None:
     out = tmp_path / "twin"
     assert main(["synth", "--kind", "cellpainting", "--compounds", "88", str(out)]) == 2
-    assert "do not fit a 384-well plate" in capsys.readouterr().err
+    assert "compounds 88: with 4 wells each and DMSO in 16, at most 87" in capsys.readouterr().err
     assert not out.exists()
     assert main(["synth", "--kind", "cellpainting", "--compounds", "-1", str(out)]) == 2
+    full = tmp_path / "full"
+    assert main(["synth", "--kind", "cellpainting", "--compounds", "87", "--plates", "1",
+                 "--sites", "1", "--size", "32", "--no-traps", str(full)]) == 0  # fmt: skip
+    assert len(set(synth.plate_map(0, 0, 4, synth.library(0, 87)))) == 384  # exactly full
 
 
 def test_the_twin_lists_its_library_in_the_datasets_tables(tmp_path: Path) -> None:
