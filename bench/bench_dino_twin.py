@@ -185,8 +185,8 @@ def main() -> None:
     parser.add_argument(
         "--work",
         type=Path,
-        help="keep the twin, its cache and the runs here (reused by a later run with the same "
-        "twin flags); default: a temporary folder",
+        help="keep the twin, its cache and the runs here (the twin is reused by a later run with "
+        "the same twin flags; its run folders must be gone); default: a temporary folder",
     )
     parser.add_argument(
         "--json", type=Path, default=Path("bench-output/bench_dino_twin.json")
@@ -195,6 +195,9 @@ def main() -> None:
     args = parser.parse_args()
     if not 1 <= args.train_plates < args.plates:
         parser.error("--train-plates must leave at least one held-out plate")
+    taken = [s for s in args.seeds if args.work and (args.work / f"run{s}").exists()]
+    if taken:  # the trainer would resume those runs, not train them afresh
+        parser.error(f"--work {args.work} holds run{taken[0]}: remove it or pick another folder")
     torch.set_num_threads(1)  # one core: the figures below are a one-core run's
     start = time.perf_counter()
     records = []
