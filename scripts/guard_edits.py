@@ -231,6 +231,14 @@ EDITS: list[Edit] = [
         "a bench's seeds recompute (and ignore) the cached handcrafted features",
     ),
     Edit(
+        "pack-crc-in-words",
+        "octstage/cellpainting/packstore.py",
+        "yield n, VerificationError(worded) if crc_mismatch(exc) else exc",
+        "yield n, exc",
+        (OS + "test_packs.py",),
+        "a packed field's changed bytes are reported in zarr's words (two byte strings)",
+    ),
+    Edit(
         "synth-kind-only",
         "octstage/cli/commands.py",
         "refuse_other_kinds_options(a, SYNTH_KIND_ONLY)",
@@ -257,8 +265,8 @@ EDITS: list[Edit] = [
     Edit(
         "recipe-sphere-shrunk",
         "octtrain/eval/recipe.py",
-        "SHRUNK = True",
-        "SHRUNK = False",
+        "white = sphere(z, controls, cfg.sphere_epsilon, shrunk=True)",
+        "white = sphere(z, controls, cfg.sphere_epsilon, shrunk=False)",
         (OT + "test_recipe.py",),
         "the controls' covariance is whitened plainly (noise blown up with few controls)",
     ),

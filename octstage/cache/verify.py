@@ -37,7 +37,6 @@ from octstage.errors import VerificationError
 from octstage.progress import counter, interval
 
 console = Console(stderr=True)
-ZARR_CRC_MISMATCH = volumestore.ZARR_CRC_MISMATCH
 T = TypeVar("T")
 ARRAY_FOLDERS = (".ome.zarr", ".pack.zarr")  # a volume's or field's group, a pack's folder
 SCHEMA = mf.SCHEMA_PATH
@@ -163,14 +162,9 @@ def _compare(cache: Path, volume: mf.Item) -> str | None:
     """Why the stored values differ from the manifest's, or None when they match."""
     try:
         array = volumestore.read_volume(cache, volume.zarr_path)
-    except ValueError as exc:
-        if str(exc).startswith(ZARR_CRC_MISMATCH):
-            return (
-                "unreadable: a chunk or shard index fails its crc32c checksum "
-                "(its bytes changed after they were written)"
-            )
-        return f"unreadable: {type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - any read failure of this volume is its finding
+        if volumestore.crc_mismatch(exc):
+            return f"unreadable: {volumestore.CHANGED_BYTES}"
         return f"unreadable: {type(exc).__name__}: {exc}"
     if tuple(array.shape) != tuple(volume.shape) or str(array.dtype) != volume.dtype:
         return f"stored {array.dtype}{array.shape}, manifest {volume.dtype}{volume.shape}"

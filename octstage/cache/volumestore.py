@@ -42,8 +42,17 @@ def volume_relpath(participant_id: str, cache_key: str) -> str:
 
 
 # How zarr's crc32c codec (after blosc in each chunk, after a shard's index) says that bytes
-# changed since they were written: said in words instead (any other text is shown as is).
+# changed since they were written (it names two byte strings, not the cause): said in words
+# instead, by verify and stage alike (any other text is shown as is).
 ZARR_CRC_MISMATCH = "Stored and computed checksum do not match"
+CHANGED_BYTES = (
+    "a chunk or shard index fails its crc32c checksum (its bytes changed after they were written)"
+)
+
+
+def crc_mismatch(exc: BaseException) -> bool:
+    """Whether a read failed on zarr's crc32c check (see ``CHANGED_BYTES``)."""
+    return isinstance(exc, ValueError) and str(exc).startswith(ZARR_CRC_MISMATCH)
 
 
 def array_checksum(array: npt.NDArray[Any]) -> str:

@@ -47,7 +47,7 @@ from zarr.codecs import BloscShuffle
 from zarr.core.buffer import Buffer
 from zarr.storage import MemoryStore
 
-from octstage.cache.volumestore import ZARR_CRC_MISMATCH, array_checksum, chunk_codecs
+from octstage.cache.volumestore import CHANGED_BYTES, array_checksum, chunk_codecs, crc_mismatch
 from octstage.errors import VerificationError
 
 PACKS = "packs"  # the top folder of packed fields, beside the per-field form's ``fields``
@@ -271,19 +271,9 @@ def member_values(
                 continue
             try:
                 yield n, read_member(pack, relpath, members[n])
-            except ValueError as exc:
-                if not str(exc).startswith(ZARR_CRC_MISMATCH):
-                    yield n, exc
-                    continue
-                yield (
-                    n,
-                    VerificationError(
-                        f"{relpath}: field {index} unreadable: a chunk or shard index fails its "
-                        "crc32c checksum (its bytes changed after they were written)"
-                    ),
-                )
             except Exception as exc:  # noqa: BLE001 - the caller decides what a failure is
-                yield n, exc
+                worded = f"{relpath}: field {index} unreadable: {CHANGED_BYTES}"
+                yield n, VerificationError(worded) if crc_mismatch(exc) else exc
 
 
 def values_finding(values: npt.NDArray[np.uint8], member: Member) -> str | None:

@@ -174,7 +174,11 @@ def plate_map(
     ]
     rows, cols = (ROWS, COLS) if len(ids) <= len(ROWS) * COLS else PLATE_384
     if len(ids) > len(rows) * cols:
-        raise ConfigError(f"{len(ids)} wells do not fit a 384-well plate: fewer compounds")
+        most = (len(rows) * cols) // replicates - CONTROL_SHARE - len(PHENOTYPES) + 1
+        raise ConfigError(
+            f"compounds {len(perturbations) - len(PHENOTYPES)}: with {replicates} wells each and "
+            f"DMSO in {CONTROL_SHARE * replicates}, at most {most} fit a 384-well plate"
+        )
     wells = [f"{r}{c:02d}" for r in rows for c in range(1, cols + 1)][: len(ids)]
     order = np.random.default_rng([seed, plate_index, 17]).permutation(len(wells))
     return {wells[i]: ids[k] for k, i in enumerate(order)}
@@ -285,13 +289,8 @@ def generate(
         raise ConfigError(
             "twin needs 1..4 replicates, size >= 32, at least one plate and site, compounds >= 0"
         )
-    most = (len(PLATE_384[0]) * PLATE_384[1]) // replicates - CONTROL_SHARE - len(PHENOTYPES) + 1
-    if compounds > most:
-        raise ConfigError(
-            f"compounds {compounds}: with {replicates} wells each and DMSO in "
-            f"{CONTROL_SHARE * replicates}, at most {most} fit a 384-well plate"
-        )
     perturbations = library(seed, compounds)
+    plate_map(seed, 0, replicates, perturbations)  # refuses a library too big before writing
     root = out / DATASET
     root.mkdir(parents=True, exist_ok=True)
     well_rows: list[dict[str, object]] = []

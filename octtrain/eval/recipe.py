@@ -16,12 +16,12 @@ The steps, in the order the JUMP consortium's profiling recipe (``jump-profiling
    |Pearson r| above ``corr_threshold``, most correlated first, drop the member with the higher
    mean |r| to all features, unless one of the pair is gone already).
 4. ``sphere``: ZCA whitening fitted on the negative-control wells (pycytominer's ``Spherize``,
-   ZCA with ``epsilon`` added to the eigenvalues) of the controls' Ledoit-Wolf covariance
-   (``SHRUNK``): with no more control wells than ``SPHERE_RATIO`` x the selected features the
-   plain covariance is singular and whitening it would amplify its null directions (the notes
-   then say how few wells there were); with many more wells the shrinkage shrinks and it
-   comes close to pycytominer's. One estimator for every encoder, whatever its feature count:
-   skipping the step, or shrinking only for some, would score them under another recipe.
+   ZCA with ``epsilon`` added to the eigenvalues) of the controls' Ledoit-Wolf covariance: with
+   no more control wells than ``SPHERE_RATIO`` x the selected features the plain covariance is
+   singular and whitening it would amplify its null directions (the notes then say how few wells
+   there were); with many more wells the shrinkage shrinks and it comes close to pycytominer's.
+   One estimator for every encoder, whatever its feature count: skipping the step, or shrinking
+   only for some, would score them under another recipe.
 
 JUMP then corrects batches (Harmony) across sources; the twin has one source and the per-plate
 robust z-score is its batch correction.
@@ -44,12 +44,6 @@ Mask = npt.NDArray[np.bool_]
 MAD_SCALE = 1.4826  # MAD of a normal distribution = 0.6745 sd
 MIN_CONTROLS = 2  # control wells a plate needs for a median and a MAD
 SPHERE_RATIO = 1.0  # a plain covariance needs more control wells than this x features
-# Every encoder is whitened on the controls' Ledoit-Wolf covariance: one estimator whatever the
-# feature count (with far more wells than features it comes close to the plain one). Plain
-# where it could be and shrunk elsewhere measured the recipe, not the encoder: on the library
-# twin one random init (41 features, 48 controls) scored distinctiveness 0.069 plain and 0.098
-# shrunk.
-SHRUNK = True
 
 
 @dataclass(frozen=True)
@@ -201,11 +195,15 @@ def apply_recipe(
         return RecipeResult(z, kept, False, [*notes, "sphering off"])
     n_controls = int(np.sum(controls))
     if n_controls < MIN_CONTROLS or not len(kept):
-        notes.append(f"sphering skipped: {n_controls} control wells")
+        notes.append(f"sphering skipped: {n_controls} control wells, {len(kept)} features")
         return RecipeResult(z, kept, False, notes)
     if not can_sphere(n_controls, len(kept)):
         notes.append(
             f"sphered on a Ledoit-Wolf covariance: {n_controls} control wells for {len(kept)} "
             f"features (a plain one needs more than {SPHERE_RATIO:g} per feature)"
         )
-    return RecipeResult(sphere(z, controls, cfg.sphere_epsilon, SHRUNK), kept, True, notes)
+    # Shrunk for every encoder, whatever its feature count: plain where it could be and shrunk
+    # elsewhere measured the recipe, not the encoder (on the library twin one random init of 41
+    # features, 48 controls, scored distinctiveness 0.069 plain and 0.098 shrunk).
+    white = sphere(z, controls, cfg.sphere_epsilon, shrunk=True)
+    return RecipeResult(white, kept, True, notes)
