@@ -849,4 +849,12 @@ EDITS: list[Edit] = [
         (OS + "test_heap.py::test_a_build_fixes_glibcs_mmap_threshold",),
         "glibc's moving mmap threshold puts pixel buffers in a heap that grows with the plate",
     ),
+    Edit(
+        "ctrl-c-echo-quiet",
+        "octtrain/runtime/interrupt.py",
+        "    if sys.excepthook is not _quiet_echoes:\n",
+        "    if False:\n",
+        (OT + "test_interrupt.py::test_a_dying_workers_broken_handshake_prints_no_traceback",),
+        "after a Ctrl-C, a dying DataLoader worker's broken handshake prints a traceback",
+    ),
 ]

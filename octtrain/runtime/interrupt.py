@@ -12,21 +12,50 @@ ending. ``remembered_ctrl_c`` installs a handler that raises as Python's does an
 the interrupt; ``check_interrupted`` (called once per training step, per batch awaited, per
 validation batch) raises it again. Nothing is swallowed twice: the record stays set until the
 block ends, so every later check raises too.
+
+A terminal sends Ctrl-C to the DataLoader workers too, and a worker that dies while it fetches
+a file descriptor from this process breaks the connection of multiprocessing's resource-sharer
+thread, which prints the ConnectionResetError's traceback through ``sys.excepthook`` after the
+command said "interrupted" (CI, Python 3.12, 1 run in many). Once a Ctrl-C arrived, such
+connection errors from other threads are the interrupt's echo: they go to the debug log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
+import sys
 import threading
 from collections.abc import Iterator
-from types import FrameType
+from types import FrameType, TracebackType
+
+log = logging.getLogger(__name__)
 
 _PENDING = threading.Event()
+_ECHOES = (ConnectionError, EOFError)  # a peer process ended by the same Ctrl-C
+
+
+def _quiet_echoes(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    """``sys.excepthook`` after a Ctrl-C: a background thread's broken connection is logged at
+    debug; anything else (and anything on the main thread) goes to the hook it replaced."""
+    if issubclass(exc_type, _ECHOES) and threading.current_thread() is not threading.main_thread():
+        log.debug("after Ctrl-C, thread %s: %s", threading.current_thread().name, exc)
+        return
+    _PREVIOUS_HOOK(exc_type, exc, tb)
+
+
+_PREVIOUS_HOOK = sys.excepthook
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    global _PREVIOUS_HOOK
     _PENDING.set()
+    # Never undone: the echoes come while the command ends, after the block has closed.
+    if sys.excepthook is not _quiet_echoes:
+        _PREVIOUS_HOOK, sys.excepthook = sys.excepthook, _quiet_echoes
     raise KeyboardInterrupt
 
 
