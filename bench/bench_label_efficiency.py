@@ -87,7 +87,7 @@ import torch
 from octstage import manifest as mf
 from octstage.dataset.ids import DEVICES
 from octstage.dataset.labels import STUDY_GROUPS
-from octstage.dataset.synth_lesions import NUM_CLASSES, render_lesions
+from octstage.dataset.synth_lesions import NUM_CLASSES, render_lesions_with_mask
 from octtrain.config.finetune import FinetuneConfig
 from octtrain.config.loader import load_config
 from octtrain.config.pretrain import PretrainConfig
@@ -203,16 +203,27 @@ def budget(args: argparse.Namespace) -> Budget:
 
 def render(shape: tuple[int, int, int], label: int, look: Look, rng: np.random.Generator) -> Any:
     """A lesion volume as ``look``'s device would show it."""
-    clean = render_lesions(shape, label, rng, speckle=False).astype(np.float32)
+    return render_with_mask(shape, label, look, rng)[0]
+
+
+def render_with_mask(
+    shape: tuple[int, int, int], label: int, look: Look, rng: np.random.Generator
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """``render``'s volume (the same draws) and where its lesions are, moved with the retina."""
+    clean, lesions = render_lesions_with_mask(shape, label, rng, speckle=False)
+    clean = clean.astype(np.float32)
     shifted = np.roll(clean, look.row_shift, axis=1)
+    lesions = np.roll(lesions, look.row_shift, axis=1)
     if look.row_shift > 0:
         shifted[:, : look.row_shift] = clean[:, :1]  # vitreous fills the gap, not wrapped choroid
+        lesions[:, : look.row_shift] = False
     elif look.row_shift < 0:
         shifted[:, look.row_shift :] = clean[:, -1:]
+        lesions[:, look.row_shift :] = False
     out = 255.0 * (shifted / 255.0) ** look.gamma * look.gain
     out = out * rng.gamma(look.speckle, 1 / look.speckle, size=out.shape)
     out = out + rng.normal(0, look.noise, size=out.shape)
-    return np.clip(out, 0, 255).astype(np.uint8)
+    return np.clip(out, 0, 255).astype(np.uint8), lesions
 
 
 def write_cache(root: Path, b: Budget, seed: int) -> Path:

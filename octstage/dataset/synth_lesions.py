@@ -66,6 +66,17 @@ def render_lesions(
     speckle: bool = True,
 ) -> npt.NDArray[np.uint8]:
     """A (frames, rows, columns) uint8 retina with ``label`` lesions in its inner band."""
+    return render_lesions_with_mask(shape, label, rng, speckle)[0]
+
+
+def render_lesions_with_mask(
+    shape: tuple[int, int, int],
+    label: int,
+    rng: np.random.Generator,
+    speckle: bool = True,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """``render_lesions``'s volume (the same draws from ``rng``) and where its lesions are:
+    what a token-level lesion probe scores an encoder's tokens against."""
     if not 0 <= label < NUM_CLASSES:
         raise ValueError(f"label must be in [0, {NUM_CLASSES}), got {label}")
     frames, rows, cols = shape
@@ -85,13 +96,15 @@ def render_lesions(
         edges.append(below)
         edge = below
     band_top, band_bottom = edges[1], edges[2]  # the grey inner band
+    lesions = np.zeros(shape, dtype=bool)
     for fc, cc in _lesion_centres(label, frames, cols, rng):
         rc = float(round(0.5 * (band_top[fc, 0, cc] + band_bottom[fc, 0, cc])))
         inside = ((f - fc) / LESION_RADII[0]) ** 2 + ((r - rc) / LESION_RADII[1]) ** 2
         inside = inside + ((c - cc) / LESION_RADII[2]) ** 2
         vol = np.where(inside <= 1.0, BRIGHT if rng.random() < 0.5 else DARK, vol)
+        lesions |= inside <= 1.0
     out: npt.NDArray[np.floating[Any]] = vol * rng.uniform(0.85, 1.15)
     if speckle:
         out = out * rng.gamma(8.0, 1 / 8.0, size=out.shape) + rng.normal(0, 6, size=out.shape)
     volume: npt.NDArray[np.uint8] = np.clip(out, 0, 255).astype(np.uint8)
-    return volume
+    return volume, lesions

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from octstage.dataset.synth_lesions import BRIGHT, DARK, NUM_CLASSES, render_lesions
+from octstage.dataset.synth_lesions import (
+    BRIGHT,
+    DARK,
+    NUM_CLASSES,
+    render_lesions,
+    render_lesions_with_mask,
+)
 
 SHAPE = (16, 32, 32)
 
@@ -58,3 +64,13 @@ def test_bright_and_dark_lesions_both_occur() -> None:
 def test_labels_outside_the_classes_are_refused() -> None:
     with pytest.raises(ValueError, match="label"):
         render_lesions(SHAPE, NUM_CLASSES, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("label", range(NUM_CLASSES))
+def test_the_mask_is_where_the_lesions_are(label: int) -> None:
+    volume, mask = render_lesions_with_mask(SHAPE, label, np.random.default_rng(label), False)
+    lesion = at_level(volume, BRIGHT) | at_level(volume, DARK)
+    assert mask.sum() == 79 * label
+    assert (mask == lesion).all()
+    again = render_lesions(SHAPE, label, np.random.default_rng(label), speckle=False)
+    assert (again == volume).all()  # the same draws as the volume alone

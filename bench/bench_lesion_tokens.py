@@ -1,0 +1,180 @@
+"""Do an encoder's frozen tokens carry the lesion twin's lesions? A token-level linear probe.
+
+The lesion twin's class is the number of small 3D lesions (``synth_lesions.py``); to count them a
+head needs tokens that say "a lesion is here". V-JEPA learns what the predictor can predict from
+the context, and a lesion the mask hides is not predictable: an encoder can pretrain well and
+carry little of them (issue 26). This measures it directly, in about a minute, instead of through
+15-minute fine-tuning runs: volumes rendered as the four devices of ``bench_label_efficiency.py``
+show them (``render_with_mask``: the same look, noise and depth shift), each token labelled by
+whether ``--min-voxels`` voxels of a lesion fall in its patch, a logistic regression on the
+frozen tokens of 70% of the volumes, its AUROC on the other 30% (a 95% bootstrap interval over
+those volumes). Each checkpoint is scored beside a random init of the same architecture (the
+first checkpoint's; its input statistics copied), in the same run.
+
+Calibration (data seed 0, ``--volumes 400``, the benchmark's 3000-step pretraining): a
+random-init fine-tuning run at 100% of the labels (test balanced accuracy 0.73) scores ~0.91,
+one from the pretrained encoder (0.53) ~0.80, the frozen pretrained encoder ~0.76, a random
+init ~0.72.
+
+    python bench/bench_lesion_tokens.py CHECKPOINT [CHECKPOINT ...] [--encoder target]
+        [--volumes 400] [--seed 0] [--json FILE]
+
+A pretraining or fine-tuning checkpoint (its encoder) of the benchmark's shape (16x32x32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.preprocessing import StandardScaler
+from torch import nn
+
+from octstage.dataset.synth_lesions import NUM_CLASSES
+from octtrain.config.loader import from_dict
+from octtrain.config.sections import ModelConfig
+from octtrain.eval.features import load_encoder
+from octtrain.models.classifier import resolve_model
+from octtrain.models.inputs import legacy_model
+from octtrain.models.vit3d import encoder_from_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark, from a checkout
+from bench_label_efficiency import DEVICE_LOOK, render_with_mask
+
+SHAPE = (16, 32, 32)
+TRAIN_SHARE = 0.7
+
+
+@dataclass(frozen=True)
+class Score:
+    name: str
+    auroc: float
+    low: float
+    high: float
+
+
+def lesion_volumes(n: int, seed: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """``n`` volumes ``[n, D, H, W]`` and their lesion masks: labels cycle 0..3, looks cycle
+    through the four devices (offset, so every device shows every class)."""
+    looks = list(DEVICE_LOOK.values())
+    rng = np.random.default_rng([seed, 27])
+    pairs = [
+        render_with_mask(SHAPE, i % NUM_CLASSES, looks[(i // NUM_CLASSES) % len(looks)], rng)
+        for i in range(n)
+    ]
+    return np.stack([v for v, _ in pairs]), np.stack([m for _, m in pairs])
+
+
+def token_targets(
+    masks: npt.NDArray[np.bool_], patch: tuple[int, int, int], min_voxels: int
+) -> npt.NDArray[np.int64]:
+    """``[n, tokens]``: 1 where at least ``min_voxels`` lesion voxels fall in the token's patch
+    (tokens in the encoder's order: depth, rows, columns)."""
+    n, (d, h, w), (pd, ph, pw) = len(masks), masks.shape[1:], patch
+    counts = masks.reshape(n, d // pd, pd, h // ph, ph, w // pw, pw).sum(axis=(2, 4, 6))
+    return (counts.reshape(n, -1) >= min_voxels).astype(np.int64)
+
+
+@torch.no_grad()
+def frozen_tokens(encoder: nn.Module, volumes: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+    """``[n, tokens, dim]``: the encoder's tokens of the volumes as the trainer feeds them
+    ([-1, 1]; the encoder standardises them itself)."""
+    encoder.eval()
+    x = torch.from_numpy(volumes)[:, None].float() * (2.0 / 255.0) - 1.0
+    out = [encoder(x[i : i + 50]) for i in range(0, len(x), 50)]
+    return torch.cat(out).float().numpy()
+
+
+def token_auroc(
+    tokens: npt.NDArray[np.float32], targets: npt.NDArray[np.int64], seed: int, bootstrap: int
+) -> tuple[float, float, float]:
+    """(AUROC, low, high) of a logistic regression fitted on the first ``TRAIN_SHARE`` of the
+    volumes' tokens, scored on the rest; the interval resamples the held-out volumes."""
+    cut = int(len(tokens) * TRAIN_SHARE)
+    dim = tokens.shape[-1]
+    scaler = StandardScaler().fit(tokens[:cut].reshape(-1, dim))
+    probe = LogisticRegression(max_iter=2000, C=0.1)
+    probe.fit(scaler.transform(tokens[:cut].reshape(-1, dim)), targets[:cut].ravel())
+    held = tokens[cut:]
+    scores = probe.decision_function(scaler.transform(held.reshape(-1, dim))).reshape(len(held), -1)
+    truth = targets[cut:]
+    auroc = float(roc_auc_score(truth.ravel(), scores.ravel()))
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(bootstrap):
+        pick = rng.integers(0, len(held), len(held))
+        t = truth[pick].ravel()
+        if 0 < t.sum() < len(t):
+            draws.append(roc_auc_score(t, scores[pick].ravel()))
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return auroc, float(low), float(high)
+
+
+def encoders(paths: list[Path], which: str) -> list[tuple[str, nn.Module, tuple[int, int, int]]]:
+    """(name, encoder, patch) per checkpoint, then a random init of the first pretraining
+    checkpoint's architecture with its input statistics."""
+    out, first = [], None
+    for path in paths:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        encoder, shape, _, _ = load_encoder(state, str(path), which)
+        if tuple(shape) != SHAPE:
+            raise SystemExit(f"{path}: input shape {shape}, the twin's is {SHAPE}")
+        out.append((str(path), encoder, tuple(encoder.patch_embed.kernel_size)))
+        if first is None and state.get("kind") != "finetune":
+            first = (state, path, encoder)
+    if first is None:
+        raise SystemExit("no pretraining checkpoint among them: the random init copies one's")
+    state, path, trained = first
+    saved = from_dict(ModelConfig, legacy_model(state["config"]["model"]))
+    torch.manual_seed(0)
+    rand = encoder_from_config(resolve_model(saved, state["config"]["model"], str(path)))
+    norm = trained.input_norm
+    if norm.mode == "dataset":
+        rand.input_norm.set_stats(norm.mean.tolist(), norm.std.tolist())
+    out.append(("random init", rand, tuple(rand.patch_embed.kernel_size)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoints", type=Path, nargs="+")
+    parser.add_argument("--encoder", choices=("target", "context"), default="target")
+    parser.add_argument("--volumes", type=int, default=400, help="rendered volumes (70%% fit)")
+    parser.add_argument("--min-voxels", type=int, default=15, help="lesion voxels of a positive")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the rendered volumes")
+    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--json", type=Path, default=None, help="write the scores here too")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # 2 shared cores
+    volumes, masks = lesion_volumes(args.volumes, args.seed)
+    scores = []
+    for name, encoder, patch in encoders(args.checkpoints, args.encoder):
+        targets = token_targets(masks, patch, args.min_voxels)
+        auroc, low, high = token_auroc(
+            frozen_tokens(encoder, volumes), targets, args.seed, args.bootstrap
+        )
+        scores.append(Score(name, auroc, low, high))
+        print(f"{auroc:.3f} [{low:.3f}, {high:.3f}]  {name}", flush=True)
+    print(
+        f"\n{args.volumes} volumes, {targets.mean():.1%} of tokens hold a lesion; token "
+        f"lesion AUROC of a linear probe on frozen {args.encoder} tokens [95% interval]:"
+    )
+    print("| encoder | token lesion AUROC |\n| --- | --- |")
+    for s in scores:
+        print(f"| {s.name} | {s.auroc:.3f} [{s.low:.3f}, {s.high:.3f}] |")
+    if args.json:
+        doc = {"settings": vars(args) | {"checkpoints": [str(p) for p in args.checkpoints]},
+               "scores": [s.__dict__ for s in scores]}  # fmt: skip
+        args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
