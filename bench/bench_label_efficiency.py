@@ -87,7 +87,7 @@ import torch
 from octstage import manifest as mf
 from octstage.dataset.ids import DEVICES
 from octstage.dataset.labels import STUDY_GROUPS
-from octstage.dataset.synth_lesions import NUM_CLASSES, render_lesions_with_mask
+from octstage.dataset.synth_lesions import NUM_CLASSES
 from octtrain.config.finetune import FinetuneConfig
 from octtrain.config.loader import load_config
 from octtrain.config.pretrain import PretrainConfig
@@ -103,6 +103,10 @@ from octtrain.train.finetune import run_finetune
 from octtrain.train.pretrain import run_pretrain
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.octtrain, from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the twin's device looks
+from bench_lesion_tokens import lesion_token_scores
+from device_looks import DEVICE_LOOK, UNSEEN, render, unseen_look
+
 from tests.octtrain.tiny_cache import cached_volume, write_synthetic_manifest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,42 +118,6 @@ QUIET = ["logging.wandb_mode=disabled", "logging.console=false", "data.num_worke
 SITE_DIGITS = ("1", "4", "7")
 CHANCE = 1.0 / NUM_CLASSES
 BACC, AUROC = INTERVAL_METRICS.index("balanced_accuracy"), INTERVAL_METRICS.index("macro_auroc")
-
-
-@dataclass(frozen=True)
-class Look:
-    """How one device renders the twin: depth shift in rows, gain, contrast exponent, speckle
-    shape (lower: stronger speckle) and additive noise."""
-
-    row_shift: int
-    gain: float
-    gamma: float
-    speckle: float
-    noise: float
-
-
-DEVICE_LOOK = {
-    "heidelberg_spectralis": Look(0, 1.00, 1.00, 12.0, 4.0),
-    "topcon_maestro2": Look(3, 0.90, 1.15, 8.0, 6.0),
-    "topcon_triton": Look(-2, 1.10, 0.90, 10.0, 5.0),
-    "zeiss_cirrus": Look(4, 0.95, 1.10, 6.0, 8.0),
-}
-UNSEEN = "unseen_device"  # the split (and device name) of the look no run trains on
-
-
-def unseen_look(seed: int) -> Look:
-    """A fifth device, drawn from ``seed``: no fine-tuning run and no pretraining sees it, and
-    no augmentation range was set from it. Its ranges are wider than the four looks' spread in
-    every parameter, so a draw may fall outside the convex hull of the four (the seed-0 draw is
-    printed and saved with the results)."""
-    rng = np.random.default_rng([seed, 26])
-    return Look(
-        row_shift=int(rng.choice([-6, -5, -4, 5, 6, 7])),  # outside every seen look's shift
-        gain=round(float(np.exp(rng.uniform(np.log(0.75), np.log(1.3)))), 3),
-        gamma=round(float(np.exp(rng.uniform(np.log(0.75), np.log(1.35)))), 3),
-        speckle=round(float(rng.uniform(4.0, 16.0)), 2),
-        noise=round(float(rng.uniform(3.0, 10.0)), 2),
-    )
 
 
 @dataclass(frozen=True)
@@ -199,31 +167,6 @@ def budget(args: argparse.Namespace) -> Budget:
         args.acquisition,
         args.two_looks,
     )
-
-
-def render(shape: tuple[int, int, int], label: int, look: Look, rng: np.random.Generator) -> Any:
-    """A lesion volume as ``look``'s device would show it."""
-    return render_with_mask(shape, label, look, rng)[0]
-
-
-def render_with_mask(
-    shape: tuple[int, int, int], label: int, look: Look, rng: np.random.Generator
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-    """``render``'s volume (the same draws) and where its lesions are, moved with the retina."""
-    clean, lesions = render_lesions_with_mask(shape, label, rng, speckle=False)
-    clean = clean.astype(np.float32)
-    shifted = np.roll(clean, look.row_shift, axis=1)
-    lesions = np.roll(lesions, look.row_shift, axis=1)
-    if look.row_shift > 0:
-        shifted[:, : look.row_shift] = clean[:, :1]  # vitreous fills the gap, not wrapped choroid
-        lesions[:, : look.row_shift] = False
-    elif look.row_shift < 0:
-        shifted[:, look.row_shift :] = clean[:, -1:]
-        lesions[:, look.row_shift :] = False
-    out = 255.0 * (shifted / 255.0) ** look.gamma * look.gain
-    out = out * rng.gamma(look.speckle, 1 / look.speckle, size=out.shape)
-    out = out + rng.normal(0, look.noise, size=out.shape)
-    return np.clip(out, 0, 255).astype(np.uint8), lesions
 
 
 def write_cache(root: Path, b: Budget, seed: int) -> Path:
@@ -538,6 +481,12 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     lap("data")
     ckpt = str(args.pretrained) if args.pretrained else pretrain(manifest, root / "pretrain", b)
     lap("pretrain")
+    # What the pretraining learned, before any label: are the lesions in its frozen tokens?
+    scores, _ = lesion_token_scores([Path(ckpt)], volumes=100 if args.quick else 400)
+    tokens = {k: [round(x, 4) for x in (s.auroc, s.low, s.high)] for k, s in zip(
+        ("pretrained", "random init"), scores, strict=True)}  # fmt: skip
+    print(f"token lesion AUROC (bench_lesion_tokens.py): {_tokens_line(tokens)}", flush=True)
+    lap("lesion tokens")
     probe = Probe(ckpt, manifest, root / "features", b)
     lap("features")
     probs: dict[tuple[str, float], list[Probs]] = defaultdict(list)
@@ -588,6 +537,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "train_participants": {f"{f:g}": n for f, n in counts.items()},
         "test": {"volumes": len(labels), "participants": len(set(pids))},
         "results": results,
+        "lesion_tokens": tokens,
     }
     if 1.0 in b.fractions:
         doc["unseen_device"] = unseen_device(man, b, probs)
@@ -665,6 +615,10 @@ def unseen_device(
     return out
 
 
+def _tokens_line(tokens: dict[str, list[float]]) -> str:
+    return ", ".join(f"{k} {a:.3f} [{lo:.3f}, {hi:.3f}]" for k, (a, lo, hi) in tokens.items())
+
+
 def verdict(doc: dict[str, Any]) -> list[str]:
     if not {0.1, 1.0} <= set(doc["fractions"]):
         return ["(no verdict: it needs the 10% and 100% fractions)"]
@@ -676,6 +630,10 @@ def verdict(doc: dict[str, Any]) -> list[str]:
         f"pretrained fine-tuning at 100%, unseen device minus the four seen ones: {gap:+.3f} "
         f"(target within 0.05): {'reached' if abs(gap) <= 0.05 else 'NOT reached'}"
     ]
+    if "lesion_tokens" in doc:  # runs before it have none
+        lines.append(
+            f"token lesion AUROC of the frozen encoder: {_tokens_line(doc['lesion_tokens'])}"
+        )
     return lines + _label_verdict(doc)
 
 

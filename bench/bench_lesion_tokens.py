@@ -46,8 +46,8 @@ from octtrain.models.classifier import resolve_model
 from octtrain.models.inputs import legacy_model
 from octtrain.models.vit3d import encoder_from_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark, from a checkout
-from bench_label_efficiency import DEVICE_LOOK, render_with_mask
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the twin's device looks
+from device_looks import DEVICE_LOOK, render_with_mask
 
 SHAPE = (16, 32, 32)
 TRAIN_SHARE = 0.7
@@ -143,6 +143,29 @@ def encoders(paths: list[Path], which: str) -> list[tuple[str, nn.Module, tuple[
     return out
 
 
+def lesion_token_scores(
+    paths: list[Path],
+    which: str = "target",
+    volumes: int = 400,
+    seed: int = 0,
+    bootstrap: int = 1000,
+    min_voxels: int = 15,
+    say: bool = False,
+) -> tuple[list[Score], float]:
+    """Each checkpoint's token lesion AUROC, then a random init's (``encoders``); and the share
+    of tokens that hold a lesion."""
+    arrays, masks = lesion_volumes(volumes, seed)
+    scores, share = [], 0.0
+    for name, encoder, patch in encoders(paths, which):
+        targets = token_targets(masks, patch, min_voxels)
+        share = float(targets.mean())
+        auroc, low, high = token_auroc(frozen_tokens(encoder, arrays), targets, seed, bootstrap)
+        scores.append(Score(name, auroc, low, high))
+        if say:
+            print(f"{auroc:.3f} [{low:.3f}, {high:.3f}]  {name}", flush=True)
+    return scores, share
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoints", type=Path, nargs="+")
@@ -154,17 +177,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the scores here too")
     args = parser.parse_args()
     torch.set_num_threads(1)  # 2 shared cores
-    volumes, masks = lesion_volumes(args.volumes, args.seed)
-    scores = []
-    for name, encoder, patch in encoders(args.checkpoints, args.encoder):
-        targets = token_targets(masks, patch, args.min_voxels)
-        auroc, low, high = token_auroc(
-            frozen_tokens(encoder, volumes), targets, args.seed, args.bootstrap
-        )
-        scores.append(Score(name, auroc, low, high))
-        print(f"{auroc:.3f} [{low:.3f}, {high:.3f}]  {name}", flush=True)
+    scores, share = lesion_token_scores(
+        args.checkpoints, args.encoder, args.volumes, args.seed, args.bootstrap,
+        args.min_voxels, say=True,
+    )  # fmt: skip
     print(
-        f"\n{args.volumes} volumes, {targets.mean():.1%} of tokens hold a lesion; token "
+        f"\n{args.volumes} volumes, {share:.1%} of tokens hold a lesion; token "
         f"lesion AUROC of a linear probe on frozen {args.encoder} tokens [95% interval]:"
     )
     print("| encoder | token lesion AUROC |\n| --- | --- |")

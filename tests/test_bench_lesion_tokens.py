@@ -12,8 +12,8 @@ import pytest
 from octstage.dataset.synth_lesions import render_lesions_with_mask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from bench_label_efficiency import Look, render_with_mask
 from bench_lesion_tokens import token_targets
+from device_looks import Look, render_with_mask
 
 
 @pytest.mark.parametrize("row_shift", [-4, 0, 5])
