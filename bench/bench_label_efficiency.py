@@ -6,15 +6,17 @@ from random init, and the attentive probe on the frozen pretrained encoder, at 1
 Data: the lesion twin (octstage/dataset/synth_lesions.py: the class is the number, 0..3, of
 small 3D lesions), written as a real Zarr cache + manifest, one volume per participant, the
 participants spread over the four devices and three sites. Each device renders the retina its
-own way, as real devices differ (``DEVICE_LOOK``): the band stack sits at another depth
-(geometry), speckle and additive noise differ (noise), and gain and contrast curve differ
-(intensity); the lesions (the label) are the same kind on every device.
+own way, as real devices differ (``DEVICE_LOOK``, ``device_looks.py``): the band stack sits at
+another depth (geometry), speckle and additive noise differ (noise), and gain and contrast curve
+differ (intensity); the lesions (the label) are the same kind on every device.
 
 Protocol (``--seeds`` seeds, 3 by default):
 
-1. one V-JEPA pretraining run (the real trainer, configs/pretrain/tiny.yaml, its EMA momentum
-   ending at 0.999 instead of 0.9999: ``PRETRAIN_RECIPE``) on all training volumes, labels
-   unused; its last EMA encoder (not the best-by-k-NN one: no labels touch it);
+1. one V-JEPA pretraining run (the real trainer, configs/pretrain/tiny.yaml, 30,000 steps, its
+   EMA momentum ending at 0.999 instead of 0.9999: ``PRETRAIN_RECIPE``) on all training
+   volumes, labels unused; its last EMA encoder (not the best-by-k-NN one: no labels touch it),
+   whose frozen tokens are then scored for the lesions by ``bench_lesion_tokens.py`` beside a
+   random init (printed first: what the pretraining learned before any label is used);
 2. per seed, one stratified subset of the training participants per fraction (per class
    ``max(1, round(f * n_class))`` participants, nested: 1% within 10% within 25%), the same
    subsets for every arm;

@@ -19,7 +19,8 @@ init ~0.72.
     python bench/bench_lesion_tokens.py CHECKPOINT [CHECKPOINT ...] [--encoder target]
         [--volumes 400] [--seed 0] [--json FILE]
 
-A pretraining or fine-tuning checkpoint (its encoder) of the benchmark's shape (16x32x32).
+A pretraining or fine-tuning checkpoint (its encoder) of the benchmark's shape (16x32x32), or
+a run's checkpoint folder (its latest).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ from torch import nn
 from octstage.dataset.synth_lesions import NUM_CLASSES
 from octtrain.config.loader import from_dict
 from octtrain.config.sections import ModelConfig
+from octtrain.errors import OcttrainError
 from octtrain.eval.features import load_encoder
 from octtrain.models.classifier import resolve_model
 from octtrain.models.inputs import legacy_model
 from octtrain.models.vit3d import encoder_from_config
+from octtrain.runtime.checkpoint import load_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the twin's device looks
 from device_looks import DEVICE_LOOK, render_with_mask
@@ -123,8 +126,11 @@ def encoders(paths: list[Path], which: str) -> list[tuple[str, nn.Module, tuple[
     checkpoint's architecture with its input statistics."""
     out, first = [], None
     for path in paths:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        encoder, shape, _, _ = load_encoder(state, str(path), which)
+        try:
+            state = load_checkpoint(str(path))
+            encoder, shape, _, _ = load_encoder(state, str(path), which)
+        except OcttrainError as exc:
+            raise SystemExit(f"error: {exc}") from None
         if tuple(shape) != SHAPE:
             raise SystemExit(f"{path}: input shape {shape}, the twin's is {SHAPE}")
         out.append((str(path), encoder, tuple(encoder.patch_embed.kernel_size)))

@@ -857,4 +857,12 @@ EDITS: list[Edit] = [
         (OT + "test_interrupt.py::test_a_dying_workers_broken_handshake_prints_no_traceback",),
         "after a Ctrl-C, a dying DataLoader worker's broken handshake prints a traceback",
     ),
+    Edit(
+        "lesion-mask-shift",
+        "bench/device_looks.py",
+        "    lesions = np.roll(lesions, look.row_shift, axis=1)\n",
+        "",
+        ("tests/test_bench_lesion_tokens.py::test_the_lesion_mask_moves_with_the_retina",),
+        "the token probe's lesion labels stay where the retina was before a device's depth shift",
+    ),
 ]
