@@ -865,4 +865,12 @@ EDITS: list[Edit] = [
         ("tests/test_bench_lesion_tokens.py::test_the_lesion_mask_moves_with_the_retina",),
         "the token probe's lesion labels stay where the retina was before a device's depth shift",
     ),
+    Edit(
+        "ctrl-c-thread-echo-quiet",
+        "octtrain/runtime/interrupt.py",
+        "    if threading.excepthook is not _quiet_thread_echoes:\n",
+        "    if False:\n",
+        (OT + "test_interrupt.py::test_a_dying_workers_broken_handshake_prints_no_traceback",),
+        "after a Ctrl-C, a thread's broken connection prints a traceback",
+    ),
 ]

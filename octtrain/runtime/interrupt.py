@@ -17,7 +17,9 @@ A terminal sends Ctrl-C to the DataLoader workers too, and a worker that dies wh
 a file descriptor from this process breaks the connection of multiprocessing's resource-sharer
 thread, which prints the ConnectionResetError's traceback through ``sys.excepthook`` after the
 command said "interrupted" (CI, Python 3.12, 1 run in many). Once a Ctrl-C arrived, such
-connection errors from other threads are the interrupt's echo: they go to the debug log.
+connection errors from other threads (reported through ``sys.excepthook`` as the sharer does, or
+``threading.excepthook`` as any other thread does) are the interrupt's echo: they go to the
+debug log.
 """
 
 from __future__ import annotations
@@ -47,15 +49,28 @@ def _quiet_echoes(
     _PREVIOUS_HOOK(exc_type, exc, tb)
 
 
+def _quiet_thread_echoes(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook`` after a Ctrl-C (an uncaught error of a ``Thread``'s run): the
+    same rule as ``_quiet_echoes``."""
+    if issubclass(args.exc_type, _ECHOES):
+        name = args.thread.name if args.thread is not None else "?"
+        log.debug("after Ctrl-C, thread %s: %s", name, args.exc_value)
+        return
+    _PREVIOUS_THREAD_HOOK(args)
+
+
 _PREVIOUS_HOOK = sys.excepthook
+_PREVIOUS_THREAD_HOOK = threading.excepthook
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    global _PREVIOUS_HOOK
+    global _PREVIOUS_HOOK, _PREVIOUS_THREAD_HOOK
     _PENDING.set()
     # Never undone: the echoes come while the command ends, after the block has closed.
     if sys.excepthook is not _quiet_echoes:
         _PREVIOUS_HOOK, sys.excepthook = sys.excepthook, _quiet_echoes
+    if threading.excepthook is not _quiet_thread_echoes:
+        _PREVIOUS_THREAD_HOOK, threading.excepthook = threading.excepthook, _quiet_thread_echoes
     raise KeyboardInterrupt
 
 

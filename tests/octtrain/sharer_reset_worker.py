@@ -4,7 +4,8 @@ mid-handshake, as a DataLoader worker ended by the same Ctrl-C does.
 ``python sharer_reset_worker.py plain|interrupted``: ``interrupted`` first takes a Ctrl-C inside
 ``remembered_ctrl_c`` (as the CLI does). Then a client connects to the sharer's socket and
 closes it with the sharer's challenge unread, so the sharer's read gets ECONNRESET and the
-sharer thread reports it through ``sys.excepthook``. Prints ``done`` at the end.
+sharer thread reports it through ``sys.excepthook``; then a plain thread dies of a
+ConnectionResetError, reported through ``threading.excepthook``. Prints ``done`` at the end.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from multiprocessing import resource_sharer
 
@@ -36,7 +38,15 @@ def main(mode: str) -> None:
     client.close()  # unread data at close: the sharer's recv gets ECONNRESET
     time.sleep(0.5)
     del shared
+    # Any other thread's broken connection reaches threading.excepthook instead.
+    thread = threading.Thread(target=_reset, name="peer-reader")
+    thread.start()
+    thread.join()
     print("done")
+
+
+def _reset() -> None:
+    raise ConnectionResetError(104, "Connection reset by peer (a thread's own)")
 
 
 if __name__ == "__main__":
