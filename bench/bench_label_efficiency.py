@@ -156,7 +156,8 @@ def budget(args: argparse.Namespace) -> Budget:
     # Pretraining: the frozen encoder's lesions grow with its steps (bench_lesion_tokens.py,
     # token lesion AUROC, data seed 0, random init 0.740): 3000 steps 0.767, 12,000 0.837,
     # 20,000 0.875, 30,000 0.877. At 3000 (the earlier default) the encoder had barely started
-    # to carry the label; 30,000 steps of batch 8 is ~230 epochs of the 1024 volumes, ~11 min.
+    # to carry the label. 30,000 steps of batch 8 are ~230 epochs of the 1024 volumes (491 s
+    # on one thread in the final run).
     return Budget(
         (16, 32, 32),
         (4, 8, 8),
