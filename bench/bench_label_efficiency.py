@@ -151,7 +151,7 @@ def budget(args: argparse.Namespace) -> Budget:
     # From random init the tiny ViT needs ~2000 steps to leave chance with 1024 labels
     # (test balanced accuracy, seed 0: 320 steps 0.27, 1280 steps 0.38, 2400 steps 0.57); the
     # epoch cap keeps the small subsets from spending that on a few volumes (100%: 2016 steps,
-    # 25%: 800, 10%: 300, 1%: 100) and the default run near 20 minutes on 2 busy cores.
+    # 25%: 800, 10%: 300, 1%: 100) and the fine-tuning near 20 minutes on 2 busy cores.
     steps = args.finetune_steps or 2000
     # Pretraining: the frozen encoder's lesions grow with its steps (bench_lesion_tokens.py,
     # token lesion AUROC, data seed 0, random init 0.740): 3000 steps 0.767, 12,000 0.837,
