@@ -17,7 +17,7 @@ init 0.740, V-JEPA after 3000 steps 0.767, after 30,000 0.873, after 30,000 with
 acquisition looks and ``two_looks`` 0.925.
 
     python bench/bench_lesion_tokens.py CHECKPOINT [CHECKPOINT ...] [--encoder target]
-        [--volumes 400] [--seed 0] [--json FILE]
+        [--volumes 400] [--seed 0] [--labels NAME,NAME,...] [--json FILE]
 
 A pretraining or fine-tuning checkpoint (its encoder) of the benchmark's shape (16x32x32), or
 a run's checkpoint folder (its latest).
@@ -43,6 +43,7 @@ from octstage.dataset.synth_lesions import NUM_CLASSES
 from octtrain.config.loader import from_dict
 from octtrain.config.sections import ModelConfig
 from octtrain.errors import OcttrainError
+from octtrain.eval.bootstrap import bootstrap
 from octtrain.eval.features import load_encoder
 from octtrain.models.classifier import resolve_model
 from octtrain.models.inputs import legacy_model
@@ -97,35 +98,37 @@ def frozen_tokens(encoder: nn.Module, volumes: npt.NDArray[np.uint8]) -> npt.NDA
 
 
 def token_auroc(
-    tokens: npt.NDArray[np.float32], targets: npt.NDArray[np.int64], seed: int, bootstrap: int
+    tokens: npt.NDArray[np.float32], targets: npt.NDArray[np.int64], seed: int, resamples: int
 ) -> tuple[float, float, float]:
     """(AUROC, low, high) of a logistic regression fitted on the first ``TRAIN_SHARE`` of the
-    volumes' tokens, scored on the rest; the interval resamples the held-out volumes."""
+    volumes' tokens, scored on the rest; the interval resamples the held-out volumes whole
+    (``octtrain.eval.bootstrap``, a volume's tokens as one cluster)."""
     cut = int(len(tokens) * TRAIN_SHARE)
     dim = tokens.shape[-1]
     scaler = StandardScaler().fit(tokens[:cut].reshape(-1, dim))
     probe = LogisticRegression(max_iter=2000, C=0.1)
     probe.fit(scaler.transform(tokens[:cut].reshape(-1, dim)), targets[:cut].ravel())
-    held = tokens[cut:]
-    scores = probe.decision_function(scaler.transform(held.reshape(-1, dim))).reshape(len(held), -1)
-    truth = targets[cut:]
-    auroc = float(roc_auc_score(truth.ravel(), scores.ravel()))
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(bootstrap):
-        pick = rng.integers(0, len(held), len(held))
-        t = truth[pick].ravel()
-        if 0 < t.sum() < len(t):
-            draws.append(roc_auc_score(t, scores[pick].ravel()))
-    low, high = np.percentile(draws, [2.5, 97.5])
-    return auroc, float(low), float(high)
+    held = tokens[cut:].reshape(-1, dim)
+    scores = probe.decision_function(scaler.transform(held))
+    truth = targets[cut:].ravel()
+    volume_of = [str(v) for v in np.repeat(np.arange(len(tokens) - cut), targets.shape[1])]
+
+    def auroc(idx: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        t = truth[idx]
+        defined = 0 < t.sum() < len(t)  # a draw of lesion-free volumes has no AUROC
+        return np.array([roc_auc_score(t, scores[idx]) if defined else np.nan])
+
+    (interval,) = bootstrap(auroc, volume_of, len(truth), resamples, seed)
+    return interval.value, interval.low, interval.high
 
 
-def encoders(paths: list[Path], which: str) -> list[tuple[str, nn.Module, tuple[int, int, int]]]:
-    """(name, encoder, patch) per checkpoint, then a random init of the first pretraining
-    checkpoint's architecture with its input statistics."""
+def encoders(
+    paths: list[Path], which: str, labels: list[str] | None = None
+) -> list[tuple[str, nn.Module, tuple[int, int, int]]]:
+    """(name, encoder, patch) per checkpoint (named by ``labels``, else its path), then a random
+    init of the first pretraining checkpoint's architecture with its input statistics."""
     out, first = [], None
-    for path in paths:
+    for i, path in enumerate(paths):
         try:
             state = load_checkpoint(str(path))
             encoder, shape, _, _ = load_encoder(state, str(path), which)
@@ -133,7 +136,8 @@ def encoders(paths: list[Path], which: str) -> list[tuple[str, nn.Module, tuple[
             raise SystemExit(f"error: {exc}") from None
         if tuple(shape) != SHAPE:
             raise SystemExit(f"{path}: input shape {shape}, the twin's is {SHAPE}")
-        out.append((str(path), encoder, tuple(encoder.patch_embed.kernel_size)))
+        name = labels[i] if labels else str(path)
+        out.append((name, encoder, tuple(encoder.patch_embed.kernel_size)))
         if first is None and state.get("kind") != "finetune":
             first = (state, path, encoder)
     if first is None:
@@ -142,9 +146,8 @@ def encoders(paths: list[Path], which: str) -> list[tuple[str, nn.Module, tuple[
     saved = from_dict(ModelConfig, legacy_model(state["config"]["model"]))
     torch.manual_seed(0)
     rand = encoder_from_config(resolve_model(saved, state["config"]["model"], str(path)))
-    norm = trained.input_norm
-    if norm.mode == "dataset":
-        rand.input_norm.set_stats(norm.mean.tolist(), norm.std.tolist())
+    # Random init sees its input as the pretrained encoder does (the same input statistics).
+    rand.input_norm.load_state_dict(trained.input_norm.state_dict())
     out.append(("random init", rand, tuple(rand.patch_embed.kernel_size)))
     return out
 
@@ -154,18 +157,19 @@ def lesion_token_scores(
     which: str = "target",
     volumes: int = 400,
     seed: int = 0,
-    bootstrap: int = 1000,
+    resamples: int = 1000,
     min_voxels: int = 15,
+    labels: list[str] | None = None,
     say: bool = False,
 ) -> tuple[list[Score], float]:
-    """Each checkpoint's token lesion AUROC, then a random init's (``encoders``); and the share
-    of tokens that hold a lesion."""
+    """Each checkpoint's token lesion AUROC (named by ``labels``, else its path), then a random
+    init's (``encoders``); and the share of tokens that hold a lesion."""
     arrays, masks = lesion_volumes(volumes, seed)
     scores, share = [], 0.0
-    for name, encoder, patch in encoders(paths, which):
+    for name, encoder, patch in encoders(paths, which, labels):
         targets = token_targets(masks, patch, min_voxels)
         share = float(targets.mean())
-        auroc, low, high = token_auroc(frozen_tokens(encoder, arrays), targets, seed, bootstrap)
+        auroc, low, high = token_auroc(frozen_tokens(encoder, arrays), targets, seed, resamples)
         scores.append(Score(name, auroc, low, high))
         if say:
             print(f"{auroc:.3f} [{low:.3f}, {high:.3f}]  {name}", flush=True)
@@ -179,13 +183,22 @@ def main() -> None:
     parser.add_argument("--volumes", type=int, default=400, help="rendered volumes (70%% fit)")
     parser.add_argument("--min-voxels", type=int, default=15, help="lesion voxels of a positive")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rendered volumes")
-    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--bootstrap", type=int, default=1000, help="resamples of the interval")
+    parser.add_argument(
+        "--labels",
+        type=lambda text: text.split(","),
+        default=None,
+        help="comma-separated names of the checkpoints in the table and the JSON (default: "
+        "their paths)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the scores here too")
     args = parser.parse_args()
+    if args.labels is not None and len(args.labels) != len(args.checkpoints):
+        parser.error(f"--labels names {len(args.labels)} encoders for {len(args.checkpoints)}")
     torch.set_num_threads(1)  # 2 shared cores
     scores, share = lesion_token_scores(
         args.checkpoints, args.encoder, args.volumes, args.seed, args.bootstrap,
-        args.min_voxels, say=True,
+        args.min_voxels, args.labels, say=True,
     )  # fmt: skip
     print(
         f"\n{args.volumes} volumes, {share:.1%} of tokens hold a lesion; token "
@@ -195,7 +208,9 @@ def main() -> None:
     for s in scores:
         print(f"| {s.name} | {s.auroc:.3f} [{s.low:.3f}, {s.high:.3f}] |")
     if args.json:
-        doc = {"settings": vars(args) | {"checkpoints": [str(p) for p in args.checkpoints]},
+        settings = {k: getattr(args, k) for k in ("encoder", "volumes", "min_voxels", "seed")}
+        settings["resamples"] = args.bootstrap
+        doc = {"settings": settings, "share_of_lesion_tokens": share,
                "scores": [s.__dict__ for s in scores]}  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 

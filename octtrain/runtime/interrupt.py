@@ -38,25 +38,28 @@ _PENDING = threading.Event()
 _ECHOES = (ConnectionError, EOFError)  # a peer process ended by the same Ctrl-C
 
 
+def _echo(exc_type: type[BaseException], exc: object, thread: threading.Thread | None) -> bool:
+    """Whether a thread's error is the interrupt's echo (then logged at debug): a broken
+    connection off the main thread."""
+    if not issubclass(exc_type, _ECHOES) or thread is threading.main_thread():
+        return False
+    log.debug("after Ctrl-C, thread %s: %s", thread.name if thread else "?", exc)
+    return True
+
+
 def _quiet_echoes(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
-    """``sys.excepthook`` after a Ctrl-C: a background thread's broken connection is logged at
-    debug; anything else (and anything on the main thread) goes to the hook it replaced."""
-    if issubclass(exc_type, _ECHOES) and threading.current_thread() is not threading.main_thread():
-        log.debug("after Ctrl-C, thread %s: %s", threading.current_thread().name, exc)
-        return
-    _PREVIOUS_HOOK(exc_type, exc, tb)
+    """``sys.excepthook`` after a Ctrl-C (the resource sharer reports through it): an echo is
+    logged; anything else goes to the hook it replaced."""
+    if not _echo(exc_type, exc, threading.current_thread()):
+        _PREVIOUS_HOOK(exc_type, exc, tb)
 
 
 def _quiet_thread_echoes(args: threading.ExceptHookArgs) -> None:
-    """``threading.excepthook`` after a Ctrl-C (an uncaught error of a ``Thread``'s run): the
-    same rule as ``_quiet_echoes``."""
-    if issubclass(args.exc_type, _ECHOES):
-        name = args.thread.name if args.thread is not None else "?"
-        log.debug("after Ctrl-C, thread %s: %s", name, args.exc_value)
-        return
-    _PREVIOUS_THREAD_HOOK(args)
+    """``threading.excepthook`` after a Ctrl-C (a ``Thread``'s uncaught error): the same."""
+    if not _echo(args.exc_type, args.exc_value, args.thread):
+        _PREVIOUS_THREAD_HOOK(args)
 
 
 _PREVIOUS_HOOK = sys.excepthook

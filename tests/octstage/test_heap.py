@@ -37,6 +37,10 @@ def test_a_build_fixes_glibcs_mmap_threshold(twin: tuple[Path, TwinInfo], tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = proc.stdout.strip().splitlines()[-1]
     if verdict.startswith("cannot tell"):
+        # Not glibc >= 2.33 (no mallinfo2), or a heap whose free space exceeds glibc's largest
+        # threshold (32 MiB): no block size separates a fixed threshold from a moved one, so
+        # the check has no answer, right or wrong. A fresh process's heap after malloc_trim
+        # holds far less (every run here so far).
         pytest.skip(verdict)
     assert verdict == "mapped"
 
