@@ -21,9 +21,10 @@ fi
 python bench/bench_refusal.py
 python bench/bench_cellpainting_loader.py
 python bench/bench_dino_twin.py
-python bench/bench_label_efficiency.py   # ~6 min on 2 cores
+python bench/bench_label_efficiency.py   # ~30 min on 2 cores
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   python bench/bench_dino_gpu.py --fsdp-steps 20   # ~8 min on an H100
+  python bench/bench_dino_step.py --profile 3   # ~3 min on an H100
 else
-  echo "bench_dino_gpu: skipped, no CUDA device (it measures DINOv2 ViT-S/8 on a GPU)"
+  echo "bench_dino_gpu, bench_dino_step: skipped, no CUDA device (DINOv2 ViT-S/8 on a GPU)"
 fi

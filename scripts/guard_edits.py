@@ -119,7 +119,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "dino-ibot-center-padding",
-        "octtrain/train/dino.py",
+        "octtrain/models/dino_loss.py",
         "keep = valid.float()",
         "keep = torch.ones_like(valid, dtype=torch.float32)",
         (OT + "test_dino_recipe.py", OT + "test_dino_job.py"),
@@ -872,5 +872,21 @@ EDITS: list[Edit] = [
         "    if False:\n",
         (OT + "test_interrupt.py::test_a_dying_workers_broken_handshake_prints_no_traceback",),
         "after a Ctrl-C, a thread's broken connection prints a traceback",
+    ),
+    Edit(
+        "dino-objective-compiled",
+        "octtrain/train/dino.py",
+        "                self.objective = torch.compile(objective, backend=backend)\n",
+        "                pass\n",
+        (OT + "test_dino_recipe.py::test_a_compiled_step_computes_what_the_eager_step_does_in_one_graph_per_forward",),
+        "with compile set, the objective (the heads' logits' softmaxes) runs eagerly",
+    ),
+    Edit(
+        "dino-temp-device-scalar",
+        "octtrain/train/dino.py",
+        "            self.temp,\n            mask_weight,\n",
+        '            hyper["train/teacher_temp"],\n            mask_weight,\n',
+        (OT + "test_dino_recipe.py::test_a_compiled_step_computes_what_the_eager_step_does_in_one_graph_per_forward",),
+        "the teacher temperature as a Python float recompiles the objective each warm-up step",
     ),
 ]

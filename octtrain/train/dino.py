@@ -51,11 +51,11 @@ from octtrain.eval.profile_run import ProfiledField, field_embeddings, profile_m
 from octtrain.models.attention_maps import AttentionCapture
 from octtrain.models.dino import build_student, make_teacher, teacher_outputs
 from octtrain.models.dino_loss import (
-    dino_loss,
-    ibot_loss,
-    koleo_loss,
+    Objective,
+    Targets,
+    centred_targets,
+    objective,
     sinkhorn_knopp,
-    teacher_probs,
     update_center,
 )
 from octtrain.models.inputs import legacy_hint, legacy_model
@@ -154,7 +154,12 @@ class DinoJob:
         self._gathered: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None = None
         self.center = torch.zeros(cfg.dino.dino_prototypes, device=dev)
         self.ibot_center = torch.zeros(cfg.dino.ibot_prototypes, device=dev)
+        # The teacher temperature on the device, refilled each step (a fill, no host copy).
+        self.temp = torch.zeros((), device=dev)
         d = cfg.dino
+        sinkhorn = d.centering == "sinkhorn_knopp"
+        self.targets: Targets = self._sinkhorn_targets if sinkhorn else centred_targets
+        self.objective = objective  # compiled in start() with ``compile`` (centring only)
         self.train_set = CellPaintingDataset(
             train,
             root,
@@ -262,6 +267,9 @@ class DinoJob:
             backend = self.cfg.compile
             self.student = torch.compile(self.student, backend=backend)  # type: ignore[assignment]
             self.teacher_forward = torch.compile(self.teacher, backend=backend)  # type: ignore[assignment]
+            if self.cfg.dino.centering == "center":
+                # Sinkhorn-Knopp's sums cross replicas (collectives): that objective stays eager.
+                self.objective = torch.compile(objective, backend=backend)
         if self._optimizer_state is not None:
             set_optimizer_state_dict(
                 self.raw, self.optimizer, self._optimizer_state, options=FULL_IN
@@ -311,32 +319,19 @@ class DinoJob:
                 masks,
                 mask_index,
             )
-        temp = hyper["train/teacher_temp"]
-        probs = self._targets(t_logits, self.center, temp)
-        valid = mask_weight > 0
-        n_local = local_views.shape[0] // max(1, global_views.shape[0] // 2)
-        students = list(out.global_logits.chunk(2))
-        if n_local:
-            students += list(out.local_logits.chunk(n_local))
-        parts = {
-            "dino": dino_loss(students, list(probs.chunk(2)), d.student_temp),
-            "ibot": ibot_loss(
-                out.masked_logits,
-                self._targets(t_masked, self.ibot_center, temp, valid),
-                mask_weight,
-                masks.shape[0],
-                d.student_temp,
-            ),
-            "koleo": sum(
-                (koleo_loss(c) for c in out.global_cls.chunk(2)),
-                start=torch.zeros((), device=global_views.device),
-            ),
-        }
-        loss = (
-            d.dino_weight * parts["dino"]
-            + d.ibot_weight * parts["ibot"]
-            + d.koleo_weight * parts["koleo"]
+        self.temp.fill_(hyper["train/teacher_temp"])
+        obj: Objective = self.objective(
+            (out.global_logits, out.local_logits, out.global_cls, out.masked_logits),
+            (t_logits, t_masked),
+            (self.center, self.ibot_center),
+            self.temp,
+            mask_weight,
+            masks.shape[0],
+            d.student_temp,
+            (d.dino_weight, d.ibot_weight, d.koleo_weight),
+            self.targets,
         )
+        loss, parts = obj.loss, obj.parts
         loss.backward()  # type: ignore[no-untyped-call]
         grads = [p.grad for p in self.params if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping, before zeroing
@@ -346,7 +341,7 @@ class DinoJob:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
         self.optimizer.step()
         ema_update(self.teacher, self.raw, hyper["train/ema_momentum"])
-        self._update_centers(t_logits, t_masked, valid)
+        self._update_centers(obj.dino_mean, obj.ibot_total)
         host = dict(hyper)
         done = step + 1
         if done % self.cfg.logging.log_every == 0 or done == self.total_steps or step == 0:
@@ -354,35 +349,28 @@ class DinoJob:
             host |= {f"train/{k}_loss": float(v.detach()) for k, v in parts.items()}
         rows = monitor_rows(out.global_cls.detach()[:, None, :])
         # Read by the skeleton one step later: the alarm for targets that carry no image.
-        monitors = target_entropies(probs)
+        monitors = target_entropies(obj.probs)
         return StepResult(loss.detach(), grad_norm.detach(), rows, host, monitors)
 
-    def _targets(
+    def _sinkhorn_targets(
         self,
         logits: torch.Tensor,
         center: torch.Tensor,
-        temp: float,
-        valid: torch.Tensor | None = None,
+        temp: torch.Tensor,
+        valid: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The teacher's targets: centred and sharpened, or Sinkhorn-Knopp over every replica's
-        batch (``dino.centering``); ``valid`` leaves the iBOT index list's padding out."""
-        if self.cfg.dino.centering == "sinkhorn_knopp":
-            reduce = self.backend.reduce_step_sum
-            return sinkhorn_knopp(logits, temp, reduce_sum=reduce, valid=valid)
-        return teacher_probs(logits, center, temp)
+        """Sinkhorn-Knopp over every replica's batch (``dino.centering``; no centre);
+        ``valid`` leaves the iBOT index list's padding out."""
+        return sinkhorn_knopp(logits, temp, reduce_sum=self.backend.reduce_step_sum, valid=valid)
 
-    def _update_centers(
-        self, t_logits: torch.Tensor, t_masked: torch.Tensor, valid: torch.Tensor
-    ) -> None:
+    def _update_centers(self, dino_mean: torch.Tensor, ibot_total: torch.Tensor) -> None:
         """Centres <- EMA of the teacher's mean logits over every replica's batch (the iBOT
-        centre over the masked tokens alone, not the padding)."""
+        centre over the masked tokens alone, not the padding): this process's sums
+        (``Objective``) reduced."""
         m, world = self.cfg.dino.center_momentum, self.backend.process_count
-        dino_mean = self.backend.reduce_step_sum(t_logits.float().mean(dim=0)) / world
+        dino_mean = self.backend.reduce_step_sum(dino_mean) / world
         self.center = update_center(self.center, dino_mean, m)
-        keep = valid.float()
-        count = keep.sum().reshape(1)
-        total = torch.cat([(t_masked.float() * keep[:, None]).sum(dim=0), count])
-        total = self.backend.reduce_step_sum(total)
+        total = self.backend.reduce_step_sum(ibot_total)
         ibot_mean = total[:-1] / total[-1].clamp(min=1.0)
         self.ibot_center = torch.where(
             total[-1] > 0, update_center(self.ibot_center, ibot_mean, m), self.ibot_center
