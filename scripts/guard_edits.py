@@ -23,6 +23,9 @@ class Edit:
 
 
 OT = "tests/octtrain/"
+COMPILED_STEP_TEST = (
+    "test_a_compiled_step_computes_what_the_eager_step_does_in_one_graph_per_forward"
+)
 OS = "tests/octstage/"
 BI = "tests/badinput/"
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
@@ -878,7 +881,7 @@ EDITS: list[Edit] = [
         "octtrain/train/dino.py",
         "                self.objective = torch.compile(objective, backend=backend)\n",
         "                pass\n",
-        (OT + "test_dino_recipe.py::test_a_compiled_step_computes_what_the_eager_step_does_in_one_graph_per_forward",),
+        (OT + "test_dino_recipe.py::" + COMPILED_STEP_TEST,),
         "with compile set, the objective (the heads' logits' softmaxes) runs eagerly",
     ),
     Edit(
@@ -886,7 +889,15 @@ EDITS: list[Edit] = [
         "octtrain/train/dino.py",
         "            self.temp,\n            mask_weight,\n",
         '            hyper["train/teacher_temp"],\n            mask_weight,\n',
-        (OT + "test_dino_recipe.py::test_a_compiled_step_computes_what_the_eager_step_does_in_one_graph_per_forward",),
+        (OT + "test_dino_recipe.py::" + COMPILED_STEP_TEST,),
         "the teacher temperature as a Python float recompiles the objective each warm-up step",
+    ),
+    Edit(
+        "dino-copairs-preflight",
+        "octtrain/train/dino.py",
+        '            require_copairs(f"validation.every={cfg.validation.every}")\n',
+        "            pass\n",
+        (OT + "test_dino_job.py::test_validation_without_copairs_is_refused_before_training",),
+        "a run without copairs trains until its first validation, then dies there",
     ),
 ]

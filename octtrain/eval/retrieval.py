@@ -21,6 +21,7 @@ the same wells, so the interval of their difference accounts for what they share
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from octtrain.errors import ConfigError
 from octtrain.eval.bootstrap import Interval
 from octtrain.eval.profiles import Array, WellKey
 
@@ -48,6 +50,18 @@ class Retrieval:
 
     aps: dict[str, pd.DataFrame | None]
     maps: dict[str, float]  # <kind>_map, <kind>_retrieved
+
+
+def require_copairs(what: str) -> None:
+    """Refuse before training, not at the first validation thousands of steps in, when copairs
+    (imported where it scores, for the CLI's start-up time) is not installed; ``what``: the
+    setting that asks for it."""
+    if importlib.util.find_spec("copairs") is None:
+        raise ConfigError(
+            f"{what} scores well profiles with copairs, which is not installed in this "
+            "environment (pip install 'copairs>=0.5', as the package requires), or set "
+            "validation.every=0"
+        )
 
 
 def _meta(wells: Sequence[WellKey]) -> pd.DataFrame:

@@ -48,6 +48,7 @@ from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.cell_pictures import attention_heads, channel_strip, features_pca
 from octtrain.eval.collapse import target_entropies
 from octtrain.eval.profile_run import ProfiledField, field_embeddings, profile_metrics, profiled
+from octtrain.eval.retrieval import require_copairs
 from octtrain.models.attention_maps import AttentionCapture
 from octtrain.models.dino import build_student, make_teacher, teacher_outputs
 from octtrain.models.dino_loss import (
@@ -185,6 +186,8 @@ class DinoJob:
                 f"no {missing} to profile (build the cache with --metadata and keep control and "
                 "treated wells on the validation plates, or set validation.every=0)"
             )
+        if cfg.validation.every:
+            require_copairs(f"validation.every={cfg.validation.every}")
         self.val_set = CellPaintingDataset(
             self.val_fields, root, cfg.crops, self.raw.backbone.patch
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,23 @@ def test_validation_needs_control_and_treated_wells_on_the_validation_plates(
     cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path}", "validation.every=3"])
     with pytest.raises(DataError, match="has no treated wells"):
         DinoJob(cfg, train, root, make_backend("cpu"), only_controls)
+
+
+def test_validation_without_copairs_is_refused_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An H100 run whose environment lacked copairs trained, then died at its first validation
+    with a traceback and no checkpoint of the unit: now it is refused at the start."""
+    root = tmp_path / "cells"
+    root.mkdir()
+    fields = write_cell_cache(root, splits=("train",) * 8 + ("val",) * 8)
+    train, val = ([f for f in fields if f.split == s] for s in ("train", "val"))
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path}", "validation.every=3"])
+    monkeypatch.setitem(sys.modules, "copairs", None)  # what find_spec reports as not installed
+    with pytest.raises(ConfigError, match=r"validation\.every=3 scores .* copairs, which is not"):
+        DinoJob(cfg, train, root, make_backend("cpu"), val)
+    off = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path}", "validation.every=0"])
+    DinoJob(off, train, root, make_backend("cpu"), ())  # no validation: copairs is not needed
 
 
 def test_peak_device_memory_is_logged_where_the_backend_counts_it(
