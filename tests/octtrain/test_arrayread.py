@@ -19,6 +19,7 @@ from octstage.cache.volumestore import write_volume
 from octstage.cellpainting.fieldstore import write_field
 from octtrain.data import arrayread
 from octtrain.data.arrayread import open_array
+from octtrain.data.zarr_layout import parse_layout
 from octtrain.errors import DataError
 from tests.octstage.chunk_damage import flip_decodable
 
@@ -365,4 +366,4 @@ def test_a_checksum_before_the_compressor_is_not_read_here(tmp_path: Path) -> No
     codecs = meta["codecs"][0]["configuration"]["codecs"]
     codecs[1], codecs[2] = codecs[2], codecs[1]  # bytes, crc32c, blosc
     with pytest.raises(DataError, match=r"codecs \['bytes', 'crc32c', 'blosc'\] are not"):
-        arrayread.parse_layout(meta, "x")
+        parse_layout(meta, "x")
