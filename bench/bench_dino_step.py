@@ -1,6 +1,6 @@
 """Claim: the DINOv2 ViT-S/8 training step (the users' batch of 80, 2 x 224 + 8 x 96 crops, 65,536
 prototypes, bf16) runs closer to the GPU's limit under ``compile: inductor`` than as
-today's eager step (0.346 s, 11.8% MFU on an H100 through the CLI: ``bench_dino_gpu.py``).
+today's eager step (0.346 s, 11.7% MFU on an H100 through the CLI: ``bench_dino_gpu.py``).
 
 What it runs: ``DinoJob`` as ``octtrain pretrain`` builds it from ``--config`` (default
 ``configs/pretrain/dino-vits8.yaml``: its model, heads, optimizer, layer decay, crops and iBOT
