@@ -900,4 +900,12 @@ EDITS: list[Edit] = [
         (OT + "test_dino_job.py::test_validation_without_copairs_is_refused_before_training",),
         "a run without copairs trains until its first validation, then dies there",
     ),
+    Edit(
+        "validation-crash-checkpoint",
+        "octtrain/train/loop.py",
+        "                if save:  # the unit's training is not lost to its validation",
+        "                if False:  # the unit's training is not lost to its validation",
+        (OT + "test_guards.py::test_a_validation_that_crashes_keeps_its_units_checkpoint",),
+        "a validation that crashes loses the unit's training since the last checkpoint",
+    ),
 ]

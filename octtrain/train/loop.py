@@ -304,7 +304,14 @@ class Trainer:
         score, improved = None, False
         if validate:
             watchdog.set_phase("validation")
-            score, improved, val = self._validate(unit)
+            try:
+                score, improved, val = self._validate(unit)
+            except Exception:
+                if save:  # the unit's training is not lost to its validation (a CUDA OOM, a bug)
+                    log.error("validation of step %d failed; saving its checkpoint first", done)
+                    watchdog.set_phase("checkpoint")
+                    self._save(done, None, False)
+                raise
             record |= val
         watchdog.set_phase("checkpoint")
         if save:

@@ -72,6 +72,7 @@ class ScriptedJob:
     collapsed_features: bool = False
     blind_steps: tuple[int, ...] = ()  # steps whose teacher targets carry no image
     val_alarm: str | None = None
+    val_error_at: int | None = None  # the unit whose validation raises (a bug, a CUDA OOM)
     scores: dict[int, float] = field(default_factory=dict)
     epoch_metrics: bool = False
     loaded: list[int] = field(default_factory=list)
@@ -122,6 +123,8 @@ class ScriptedJob:
     def validate(self, unit: int) -> Evaluation:
         if self.stall_in == "validation" and unit == self.stall_at:
             self.clock.stall(self.stall_s)
+        if unit == self.val_error_at:
+            raise RuntimeError("CUDA out of memory in validation")
         score = self.scores.get(unit, float(unit))
         return Evaluation({"val/loss": 1.0 / unit}, score=score, alarm=self.val_alarm)
 
@@ -306,6 +309,18 @@ def test_validation_time_is_not_training_time(tmp_path: Path) -> None:
     result = train(job, s)
     assert [h["unit_time_s"] for h in result.history] == [0.0, 0.0, 0.0]
     assert [r["val/time_s"] for r in records(run) if "val/time_s" in r] == [0.0, 5.0, 0.0]
+
+
+def test_a_validation_that_crashes_keeps_its_units_checkpoint(tmp_path: Path) -> None:
+    """A DINO run on an H100 trained, then died at its validation (no copairs there) without the
+    unit's checkpoint: the steps since the last one were lost. The error still ends the run."""
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=2))
+    with pytest.raises(RuntimeError, match="out of memory in validation"):
+        train(ScriptedJob(total_steps=8, val_error_at=4), s)
+    index = json.loads((run / "checkpoints" / "index.json").read_text())
+    assert [e["step"] for e in index["checkpoints"]] == [2, 4]
+    assert index["best"]["step"] == 2  # saved without a score: never the best
 
 
 def test_a_slow_loader_counts_as_data_wait(tmp_path: Path) -> None:
