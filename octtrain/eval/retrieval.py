@@ -54,8 +54,7 @@ class Retrieval:
 
 def require_copairs(what: str) -> None:
     """Refuse before training, not at the first validation thousands of steps in, when copairs
-    (imported where it scores, for the CLI's start-up time) is not installed; ``what``: the
-    setting that asks for it."""
+    (imported only where it scores) is not installed; ``what``: the setting that asks for it."""
     if importlib.util.find_spec("copairs") is None:
         raise ConfigError(
             f"{what} scores well profiles with copairs, which is not installed in this "
