@@ -22,6 +22,10 @@ from octtrain.runtime.interrupt import remembered_ctrl_c
 
 
 def main(mode: str) -> None:
+    # A terminal's process has Python's own Ctrl-C handler; one started from a background job of
+    # a non-interactive shell inherits SIGINT ignored, and remembered_ctrl_c then (rightly)
+    # changes nothing: the test models the terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if mode == "interrupted":
         with remembered_ctrl_c():
             try:
