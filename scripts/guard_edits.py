@@ -903,8 +903,9 @@ EDITS: list[Edit] = [
     Edit(
         "validation-crash-checkpoint",
         "octtrain/train/loop.py",
-        "                if save:  # the unit's training is not lost to its validation",
-        "                if False:  # the unit's training is not lost to its validation",
+        '                log.error("validation of step %d failed", done)\n'
+        "                failure = exc\n",
+        "                raise\n",
         (OT + "test_guards.py::test_a_validation_that_crashes_keeps_its_units_checkpoint",),
         "a validation that crashes loses the unit's training since the last checkpoint",
     ),

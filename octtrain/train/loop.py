@@ -302,20 +302,20 @@ class Trainer:
         if alarm:
             self._alarm(alarm)
         score, improved = None, False
+        failure: Exception | None = None
         if validate:
             watchdog.set_phase("validation")
             try:
                 score, improved, val = self._validate(unit)
-            except Exception:
-                if save:  # the unit's training is not lost to its validation (a CUDA OOM, a bug)
-                    log.error("validation of step %d failed; saving its checkpoint first", done)
-                    watchdog.set_phase("checkpoint")
-                    self._save(done, None, False)
-                raise
-            record |= val
+                record |= val
+            except Exception as exc:  # noqa: BLE001 - a CUDA OOM, a bug: raised once saved
+                log.error("validation of step %d failed", done)
+                failure = exc
         watchdog.set_phase("checkpoint")
-        if save:
+        if save:  # the unit's training is not lost to a validation that failed
             self._save(done, score, improved)
+        if failure is not None:
+            raise failure
         self.result.history.append(record)
         self.result.steps = done
         watchdog.step_done(done)  # validation and saving are not a stall of training
