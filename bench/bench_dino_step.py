@@ -46,9 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from octstage.manifest import Intensity  # noqa: E402
-from octtrain.config.dino import DinoConfig  # noqa: E402
+from octtrain.config.dino import COMPILES, DinoConfig  # noqa: E402
 from octtrain.config.loader import load_config  # noqa: E402
 from octtrain.data.cellpainting import channel_jitter  # noqa: E402
+from octtrain.errors import OcttrainError  # noqa: E402
 from octtrain.runtime.backend import cpu_threads, make_backend  # noqa: E402
 from octtrain.train.dino import DinoJob  # noqa: E402
 
@@ -214,7 +215,13 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every arm")
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    results = [run_arm(args, a, count_flops=(a == "none")) for a in arms]
+    unknown = [a for a in arms if a not in COMPILES]
+    if unknown or not arms:  # before any arm runs
+        parser.error(f"--arms {args.arms!r}: each must be one of {COMPILES}")
+    try:
+        results = [run_arm(args, a, count_flops=(a == "none")) for a in arms]
+    except OcttrainError as exc:  # a config, a value or a device the arms cannot run
+        raise SystemExit(f"error: {exc}") from None
     flops = next((r["flops"] for r in results if r["flops"]), None)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = peak_tflops(device)
