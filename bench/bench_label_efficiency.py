@@ -78,7 +78,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,6 @@ import torch
 
 from octstage import manifest as mf
 from octstage.dataset.ids import DEVICES
-from octstage.dataset.labels import STUDY_GROUPS
 from octstage.dataset.synth_lesions import NUM_CLASSES
 from octtrain.config.finetune import FinetuneConfig
 from octtrain.config.loader import load_config
@@ -107,162 +106,23 @@ from octtrain.train.pretrain import run_pretrain
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.octtrain, from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the twin's device looks
 from bench_lesion_tokens import lesion_token_scores
-from device_looks import DEVICE_LOOK, UNSEEN, render, unseen_look
-
-from tests.octtrain.tiny_cache import cached_volume, write_synthetic_manifest
+from device_looks import UNSEEN
+from label_efficiency_data import (
+    FRACTIONS,
+    Budget,
+    budget,
+    device_looks_record,
+    sub_manifest,
+    subsets,
+    write_cache,
+)
+from label_efficiency_report import ARMS, plot, table, tokens_line, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "configs" / "pretrain" / "tiny.yaml"
 FINETUNE = REPO / "configs" / "finetune" / "tiny.yaml"
-FRACTIONS = (0.01, 0.10, 0.25, 1.0)
-ARMS = ("finetune, pretrained", "finetune, random init", "attentive probe, pretrained")
 QUIET = ["logging.wandb_mode=disabled", "logging.console=false", "data.num_workers=0"]
-SITE_DIGITS = ("1", "4", "7")
-CHANCE = 1.0 / NUM_CLASSES
 BACC, AUROC = INTERVAL_METRICS.index("balanced_accuracy"), INTERVAL_METRICS.index("macro_auroc")
-
-
-@dataclass(frozen=True)
-class Budget:
-    shape: tuple[int, int, int]
-    patch: tuple[int, int, int]
-    counts: dict[str, int]  # participants (= volumes) per class and split
-    pretrain_steps: int
-    finetune_steps: int  # optimizer steps per fine-tuning run (batch 32) ...
-    max_epochs: int  # ... but at most this many epochs (1%, 10% and 25% stop here)
-    validations: int  # per fine-tuning run
-    probe_epochs: int
-    probe_lrs: tuple[float, ...]
-    bootstrap: int
-    fractions: tuple[float, ...] = FRACTIONS
-    recipe: str = "plain"  # a key of RECIPES: the fine-tuning recipe of both arms
-    acquisition: bool = False  # pretraining views with ACQUISITION's looks
-    two_looks: bool = False  # ... and the target encoder with another intensity look
-
-
-def budget(args: argparse.Namespace) -> Budget:
-    if args.quick:
-        counts = {"train": 32, "val": 6, "test": 8}
-        return Budget(
-            (16, 32, 32), (4, 8, 8), counts, 60, 12, 12, 3, 8, (1e-3,), 200,
-            args.fractions, args.recipe, args.acquisition, args.two_looks,
-        )  # fmt: skip
-    counts = {"train": args.train or 256, "val": 16, "test": 32}
-    # From random init the tiny ViT needs ~2000 steps to leave chance with 1024 labels
-    # (test balanced accuracy, seed 0: 320 steps 0.27, 1280 steps 0.38, 2400 steps 0.57); the
-    # epoch cap keeps the small subsets from spending that on a few volumes (100%: 2016 steps,
-    # 25%: 800, 10%: 300, 1%: 100) and the fine-tuning near 20 minutes on 2 busy cores.
-    steps = args.finetune_steps or 2000
-    # Pretraining: the frozen encoder's lesions grow with its steps (bench_lesion_tokens.py,
-    # token lesion AUROC, data seed 0, random init 0.740): 3000 steps 0.767, 12,000 0.837,
-    # 20,000 0.875, 30,000 0.877. At 3000 (the earlier default) the encoder had barely started
-    # to carry the label. 30,000 steps of batch 8 are ~230 epochs of the 1024 volumes (491 s
-    # on one thread in the final run).
-    return Budget(
-        (16, 32, 32),
-        (4, 8, 8),
-        counts,
-        args.steps or 30000,
-        steps,
-        100,
-        10,
-        40,
-        (3e-4, 1e-3, 3e-3),
-        1000,
-        args.fractions,
-        args.recipe,
-        args.acquisition,
-        args.two_looks,
-    )
-
-
-def write_cache(root: Path, b: Budget, seed: int) -> Path:
-    """Real Zarr cache + manifest; participants cycle through devices and sites."""
-    cache = root / "cache"
-    rng = np.random.default_rng([seed, 18])
-    volumes = []
-    serial = 0
-    for split, per_class in b.counts.items():
-        for i in range(per_class):
-            for label, group in enumerate(STUDY_GROUPS[:NUM_CLASSES]):
-                device = DEVICES[(i + label) % len(DEVICES)]
-                pid = f"{SITE_DIGITS[serial % 3]}{serial // 3:03d}"
-                serial += 1
-                array = render(b.shape, label, DEVICE_LOOK[device], rng)
-                volumes.append(
-                    cached_volume(
-                        cache,
-                        pid,
-                        f"k{serial:05d}",
-                        array,
-                        split=split,
-                        label=label,
-                        group=group,
-                        device=device,
-                        laterality="LR"[serial % 2],
-                        protocol="synthetic-lesions",
-                    )
-                )
-    # The unseen device's test volumes: as many per class as the test split, from their own
-    # generator (drawn after the others, which stay what they were without them).
-    unseen, urng = unseen_look(seed), np.random.default_rng([seed, 26, 1])
-    for i in range(b.counts["test"]):
-        for label, group in enumerate(STUDY_GROUPS[:NUM_CLASSES]):
-            pid = f"9{i:03d}{label}"
-            serial += 1
-            volumes.append(
-                cached_volume(
-                    cache,
-                    pid,
-                    f"k{serial:05d}",
-                    render(b.shape, label, unseen, urng),
-                    split=UNSEEN,
-                    label=label,
-                    group=group,
-                    device=UNSEEN,
-                    laterality="LR"[serial % 2],
-                    protocol="synthetic-lesions",
-                )
-            )
-    config = {"shape": list(b.shape), "seed": seed, "device_look": _looks(seed)}
-    classes = STUDY_GROUPS[:NUM_CLASSES]
-    path = write_synthetic_manifest(cache, volumes, classes, "bench-label-efficiency", config)
-    return path
-
-
-def _looks(seed: int) -> dict[str, Any]:
-    return {d: asdict(look) for d, look in {**DEVICE_LOOK, UNSEEN: unseen_look(seed)}.items()}
-
-
-def subsets(
-    train: Sequence[mf.Volume], fractions: Sequence[float], seed: int
-) -> dict[float, list[str]]:
-    """Nested, class-stratified participant subsets: per class ``max(1, round(f * n))``
-    participants, a prefix of one seeded permutation of that class's participants."""
-    rng = np.random.default_rng([seed, 1])
-    by_class: dict[int, list[str]] = defaultdict(list)
-    for v in train:
-        if v.participant_id not in by_class[v.label]:
-            by_class[v.label].append(v.participant_id)
-    orders = {c: [ids[i] for i in rng.permutation(len(ids))] for c, ids in sorted(by_class.items())}
-    return {
-        f: sorted(p for ids in orders.values() for p in ids[: max(1, round(f * len(ids)))])
-        for f in fractions
-    }
-
-
-def sub_manifest(
-    man: mf.Manifest, path: Path, keep_train: set[str], exclude_device: str | None = None
-) -> Path:
-    """The manifest with only ``keep_train``'s training participants (val and test whole)."""
-    volumes = tuple(
-        v
-        for v in man.volumes
-        if (v.split != "train" or v.participant_id in keep_train)
-        and (exclude_device is None or v.split in ("test", UNSEEN) or v.device != exclude_device)
-    )
-    mf.write(replace(man, volumes=volumes), path)
-    return path
 
 
 # The one fine-tuning recipe of both arms (bench-local overrides of configs/finetune/tiny.yaml,
@@ -492,7 +352,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     scores, _ = lesion_token_scores([Path(ckpt)], volumes=100 if args.quick else 400)
     tokens = {k: [round(x, 4) for x in (s.auroc, s.low, s.high)] for k, s in zip(
         ("pretrained", "random init"), scores, strict=True)}  # fmt: skip
-    print(f"token lesion AUROC (bench_lesion_tokens.py): {_tokens_line(tokens)}", flush=True)
+    print(f"token lesion AUROC (bench_lesion_tokens.py): {tokens_line(tokens)}", flush=True)
     lap("lesion tokens")
     probe = Probe(ckpt, manifest, root / "features", b)
     lap("features")
@@ -539,7 +399,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "bootstrap": 0,
         },
         "budget": asdict(b),
-        "device_look": _looks(args.data_seed),
+        "device_look": device_looks_record(args.data_seed),
         "fractions": list(b.fractions),
         "train_participants": {f"{f:g}": n for f, n in counts.items()},
         "test": {"volumes": len(labels), "participants": len(set(pids))},
@@ -620,121 +480,6 @@ def unseen_device(
             )
         }
     return out
-
-
-def _tokens_line(tokens: dict[str, list[float]]) -> str:
-    return ", ".join(f"{k} {a:.3f} [{lo:.3f}, {hi:.3f}]" for k, (a, lo, hi) in tokens.items())
-
-
-def verdict(doc: dict[str, Any]) -> list[str]:
-    if not {0.1, 1.0} <= set(doc["fractions"]):
-        return ["(no verdict: it needs the 10% and 100% fractions)"]
-    seen, unseen = (
-        doc["unseen_device"][ARMS[0]][k]["balanced_accuracy"]["mean"] for k in ("seen", "unseen")
-    )
-    gap = unseen - seen
-    lines = [
-        f"pretrained fine-tuning at 100%, unseen device minus the four seen ones: {gap:+.3f} "
-        f"(target within 0.05): {'reached' if abs(gap) <= 0.05 else 'NOT reached'}"
-    ]
-    if "lesion_tokens" in doc:  # runs before it have none
-        lines.append(
-            f"token lesion AUROC of the frozen encoder: {_tokens_line(doc['lesion_tokens'])}"
-        )
-    return lines + _label_verdict(doc)
-
-
-def _label_verdict(doc: dict[str, Any]) -> list[str]:
-    r = doc["results"]
-    pre10 = r[ARMS[0]]["0.1"]["balanced_accuracy"]["mean"]
-    rnd10 = r[ARMS[1]]["0.1"]["balanced_accuracy"]["mean"]
-    rnd100 = r[ARMS[1]]["1"]["balanced_accuracy"]["mean"]
-    gain, share = pre10 - rnd10, pre10 / rnd100 if rnd100 else math.nan
-    low = r[ARMS[1]]["1"]["balanced_accuracy"]["ci_low"]
-    return [
-        f"random init at 100%: {rnd100:.3f}, 95% CI from {low:.3f} (chance {CHANCE:.2f}): "
-        + ("the baseline learns" if low > CHANCE else "AT CHANCE: the 90% criterion is void"),
-        f"pretrained fine-tuning at 10% minus random init at 10%: {gain:+.3f} balanced accuracy "
-        f"(target +0.15): {'reached' if gain >= 0.15 else 'NOT reached'}",
-        f"pretrained fine-tuning at 10% / random init at 100%: {share:.0%} "
-        f"(target 90%): {'reached' if share >= 0.9 else 'NOT reached'}",
-    ]
-
-
-def table(doc: dict[str, Any]) -> str:
-    """Markdown: one row per arm, one column per fraction, mean [95% interval] (seed std)."""
-    head = ["arm", *(f"{f:.0%} ({doc['train_participants'][f'{f:g}']})" for f in doc["fractions"])]
-    lines = []
-    for metric in ("balanced_accuracy", "macro_auroc"):
-        lines += [f"\n{metric.replace('_', ' ')} on test (mean over seeds [95% CI], seed std)\n"]
-        lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-        for arm in ARMS:
-            cells = []
-            for f in doc["fractions"]:
-                s = doc["results"][arm][f"{f:g}"][metric]
-                cells.append(
-                    f"{s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] ({s['seed_std']:.3f})"
-                )
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    if "cross_device" in doc:
-        lines += [
-            "\ncross-device, balanced accuracy: held out (trained on the other three) "
-            "vs in-device (trained on all four), 100% of the labels\n"
-        ]
-        lines += ["| device | " + " | ".join(ARMS) + " |", "|" + " --- |" * (len(ARMS) + 1)]
-        for device, arms in doc["cross_device"].items():
-            cells = [
-                f"{arms[a]['held_out']['balanced_accuracy']['mean']:.3f} vs "
-                f"{arms[a]['in_device']['balanced_accuracy']['mean']:.3f}"
-                for a in ARMS
-            ]
-            lines.append(f"| {device} | " + " | ".join(cells) + " |")
-    if "unseen_device" in doc:
-        look = doc["device_look"][UNSEEN]
-        lines += [
-            f"\nunseen device (look {look}), balanced accuracy of the 100% runs trained on the "
-            "four devices: the unseen device's volumes vs the four devices' test volumes\n"
-        ]
-        lines += ["| " + " | ".join(ARMS) + " |", "|" + " --- |" * len(ARMS)]
-        cells = []
-        for arm in ARMS:
-            u, s = (doc["unseen_device"][arm][k]["balanced_accuracy"] for k in ("unseen", "seen"))
-            cells.append(
-                f"{u['mean']:.3f} [{u['ci_low']:.3f}, {u['ci_high']:.3f}] vs {s['mean']:.3f} "
-                f"({u['mean'] - s['mean']:+.3f})"
-            )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
-    fractions = doc["fractions"]
-    xs = [100 * f for f in fractions]
-    for ax, metric in zip(axes, ("balanced_accuracy", "macro_auroc"), strict=True):
-        for arm in ARMS:
-            s = [doc["results"][arm][f"{f:g}"][metric] for f in fractions]
-            mean = [x["mean"] for x in s]
-            ax.plot(xs, mean, "o-", label=arm)
-            ax.fill_between(xs, [x["ci_low"] for x in s], [x["ci_high"] for x in s], alpha=0.2)
-        ax.axhline(CHANCE if metric == "balanced_accuracy" else 0.5, color="grey", ls=":")
-        ax.set_xscale("log")
-        ax.set_xticks(xs, [f"{f:.0%}" for f in fractions])
-        ax.set_xlabel("labelled training participants")
-        ax.set_ylabel(metric.replace("_", " ") + " (test)")
-        ax.set_ylim(0.0, 1.0)
-        ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper left", fontsize=8)
-    seeds = doc["seeds"]["subsets_and_training"]
-    fig.suptitle(f"label efficiency, lesion twin: mean of {len(seeds)} seed(s), 95% bootstrap CI")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def main() -> None:

@@ -1,0 +1,131 @@
+"""What ``bench_label_efficiency.py`` prints and writes from its results document: the verdict
+lines against issue 26's targets, the Markdown table (fractions, cross-device, unseen device)
+and the plot."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from device_looks import UNSEEN
+
+from octstage.dataset.synth_lesions import NUM_CLASSES
+
+ARMS = ("finetune, pretrained", "finetune, random init", "attentive probe, pretrained")
+CHANCE = 1.0 / NUM_CLASSES
+
+
+def tokens_line(tokens: dict[str, list[float]]) -> str:
+    return ", ".join(f"{k} {a:.3f} [{lo:.3f}, {hi:.3f}]" for k, (a, lo, hi) in tokens.items())
+
+
+def verdict(doc: dict[str, Any]) -> list[str]:
+    if not {0.1, 1.0} <= set(doc["fractions"]):
+        return ["(no verdict: it needs the 10% and 100% fractions)"]
+    seen, unseen = (
+        doc["unseen_device"][ARMS[0]][k]["balanced_accuracy"]["mean"] for k in ("seen", "unseen")
+    )
+    gap = unseen - seen
+    lines = [
+        f"pretrained fine-tuning at 100%, unseen device minus the four seen ones: {gap:+.3f} "
+        f"(target within 0.05): {'reached' if abs(gap) <= 0.05 else 'NOT reached'}"
+    ]
+    if "lesion_tokens" in doc:  # runs before it have none
+        lines.append(
+            f"token lesion AUROC of the frozen encoder: {tokens_line(doc['lesion_tokens'])}"
+        )
+    return lines + _label_verdict(doc)
+
+
+def _label_verdict(doc: dict[str, Any]) -> list[str]:
+    r = doc["results"]
+    pre10 = r[ARMS[0]]["0.1"]["balanced_accuracy"]["mean"]
+    rnd10 = r[ARMS[1]]["0.1"]["balanced_accuracy"]["mean"]
+    rnd100 = r[ARMS[1]]["1"]["balanced_accuracy"]["mean"]
+    gain, share = pre10 - rnd10, pre10 / rnd100 if rnd100 else math.nan
+    low = r[ARMS[1]]["1"]["balanced_accuracy"]["ci_low"]
+    return [
+        f"random init at 100%: {rnd100:.3f}, 95% CI from {low:.3f} (chance {CHANCE:.2f}): "
+        + ("the baseline learns" if low > CHANCE else "AT CHANCE: the 90% criterion is void"),
+        f"pretrained fine-tuning at 10% minus random init at 10%: {gain:+.3f} balanced accuracy "
+        f"(target +0.15): {'reached' if gain >= 0.15 else 'NOT reached'}",
+        f"pretrained fine-tuning at 10% / random init at 100%: {share:.0%} "
+        f"(target 90%): {'reached' if share >= 0.9 else 'NOT reached'}",
+    ]
+
+
+def table(doc: dict[str, Any]) -> str:
+    """Markdown: one row per arm, one column per fraction, mean [95% interval] (seed std)."""
+    head = ["arm", *(f"{f:.0%} ({doc['train_participants'][f'{f:g}']})" for f in doc["fractions"])]
+    lines = []
+    for metric in ("balanced_accuracy", "macro_auroc"):
+        lines += [f"\n{metric.replace('_', ' ')} on test (mean over seeds [95% CI], seed std)\n"]
+        lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for arm in ARMS:
+            cells = []
+            for f in doc["fractions"]:
+                s = doc["results"][arm][f"{f:g}"][metric]
+                cells.append(
+                    f"{s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] ({s['seed_std']:.3f})"
+                )
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if "cross_device" in doc:
+        lines += [
+            "\ncross-device, balanced accuracy: held out (trained on the other three) "
+            "vs in-device (trained on all four), 100% of the labels\n"
+        ]
+        lines += ["| device | " + " | ".join(ARMS) + " |", "|" + " --- |" * (len(ARMS) + 1)]
+        for device, arms in doc["cross_device"].items():
+            cells = [
+                f"{arms[a]['held_out']['balanced_accuracy']['mean']:.3f} vs "
+                f"{arms[a]['in_device']['balanced_accuracy']['mean']:.3f}"
+                for a in ARMS
+            ]
+            lines.append(f"| {device} | " + " | ".join(cells) + " |")
+    if "unseen_device" in doc:
+        look = doc["device_look"][UNSEEN]
+        lines += [
+            f"\nunseen device (look {look}), balanced accuracy of the 100% runs trained on the "
+            "four devices: the unseen device's volumes vs the four devices' test volumes\n"
+        ]
+        lines += ["| " + " | ".join(ARMS) + " |", "|" + " --- |" * len(ARMS)]
+        cells = []
+        for arm in ARMS:
+            u, s = (doc["unseen_device"][arm][k]["balanced_accuracy"] for k in ("unseen", "seen"))
+            cells.append(
+                f"{u['mean']:.3f} [{u['ci_low']:.3f}, {u['ci_high']:.3f}] vs {s['mean']:.3f} "
+                f"({u['mean'] - s['mean']:+.3f})"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    fractions = doc["fractions"]
+    xs = [100 * f for f in fractions]
+    for ax, metric in zip(axes, ("balanced_accuracy", "macro_auroc"), strict=True):
+        for arm in ARMS:
+            s = [doc["results"][arm][f"{f:g}"][metric] for f in fractions]
+            mean = [x["mean"] for x in s]
+            ax.plot(xs, mean, "o-", label=arm)
+            ax.fill_between(xs, [x["ci_low"] for x in s], [x["ci_high"] for x in s], alpha=0.2)
+        ax.axhline(CHANCE if metric == "balanced_accuracy" else 0.5, color="grey", ls=":")
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{f:.0%}" for f in fractions])
+        ax.set_xlabel("labelled training participants")
+        ax.set_ylabel(metric.replace("_", " ") + " (test)")
+        ax.set_ylim(0.0, 1.0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper left", fontsize=8)
+    seeds = doc["seeds"]["subsets_and_training"]
+    fig.suptitle(f"label efficiency, lesion twin: mean of {len(seeds)} seed(s), 95% bootstrap CI")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

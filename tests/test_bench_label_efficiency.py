@@ -1,0 +1,68 @@
+"""The label-efficiency bench's pure parts: its nested label subsets and its verdict lines
+against issue 26's targets (the bench's runs themselves are 30 min: ``--quick`` checks them)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from device_looks import UNSEEN
+from label_efficiency_data import subsets
+from label_efficiency_report import ARMS, table, verdict
+
+
+def test_subsets_are_nested_stratified_and_never_empty() -> None:
+    # what subsets reads of a manifest volume
+    train: Any = [
+        SimpleNamespace(participant_id=f"{c}{i:03d}", label=c) for c in range(4) for i in range(50)
+    ]
+    picked = subsets(train, (0.01, 0.1, 1.0), seed=3)
+    assert [len(picked[f]) for f in (0.01, 0.1, 1.0)] == [4, 20, 200]
+    assert set(picked[0.01]) < set(picked[0.1]) < set(picked[1.0])
+    assert {p[0] for p in picked[0.01]} == {"0", "1", "2", "3"}  # one per class
+    assert picked == subsets(train, (0.01, 0.1, 1.0), seed=3)
+    assert picked[0.1] != subsets(train, (0.1,), seed=4)[0.1]
+
+
+def _score(mean: float) -> dict[str, Any]:
+    s = {"mean": mean, "ci_low": mean - 0.05, "ci_high": mean + 0.05, "seed_std": 0.01}
+    return {"balanced_accuracy": s, "macro_auroc": s}
+
+
+def _doc(pre10: float, rnd10: float, rnd100: float, unseen: float) -> dict[str, Any]:
+    results = {
+        ARMS[0]: {"0.1": _score(pre10), "1": _score(0.7)},
+        ARMS[1]: {"0.1": _score(rnd10), "1": _score(rnd100)},
+        ARMS[2]: {"0.1": _score(0.3), "1": _score(0.4)},
+    }
+    return {
+        "fractions": [0.1, 1.0],
+        "train_participants": {"0.1": 100, "1": 1000},
+        "results": results,
+        "unseen_device": {a: {"seen": _score(0.7), "unseen": _score(unseen)} for a in ARMS},
+        "device_look": {UNSEEN: {"gain": 1.1}},
+    }
+
+
+def test_the_verdict_says_reached_only_where_the_target_is_met() -> None:
+    met = verdict(_doc(pre10=0.62, rnd10=0.45, rnd100=0.66, unseen=0.66))
+    assert all("NOT reached" not in line for line in met), met
+    assert any("+0.170" in line for line in met)
+    missed = verdict(_doc(pre10=0.46, rnd10=0.45, rnd100=0.66, unseen=0.55))
+    assert sum("NOT reached" in line for line in missed) == 3, missed
+
+
+def test_a_baseline_at_chance_voids_the_ratio() -> None:
+    lines = verdict(_doc(pre10=0.3, rnd10=0.25, rnd100=0.25, unseen=0.7))
+    assert any("AT CHANCE" in line for line in lines)
+
+
+def test_the_table_has_a_row_per_arm_and_the_unseen_device() -> None:
+    text = table(_doc(pre10=0.5, rnd10=0.4, rnd100=0.6, unseen=0.65))
+    for arm in ARMS:
+        rows = [line for line in text.splitlines() if line.startswith(f"| {arm} | 0.")]
+        assert len(rows) == 2  # balanced accuracy and macro AUROC
+    assert "unseen device" in text and "(-0.050)" in text
