@@ -71,9 +71,10 @@ from octstage.cellpainting.layout import PrefixMap
 from octstage.cellpainting.synth import generate
 from octstage.dataset.synth_oct import render_retina
 from octstage.storage import Storage, open_storage
-from octtrain.config.dino import CropConfig
+from octtrain.config.dino import CropConfig, DinoConfig
+from octtrain.config.loader import load_config
 from octtrain.data.arrayread import CachedArray, open_array
-from octtrain.data.cellpainting import CellPaintingDataset, read_region
+from octtrain.data.cellpainting import CellPaintingDataset, flip_rotate, read_region, resize
 from octtrain.data.volumeread import read_volume
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.doubles, from a checkout
@@ -269,6 +270,38 @@ def oct_volume(work: Path, shape: tuple[int, int, int]) -> tuple[Path, mf.Volume
     return work, record
 
 
+def multicrop_ms(cache: Path, rows: list[mf.Field], n: int = 48) -> tuple[float, float]:
+    """One DINO training item of ``dino-vits8.yaml``'s crops (2 x 224 + 8 x 96, the second
+    global in a window around the first, locals inside globals), ms of one core, best of 3
+    passes: the dataset's item (the crops' bounding box read once) and the same crops each read
+    on its own (the reader before: each crop decoded its chunks again)."""
+    vits8 = Path(__file__).parents[1] / "configs" / "pretrain" / "dino-vits8.yaml"
+    cfg = load_config(DinoConfig, vits8, [])
+    ds = CellPaintingDataset(rows, cache, cfg.crops, cfg.model.patch_size)
+    c = cfg.crops
+
+    def one_by_one(i: int, seed: int) -> list[np.ndarray]:
+        array, rng = ds.open(i), np.random.default_rng(seed)
+        regions = ds.regions(rng, array.shape[1], array.shape[2])
+        sizes = [c.global_size] * 2 + [c.local_size] * c.n_local
+        return [
+            flip_rotate(resize(read_region(array, r), size), rng, c.flip, c.rot90)
+            for r, size in zip(regions, sizes, strict=True)
+        ]
+
+    n = min(n, len(rows))
+    out = []
+    for fn in (lambda i, seed: ds[(i, seed)], one_by_one):
+        best = math.inf
+        for rep in range(4):  # the first pass warms the page cache
+            t0 = time.perf_counter()
+            for i in range(n):
+                fn(i, 1000 * rep + i)
+            best = min(best, (time.perf_counter() - t0) / n) if rep else best
+        out.append(best * 1e3)
+    return out[0], out[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -343,6 +376,12 @@ def main() -> None:
         f"bytes read per random {a.crop}x{a.crop} crop: {per_crop:.1f} KiB: the shard index "
         f"and the chunks it covers (whole stored field {stored / 1024:.1f} KiB; raw TIFFs "
         f"{raw:.1f} KiB)"
+    )
+    item_ms, apart_ms = multicrop_ms(cache, rows)
+    print(
+        f"a DINO item (dino-vits8.yaml: 2 x 224 + 8 x 96 crops), one core: {item_ms:.2f} ms, "
+        f"{1000 / item_ms:.0f} items/s (its crops read one by one: {apart_ms:.2f} ms, "
+        f"{apart_ms / item_ms:.2f}x)"
     )
     print("one read, CPU time (median, blosc on one thread), beside the codec floor:")
     field = cached.dataset.open(0)

@@ -702,6 +702,22 @@ EDITS: list[Edit] = [
         "the views' gain and shift go back to the [-1, 1] scale, a per-view offset of the crop",
     ),
     Edit(
+        "crops-one-read",
+        "octtrain/data/cellpainting.py",
+        "if chunks_covered(box, array.tile) > sum(chunks_covered(r, array.tile) for r in regions):",
+        "if True:",
+        (OT + "test_cellpainting_data.py",),
+        "each crop of a field reads and decodes its chunks again (twice as slow per item)",
+    ),
+    Edit(
+        "crops-box-always",
+        "octtrain/data/cellpainting.py",
+        "if chunks_covered(box, array.tile) > sum(chunks_covered(r, array.tile) for r in regions):",
+        "if False:",
+        (OT + "test_cellpainting_data.py",),
+        "scattered crops read their whole bounding box (chunks no crop needs)",
+    ),
+    Edit(
         "views-drop-to-mean",
         "octtrain/data/cellpainting.py",
         "x = mean + (x - mean) * keep[:, sl]",

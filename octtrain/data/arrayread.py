@@ -200,6 +200,11 @@ class CachedArray:
     def shape(self) -> tuple[int, ...]:
         return self.layout.shape
 
+    @property
+    def tile(self) -> tuple[int, ...]:
+        """A chunk's extent in the last two axes (what one decode yields of a channel)."""
+        return self.layout.inner[-2:]
+
     def _error(self, what: str) -> DataError:
         return DataError(f"{self.name}: {what}; {ADVICE}")
 
@@ -453,6 +458,10 @@ class PackedItem:
     @property
     def name(self) -> str:
         return self.array.name
+
+    @property
+    def tile(self) -> tuple[int, ...]:
+        return self.array.tile
 
     def read(self, key: Sequence[slice] | None = None) -> npt.NDArray[np.uint8]:
         """``field[key]`` as a new uint8 array."""

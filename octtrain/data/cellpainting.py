@@ -3,9 +3,9 @@
 ``CellPaintingDataset`` takes the manifest's field records (``octstage.manifest``: ``zarr_path``
 with the uint8 ``[C, Y, X]`` array at ``zarr_path/0``, ``shape``, ``split``, ``label``) and a
 cache root; it never lists a folder. A training item (``dataset[(index, seed)]``) is DINOv2's
-multi-crop of one field: 2 global and ``n_local`` local crops, each a random region read through
-``data/arrayread.py`` (only the chunks the region touches are read and decoded; a missing data
-object is a DataError, never zeros), resized, flipped and
+multi-crop of one field: 2 global and ``n_local`` local crops, random regions read through
+``data/arrayread.py`` (only the chunks the regions touch are read, each decoded once; a missing
+data object is a DataError, never zeros), resized, flipped and
 rotated by multiples of 90 degrees, all on **uint8** in the loader worker. The channel-aware
 intensity jitter (a gain and a shift per channel) and channel drop travel as small float
 tensors; ``to_views`` applies them with the scaling to [-1, 1] on the device, inside the step,
@@ -151,6 +151,28 @@ def read_region(array: CachedArray | PackedItem, region: Region) -> np.ndarray:
     return array.read((slice(None), slice(y, y + h), slice(x, x + w)))
 
 
+def chunks_covered(region: Region, tile: Sequence[int]) -> int:
+    """How many chunks of ``tile`` (height, width) pixels a read of ``region`` decodes, per
+    channel."""
+    y, x, h, w = region
+    th, tw = tile
+    return ((y + h - 1) // th - y // th + 1) * ((x + w - 1) // tw - x // tw + 1)
+
+
+def read_regions(array: CachedArray | PackedItem, regions: Sequence[Region]) -> list[np.ndarray]:
+    """Each region's pixels (``read_region``'s, as views). A field's crops overlap (local crops
+    inside the global ones, the two globals in one window): when their bounding box covers no
+    more chunks than the regions do one by one, the box is read once and cut, so each chunk is
+    decoded once instead of once per crop (on the twin's one-chunk fields, 8 decodes became 1)."""
+    top, left = min(r[0] for r in regions), min(r[1] for r in regions)
+    bottom, right = max(r[0] + r[2] for r in regions), max(r[1] + r[3] for r in regions)
+    box = (top, left, bottom - top, right - left)
+    if chunks_covered(box, array.tile) > sum(chunks_covered(r, array.tile) for r in regions):
+        return [read_region(array, r) for r in regions]
+    pixels = read_region(array, box)
+    return [pixels[:, y - top : y - top + h, x - left : x - left + w] for y, x, h, w in regions]
+
+
 def resize(crop: np.ndarray, size: int) -> np.ndarray:
     """uint8 ``[C, h, w]`` -> uint8 ``[C, size, size]`` (bilinear, antialiased when shrinking)."""
     if crop.shape[1:] == (size, size):
@@ -228,11 +250,8 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
             return open_array(path, f"field {f.zarr_path} at {path}")
         return open_item(path, f"field {f.zarr_path} [{slot}] at {path}", slot, f.shape)
 
-    def _crop(
-        self, array: CachedArray | PackedItem, rng: np.random.Generator, region: Region, size: int
-    ) -> np.ndarray:
-        crop = resize(read_region(array, region), size)
-        return flip_rotate(crop, rng, self.crops.flip, self.crops.rot90)
+    def _crop(self, pixels: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray:
+        return flip_rotate(resize(pixels, size), rng, self.crops.flip, self.crops.rot90)
 
     def regions(self, rng: np.random.Generator, height: int, width: int) -> list[Region]:
         """The 2 global crops' regions, then the local crops' (each inside global crop
@@ -272,9 +291,9 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
             image = read_region(array, ((h - g) // 2, (w - g) // 2, g, g))
             return {"image": torch.from_numpy(image), "label": label, "index": index}
         rng = np.random.default_rng(seed)
-        regions = self.regions(rng, array.shape[1], array.shape[2])
-        globals_ = [self._crop(array, rng, r, c.global_size) for r in regions[:2]]
-        locals_ = [self._crop(array, rng, r, c.local_size) for r in regions[2:]]
+        pixels = read_regions(array, self.regions(rng, array.shape[1], array.shape[2]))
+        globals_ = [self._crop(p, rng, c.global_size) for p in pixels[:2]]
+        locals_ = [self._crop(p, rng, c.local_size) for p in pixels[2:]]
         jitter = [channel_jitter(rng, array.shape[0], c) for _ in range(2 + c.n_local)]
         size = c.local_size
         empty = np.zeros((0, array.shape[0], size, size), np.uint8)

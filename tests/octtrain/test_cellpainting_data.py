@@ -18,6 +18,7 @@ from octtrain.data.cellpainting import (
     channel_jitter,
     field_records,
     read_region,
+    read_regions,
     sample_region,
     to_views,
 )
@@ -56,6 +57,28 @@ def test_a_crop_reads_only_the_chunks_it_touches(cell_cache: tuple[Path, list[Ce
         # The shard's index and the chunks the region covers (grid (0, 0), (0, 1), (1, 0), ...)
         assert array.objects_read == 1
         assert array.bytes_read == 4 * 16 + 4 + sum(int(index[c, 1]) for c in chunks)
+
+
+def test_a_fields_overlapping_crops_decode_each_chunk_once(
+    cell_cache: tuple[Path, list[CellField]],
+) -> None:
+    root, fields = cell_cache
+    array = CellPaintingDataset(fields, root, CROPS, 4).open(0)  # 64 x 64, chunks 32 x 32
+    shard = (root / fields[0].zarr_path / "0" / "c" / "0" / "0" / "0").read_bytes()
+    index = np.frombuffer(shard[-(4 * 16 + 4) : -4], dtype="<u8").reshape(4, 2)
+    expected = zarr.open_array(root / fields[0].zarr_path / "0", mode="r")[...]
+    # A global crop with local crops inside it, all in chunk (0, 0): one read, chunk 0 once.
+    overlapping = [(2, 2, 20, 20), (6, 8, 16, 16), (4, 4, 8, 8)]
+    # Two corners: their box would cover all four chunks, the two reads only two.
+    scattered = [(0, 0, 8, 8), (56, 56, 8, 8)]
+    for regions, reads, chunks in ((overlapping, 1, [0]), (scattered, 2, [0, 3])):
+        array.bytes_read = array.objects_read = 0
+        pixels = read_regions(array, regions)
+        for (y, x, h, w), got in zip(regions, pixels, strict=True):
+            np.testing.assert_array_equal(got, expected[:, y : y + h, x : x + w])
+        assert array.objects_read == reads
+        index_bytes = reads * (4 * 16 + 4)
+        assert array.bytes_read == index_bytes + sum(int(index[c, 1]) for c in chunks)
 
 
 def test_items_are_uint8_multicrops_keyed_by_their_seed(
