@@ -20,6 +20,11 @@ the other perturbations; called "consistency" before) with two-stage bootstrap 9
 perturbations and their wells, and DINO minus each rival with a paired interval (the same draws
 for both).
 
+``--device cuda`` trains and embeds on a GPU (give the sizes a GPU run wants as overrides, with
+``data.num_workers``): the one H100 attempt so far (3 seeds at once, batch 256, 2000 steps of a
+6-layer 192-wide ViT) was data-bound before the loader read a field's crops in one pass and did
+not finish inside its time; no GPU figures exist yet.
+
 It prints, per training seed, the table with intervals, the paired differences, the
 per-perturbation activity AP and a verdict line: is DINO's activity and distinctiveness mAP above
 every random-init seed's with non-overlapping intervals, and is the paired difference's interval
@@ -42,7 +47,7 @@ intervals ~0.2 wide, and sphering was skipped for every encoder (12 control well
 
     PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 3000] [--seeds 0 1 2]
         [--twin-seed 7] [--plates 5] [--train-plates 2] [--compounds 30] [--sites 2]
-        [--resamples 1000] [--work DIR]
+        [--resamples 1000] [--work DIR] [--device cpu|cuda]
         [--json bench-output/bench_dino_twin.json] [dotted.key=value ...]
 """
 
@@ -106,12 +111,13 @@ def train_dino(
             "data.batch_size=16",
             "train.cpu_threads=1",
             "data.num_workers=1",
+            f"train.device={args.device}",
             f"schedule.warmup_steps={args.steps // 10}",
             f"dino.warmup_teacher_temp_steps={args.steps // 3}",
             *args.overrides,
         ],
     )
-    backend = make_backend("cpu")
+    backend = make_backend(cfg.train.device, cfg.train.precision)
     Trainer(DinoJob(cfg, train, root, backend), Settings.of(cfg), backend).run()  # type: ignore[arg-type]
     args.config = {k: v for k, v in to_dict(cfg).items() if k in ("model", "crops", "dino")}
     return run / "checkpoints" / f"step_{args.steps:08d}.pt"
@@ -183,6 +189,13 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=2, help="octstage synth --sites")
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where DINO trains and the encoders embed the fields (cuda: a GPU-sized run; set "
+        "model/dino/data sizes with overrides)",
+    )
+    parser.add_argument(
         "--work",
         type=Path,
         help="keep the twin, its cache and the runs here (the twin is reused by a later run with "
@@ -198,7 +211,8 @@ def main() -> None:
     taken = [s for s in args.seeds if args.work and (args.work / f"run{s}").exists()]
     if taken:  # the trainer would resume those runs, not train them afresh
         parser.error(f"--work {args.work} holds run{taken[0]}: remove it or pick another folder")
-    torch.set_num_threads(1)  # one core: the figures below are a one-core run's
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # one core: the figures below are a one-core run's
     start = time.perf_counter()
     records = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -223,7 +237,13 @@ def main() -> None:
             ckpt = train_dino(tmp, root, train, seed, args)
             trained = time.perf_counter() - t0
             report = profile_fields(
-                str(ckpt), scored, root, resamples=args.resamples, only_held_out=False, fixed=fixed
+                str(ckpt),
+                scored,
+                root,
+                device=args.device,
+                resamples=args.resamples,
+                only_held_out=False,
+                fixed=fixed,
             )
             took = time.perf_counter() - t0
             print(
@@ -247,6 +267,7 @@ def main() -> None:
         "sites": args.sites,
         "train_plates": sorted(trained_on),
         "steps": args.steps,
+        "device": args.device,
         "overrides": args.overrides,
         "config": getattr(args, "config", {}),
         "total_s": total,
