@@ -22,8 +22,8 @@ for both).
 
 ``--device cuda`` trains and embeds on a GPU (give the sizes a GPU run wants as overrides, with
 ``data.num_workers``): the one H100 attempt so far (3 seeds at once, batch 256, 2000 steps of a
-6-layer 192-wide ViT) was data-bound before the loader read a field's crops in one pass and did
-not finish inside its time; no GPU figures exist yet.
+6-layer 192-wide ViT, before the loader read a field's crops in one pass) did not finish inside
+its time, most likely data-bound (docs/benchmarks.md); no GPU figures exist yet.
 
 It prints, per training seed, the table with intervals, the paired differences, the
 per-perturbation activity AP and a verdict line: is DINO's activity and distinctiveness mAP above
@@ -65,6 +65,7 @@ import torch
 from octstage.cellpainting.metadata import DMSO
 from octstage.cli import main as octstage
 from octstage.manifest import load
+from octtrain.cli import setup_logging
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config, to_dict
 from octtrain.eval.profile_run import profile_fields
@@ -211,6 +212,7 @@ def main() -> None:
     taken = [s for s in args.seeds if args.work and (args.work / f"run{s}").exists()]
     if taken:  # the trainer would resume those runs, not train them afresh
         parser.error(f"--work {args.work} holds run{taken[0]}: remove it or pick another folder")
+    setup_logging(verbose=False)  # the trainer's metrics line every logging.log_every steps
     if args.device == "cpu":
         torch.set_num_threads(1)  # one core: the figures below are a one-core run's
     start = time.perf_counter()
