@@ -292,17 +292,17 @@ def multicrop_ms(cache: Path, rows: list[mf.Field], n: int = 48) -> tuple[float,
             for r, size in zip(regions, sizes, strict=True)
         ]
 
-    n = min(n, len(rows))
-    out = []
-    for fn in (lambda i, seed: ds[(i, seed)], one_by_one):
-        best = math.inf
-        for rep in range(4):  # the first pass warms the page cache
+    def best_ms(fn: Callable[[int, int], object]) -> float:
+        times = []
+        for rep in range(4):  # the first pass only warms the page cache
             t0 = time.perf_counter()
             for i in range(n):
                 fn(i, 1000 * rep + i)
-            best = min(best, (time.perf_counter() - t0) / n) if rep else best
-        out.append(best * 1e3)
-    return out[0], out[1]
+            times.append((time.perf_counter() - t0) / n * 1e3)
+        return min(times[1:])
+
+    n = min(n, len(rows))
+    return best_ms(lambda i, seed: ds[(i, seed)]), best_ms(one_by_one)
 
 
 def main() -> None:

@@ -84,47 +84,50 @@ def write_cache(root: Path, b: Budget, seed: int) -> Path:
     rng = np.random.default_rng([seed, 18])
     volumes = []
     serial = 0
+
+    def add(pid: str, array: np.ndarray, split: str, label: int, group: str, device: str) -> None:
+        nonlocal serial
+        serial += 1
+        volumes.append(
+            cached_volume(
+                cache,
+                pid,
+                f"k{serial:05d}",
+                array,
+                split=split,
+                label=label,
+                group=group,
+                device=device,
+                laterality="LR"[serial % 2],
+                protocol="synthetic-lesions",
+            )
+        )
+
     for split, per_class in b.counts.items():
         for i in range(per_class):
             for label, group in enumerate(STUDY_GROUPS[:NUM_CLASSES]):
                 device = DEVICES[(i + label) % len(DEVICES)]
                 pid = f"{SITE_DIGITS[serial % 3]}{serial // 3:03d}"
-                serial += 1
-                array = render(b.shape, label, DEVICE_LOOK[device], rng)
-                volumes.append(
-                    cached_volume(
-                        cache,
-                        pid,
-                        f"k{serial:05d}",
-                        array,
-                        split=split,
-                        label=label,
-                        group=group,
-                        device=device,
-                        laterality="LR"[serial % 2],
-                        protocol="synthetic-lesions",
-                    )
+                add(
+                    pid,
+                    render(b.shape, label, DEVICE_LOOK[device], rng),
+                    split,
+                    label,
+                    group,
+                    device,
                 )
     # The unseen device's test volumes: as many per class as the test split, from their own
     # generator (drawn after the others, which stay what they were without them).
     unseen, urng = unseen_look(seed), np.random.default_rng([seed, 26, 1])
     for i in range(b.counts["test"]):
         for label, group in enumerate(STUDY_GROUPS[:NUM_CLASSES]):
-            pid = f"9{i:03d}{label}"
-            serial += 1
-            volumes.append(
-                cached_volume(
-                    cache,
-                    pid,
-                    f"k{serial:05d}",
-                    render(b.shape, label, unseen, urng),
-                    split=UNSEEN,
-                    label=label,
-                    group=group,
-                    device=UNSEEN,
-                    laterality="LR"[serial % 2],
-                    protocol="synthetic-lesions",
-                )
+            add(
+                f"9{i:03d}{label}",
+                render(b.shape, label, unseen, urng),
+                UNSEEN,
+                label,
+                group,
+                UNSEEN,
             )
     config = {"shape": list(b.shape), "seed": seed, "device_look": device_looks_record(seed)}
     classes = STUDY_GROUPS[:NUM_CLASSES]

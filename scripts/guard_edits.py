@@ -704,7 +704,7 @@ EDITS: list[Edit] = [
     Edit(
         "crops-one-read",
         "octtrain/data/cellpainting.py",
-        "if chunks_covered(box, array.tile) > sum(chunks_covered(r, array.tile) for r in regions):",
+        "if chunks_covered(box, tile) > sum(chunks_covered(r, tile) for r in regions):",
         "if True:",
         (OT + "test_cellpainting_data.py",),
         "each crop of a field reads and decodes its chunks again (twice as slow per item)",
@@ -712,7 +712,7 @@ EDITS: list[Edit] = [
     Edit(
         "crops-box-always",
         "octtrain/data/cellpainting.py",
-        "if chunks_covered(box, array.tile) > sum(chunks_covered(r, array.tile) for r in regions):",
+        "if chunks_covered(box, tile) > sum(chunks_covered(r, tile) for r in regions):",
         "if False:",
         (OT + "test_cellpainting_data.py",),
         "scattered crops read their whole bounding box (chunks no crop needs)",
