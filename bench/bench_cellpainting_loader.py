@@ -19,8 +19,8 @@ then one read's CPU time through the trainer's reader beside the codec decoding 
 bytes from memory and beside zarr 3.1, for a field, a crop and a cached OCT volume
 (``--oct-shape``, read with ``read_volume``), each with its ratio to the codec and the target;
 and one DINO training item of ``dino-vits8.yaml``'s ten crops beside the same crops read one by
-one (the reader before this round's one-pass read: final code, quiet, 256 px 4.81 vs 8.22 ms,
-1.71x; 1080 px 5.17 vs 8.52 ms, 1.65x).
+one (the reader before this round's one-pass read: final code, quiet, 256 px 5.02 vs 8.80 ms,
+1.75x; 1080 px 6.61 vs 9.76 ms, 1.48x).
 
     python bench/bench_cellpainting_loader.py [--size 256] [--crop 224] [--steps 6] [--skip-s3]
 
