@@ -68,6 +68,7 @@ from octstage.manifest import load
 from octtrain.cli import setup_logging
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config, to_dict
+from octtrain.errors import OcttrainError
 from octtrain.eval.profile_run import profile_fields
 from octtrain.runtime.backend import make_backend
 from octtrain.train.dino import DinoJob
@@ -99,7 +100,16 @@ def train_dino(
 ) -> Path:
     """DINO on the training plates' fields; the last checkpoint."""
     run = tmp / f"run{seed}"
-    cfg = load_config(
+    cfg = dino_config(run, seed, args)
+    backend = make_backend(cfg.train.device, cfg.train.precision)
+    Trainer(DinoJob(cfg, train, root, backend), Settings.of(cfg), backend).run()  # type: ignore[arg-type]
+    args.config = {k: v for k, v in to_dict(cfg).items() if k in ("model", "crops", "dino")}
+    return run / "checkpoints" / f"step_{args.steps:08d}.pt"
+
+
+def dino_config(run: Path, seed: int, args: argparse.Namespace) -> DinoConfig:
+    """``dino-tiny.yaml`` with the bench's settings, then the user's overrides."""
+    return load_config(
         DinoConfig,
         ROOT / "configs" / "pretrain" / "dino-tiny.yaml",
         [
@@ -118,10 +128,6 @@ def train_dino(
             *args.overrides,
         ],
     )
-    backend = make_backend(cfg.train.device, cfg.train.precision)
-    Trainer(DinoJob(cfg, train, root, backend), Settings.of(cfg), backend).run()  # type: ignore[arg-type]
-    args.config = {k: v for k, v in to_dict(cfg).items() if k in ("model", "crops", "dino")}
-    return run / "checkpoints" / f"step_{args.steps:08d}.pt"
 
 
 def _ci(m: dict[str, float], kind: str) -> str:
@@ -212,6 +218,12 @@ def main() -> None:
     taken = [s for s in args.seeds if args.work and (args.work / f"run{s}").exists()]
     if taken:  # the trainer would resume those runs, not train them afresh
         parser.error(f"--work {args.work} holds run{taken[0]}: remove it or pick another folder")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    try:  # a bad override is refused before the twin is built
+        dino_config(Path("run"), args.seeds[0], args)
+    except OcttrainError as exc:
+        parser.error(str(exc))
     setup_logging(verbose=False)  # the trainer's metrics line every logging.log_every steps
     if args.device == "cpu":
         torch.set_num_threads(1)  # one core: the figures below are a one-core run's
