@@ -185,11 +185,12 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=12000)
+    # The recipe was tuned on twin seed 7 with DINO seed 0: the defaults are seeds it never saw.
     parser.add_argument(
-        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="DINO train.seed(s)"
+        "--seeds", type=int, nargs="+", default=[3, 4, 5], help="DINO train.seed(s)"
     )
-    parser.add_argument("--twin-seed", type=int, default=7, help="octstage synth --seed")
+    parser.add_argument("--twin-seed", type=int, default=11, help="octstage synth --seed")
     parser.add_argument("--plates", type=int, default=5)
     parser.add_argument("--train-plates", type=int, default=2)
     parser.add_argument("--compounds", type=int, default=30, help="octstage synth --compounds")

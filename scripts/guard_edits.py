@@ -917,6 +917,17 @@ EDITS: list[Edit] = [
         "a run without copairs trains until its first validation, then dies there",
     ),
     Edit(
+        "dino-sample-norm-jitter",
+        "octtrain/config/dino.py",
+        '            self.model.input_norm != "sample"\n',
+        "            True\n",
+        (
+            OT + "test_learning_inputs.py::"
+            "test_per_crop_norm_cancels_the_crops_channel_jitter_so_the_config_refuses_it",
+        ),
+        "a per-channel crop jitter that per-crop standardisation cancels runs silently",
+    ),
+    Edit(
         "validation-crash-checkpoint",
         "octtrain/train/loop.py",
         '                log.error("validation of step %d failed", done)\n'

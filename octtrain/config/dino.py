@@ -241,6 +241,16 @@ class DinoConfig:
         check(not self.data.balanced_sampling, "data.balanced_sampling is for finetuning only")
         check(self.parallel in PARALLEL, f"parallel must be one of {PARALLEL}")
         check(self.compile in COMPILES, f"compile must be one of {COMPILES}")
+        # Per-crop standardisation removes a per-channel gain and shift of a crop (all but the
+        # variance floor's trace in a nearly flat channel): a jitter set but unable to act is
+        # refused, not run silently.
+        check(
+            self.model.input_norm != "sample"
+            or (self.crops.contrast, self.crops.brightness) == (0, 0),
+            f"crops.contrast {self.crops.contrast} and crops.brightness {self.crops.brightness} "
+            "have (almost) no effect with model.input_norm: sample (each crop's channels are "
+            "z-scored, which removes a per-channel gain and shift): set both to 0",
+        )
         p = self.model.patch_size
         for name in ("global_size", "local_size"):
             size = getattr(self.crops, name)

@@ -22,7 +22,7 @@ from octtrain.config.sections import ModelConfig
 from octtrain.data.cellpainting import CellPaintingDataset, to_views
 from octtrain.data.dataset import ManifestDataset, read_manifest, to_model_input
 from octtrain.data.intensity import DEFAULT_UINT8, pooled
-from octtrain.errors import CheckpointError
+from octtrain.errors import CheckpointError, ConfigError
 from octtrain.eval.collapse import blind_targets_alarm, sample_spread, target_entropies
 from octtrain.eval.profile_run import encoders
 from octtrain.eval.selection import EarlyStopping
@@ -160,6 +160,35 @@ def test_sample_norm_removes_a_devices_gain_and_offset_and_zeroes_a_dropped_chan
     assert torch.equal(InputNorm(2, "none")(x), x)  # the legacy [-1, 1] input
 
 
+def test_per_crop_norm_cancels_the_crops_channel_jitter_so_the_config_refuses_it(
+    cells: tuple[Path, list[CellField]],
+) -> None:
+    root, fields = cells
+    cfg = load_config(DinoConfig, DINO_TINY, ["crops.channel_drop=0"])
+    assert cfg.model.input_norm == "sample"  # the Cell Painting configs' rule
+    train = [f for f in fields if f.split == "train"]
+    ds = CellPaintingDataset(train, root, cfg.crops, cfg.model.patch_size)
+    keys = ("global", "local", "gain", "shift", "keep")
+    batch = {k: torch.stack([torch.as_tensor(ds[(i, i)][k]) for i in range(4)]) for k in keys}
+    batch["masks"] = torch.zeros(4, 2, 64, dtype=torch.bool)
+    plain = to_views(batch)[0]
+    batch["gain"] = 1 + (torch.rand(batch["gain"].shape) - 0.5)  # a +-25% gain per channel
+    batch["shift"] = torch.rand(batch["shift"].shape) - 0.5
+    jittered = to_views(batch)[0]
+    norm = InputNorm(5, "sample")
+    moved = (jittered - plain).abs().amax(dim=(2, 3))  # per crop and channel, input units
+    seen = (norm(jittered) - norm(plain)).abs().amax(dim=(2, 3))  # in the channel's stds
+    # The jitter moves the views by a large share of a channel's spread (input std ~0.15);
+    # after the model's first op what is left is the variance floor's trace (SAMPLE_EPS),
+    # visible only in a nearly flat channel of a crop.
+    assert moved.mean() > 0.1 and moved.max() > 0.3
+    assert seen.median() < 0.005 and seen.max() < 0.15, seen
+    for key in ("crops.contrast=0.1", "crops.brightness=0.05"):
+        with pytest.raises(ConfigError, match=r"no effect with model.input_norm: sample"):
+            load_config(DinoConfig, DINO_TINY, [key])
+        load_config(DinoConfig, DINO_TINY, [key, "model.input_norm=dataset"])  # acts there
+
+
 def test_a_manifest_without_statistics_falls_back_to_the_legacy_scale_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -261,7 +290,9 @@ def test_an_input_blind_dino_teacher_trips_the_alarm_and_a_healthy_one_does_not(
     cells: tuple[Path, list[CellField]], blind: bool
 ) -> None:
     root, fields = cells
-    cfg = load_config(DinoConfig, DINO_TINY, [])
+    # The dataset rule: at init its healthy teacher clears the margin twice over (per-crop
+    # standardisation, the tiny config's rule, gives 0.21 nats at init: clear, not twice).
+    cfg = load_config(DinoConfig, DINO_TINY, ["model.input_norm=dataset"])
     views, _, masks = _views(root, fields, cfg)
     teacher = _dino(cfg, fields, blind)
     logits, _, _ = teacher_outputs(teacher, views, masks)
