@@ -58,15 +58,21 @@ def cells(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[CellFiel
     return root, write_cell_cache(root)
 
 
-def _views(root: Path, fields: list[CellField], cfg: DinoConfig) -> tuple[torch.Tensor, ...]:
+def _batch(
+    root: Path, fields: list[CellField], cfg: DinoConfig, n: int = 8
+) -> dict[str, torch.Tensor]:
     train = [f for f in fields if f.split == "train"]
     ds = CellPaintingDataset(train, root, cfg.crops, cfg.model.patch_size)
-    items = [ds[(i, i)] for i in range(8)]
+    items = [ds[(i, i)] for i in range(n)]
     keys = ("global", "local", "gain", "shift", "keep")
     batch = {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in keys}
     patches = (cfg.crops.global_size // cfg.model.patch_size) ** 2
     batch["masks"] = torch.zeros(len(items), 2, patches, dtype=torch.bool)  # no iBOT masking
-    return to_views(batch)
+    return batch
+
+
+def _views(root: Path, fields: list[CellField], cfg: DinoConfig) -> tuple[torch.Tensor, ...]:
+    return to_views(_batch(root, fields, cfg))
 
 
 def _dino(cfg: DinoConfig, fields: list[CellField], blind: bool) -> DinoStudent:
@@ -166,11 +172,7 @@ def test_per_crop_norm_cancels_the_crops_channel_jitter_so_the_config_refuses_it
     root, fields = cells
     cfg = load_config(DinoConfig, DINO_TINY, ["crops.channel_drop=0"])
     assert cfg.model.input_norm == "sample"  # the Cell Painting configs' rule
-    train = [f for f in fields if f.split == "train"]
-    ds = CellPaintingDataset(train, root, cfg.crops, cfg.model.patch_size)
-    keys = ("global", "local", "gain", "shift", "keep")
-    batch = {k: torch.stack([torch.as_tensor(ds[(i, i)][k]) for i in range(4)]) for k in keys}
-    batch["masks"] = torch.zeros(4, 2, 64, dtype=torch.bool)
+    batch = _batch(root, fields, cfg, 4)
     plain = to_views(batch)[0]
     batch["gain"] = 1 + (torch.rand(batch["gain"].shape) - 0.5)  # a +-25% gain per channel
     batch["shift"] = torch.rand(batch["shift"].shape) - 0.5
