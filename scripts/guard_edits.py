@@ -885,6 +885,22 @@ EDITS: list[Edit] = [
         "the token probe's lesion labels stay where the retina was before a device's depth shift",
     ),
     Edit(
+        "label-ratio-void-at-chance",
+        "bench/label_efficiency_report.py",
+        "    if learns:\n",
+        "    if True:\n",
+        ("tests/test_bench_label_efficiency.py::test_a_baseline_at_chance_voids_the_ratio",),
+        "the label-efficiency verdict calls a share of a baseline at chance 'reached'",
+    ),
+    Edit(
+        "held-out-cost-both-bounds",
+        "bench/label_efficiency_report.py",
+        "met = worst <= HELD_OUT_WORST and mean",
+        "met = worst <= HELD_OUT_WORST or mean",
+        ("tests/test_bench_label_efficiency.py",),
+        "the held-out-device verdict passes a run that halves the cost only on average",
+    ),
+    Edit(
         "ctrl-c-thread-echo-quiet",
         "octtrain/runtime/interrupt.py",
         "    if threading.excepthook is not _quiet_thread_echoes:\n",

@@ -58,6 +58,28 @@ def test_the_verdict_says_reached_only_where_the_target_is_met() -> None:
 def test_a_baseline_at_chance_voids_the_ratio() -> None:
     lines = verdict(_doc(pre10=0.3, rnd10=0.25, rnd100=0.25, unseen=0.7))
     assert any("AT CHANCE" in line for line in lines)
+    (ratio,) = [line for line in lines if "/ random init at 100%" in line]
+    assert "120%" in ratio and "void" in ratio and "reached" not in ratio, ratio
+
+
+def _cross(costs: dict[str, float]) -> dict[str, Any]:
+    arm = {"held_out": _score(0.5), "in_device": _score(0.5)}
+    return {
+        d: {ARMS[0]: {"held_out": _score(0.6 - c), "in_device": _score(0.6)}, ARMS[1]: arm}
+        for d, c in costs.items()
+    }
+
+
+def test_the_held_out_device_cost_must_halve_on_the_worst_device_and_on_average() -> None:
+    def line(costs: dict[str, float]) -> str:
+        doc = _doc(pre10=0.46, rnd10=0.45, rnd100=0.66, unseen=0.55)
+        (out,) = [x for x in verdict({**doc, "cross_device": _cross(costs)}) if "holding" in x]
+        return out
+
+    assert line({"a": 0.10, "b": 0.12, "c": 0.05, "d": 0.08}).endswith(": reached")
+    worst = line({"a": 0.02, "b": 0.16, "c": 0.02, "d": 0.02})  # mean 0.055, worst 0.16
+    assert worst.endswith("NOT reached") and "b +0.160" in worst
+    assert line({"a": 0.12, "b": 0.12, "c": 0.12, "d": 0.12}).endswith("NOT reached")  # mean
 
 
 def test_the_table_has_a_row_per_arm_and_the_unseen_device() -> None:
