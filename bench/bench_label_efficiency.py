@@ -58,7 +58,9 @@ Pretraining variants, probe at 100% / fine-tuning at 10%: 8000 steps 0.461 / 0.2
 0.344 / 0.297, mask ratio 0.75 0.445 / 0.312, 0.45 0.281 / 0.297, lr 3e-4 0.469 / 0.273, EMA
 ending at 0.999 0.398 / 0.391 (kept). Issue 26, at 10% on one seed, both arms, chosen on the mean
 validation score: plain 0.391, layer decay 0.65 0.383, fine-tuning looks 0.359, 3x epochs 0.328,
-frozen first quarter 0.320: plain kept (docs/device-invariance.md).
+frozen first quarter 0.320: plain kept (docs/device-invariance.md). On 30,000-step encoders
+(3 subset seeds): head only, a frozen first quarter and an encoder rate of 1e-4 all stay at
+chance at 10%, as do heads on the frozen tokens at 100% (section 7 there: why).
 
 Output in ``--out`` (default: the current folder; the run folders go there too, else into a
 temporary folder):
