@@ -80,6 +80,11 @@ def test_the_held_out_device_cost_must_halve_on_the_worst_device_and_on_average(
     worst = line({"a": 0.02, "b": 0.16, "c": 0.02, "d": 0.02})  # mean 0.055, worst 0.16
     assert worst.endswith("NOT reached") and "b +0.160" in worst
     assert line({"a": 0.12, "b": 0.12, "c": 0.12, "d": 0.12}).endswith("NOT reached")  # mean
+    # a --fractions 1 --cross-device run gets the devices' lines, not the labels'
+    only_100 = {**_doc(pre10=0.46, rnd10=0.45, rnd100=0.66, unseen=0.55), "fractions": [1.0]}
+    lines = verdict({**only_100, "cross_device": _cross({"a": 0.1})})
+    assert any("holding" in x for x in lines) and any("unseen device" in x for x in lines)
+    assert not any("at 10%" in x for x in lines) and "needs the 10% fraction" in lines[-1]
 
 
 def test_the_table_has_a_row_per_arm_and_the_unseen_device() -> None:
