@@ -2,17 +2,19 @@
 recipe of both fine-tuning arms (and the few-label candidates ``--recipe`` compares), a
 fine-tuning run scored on the test and unseen-device volumes, the bench's V-JEPA pretraining
 (with ``--acquisition``'s looks), and the attentive probe on the frozen pretrained tokens.
+Imported by the bench, which puts ``bench/`` and the checkout on the path first.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from device_looks import UNSEEN
+from label_efficiency_data import Budget
 
 from octstage import manifest as mf
 from octstage.dataset.synth_lesions import NUM_CLASSES
@@ -27,10 +29,6 @@ from octtrain.runtime.backend import make_backend
 from octtrain.runtime.checkpoint import checkpoint_sha256, load_checkpoint
 from octtrain.train.finetune import run_finetune
 from octtrain.train.pretrain import run_pretrain
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the twin's device looks
-from device_looks import UNSEEN
-from label_efficiency_data import Budget
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "configs" / "pretrain" / "tiny.yaml"
