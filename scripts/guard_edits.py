@@ -901,6 +901,22 @@ EDITS: list[Edit] = [
         "the held-out-device verdict passes a run that halves the cost only on average",
     ),
     Edit(
+        "split-url-root",
+        "octstage/storage/base.py",
+        '    return folder or ("/" if sep else "."), name\n',
+        '    return folder or ".", name\n',
+        (OS + "test_split_url.py",),
+        "a table named /name is read from the current folder's file of that name",
+    ),
+    Edit(
+        "checkpoint-root",
+        "octtrain/runtime/checkpoint.py",
+        '    return folder or ("/" if sep else "."), name\n',
+        '    return folder or ".", name\n',
+        (OT + "test_checkpoint.py",),
+        "a checkpoint named /name is read from the current folder's file of that name",
+    ),
+    Edit(
         "ctrl-c-thread-echo-quiet",
         "octtrain/runtime/interrupt.py",
         "    if threading.excepthook is not _quiet_thread_echoes:\n",

@@ -83,7 +83,7 @@ from octstage.errors import MachineError, ObjectNotFoundError, OctstageError, St
 from octstage.outputs import MANIFEST, check_cache_folder
 from octstage.progress import interval
 from octstage.provenance import code_version
-from octstage.storage import ObjectInfo, Storage, open_storage
+from octstage.storage import ObjectInfo, Storage, open_storage, split_url
 from octstage.storage.locations import credential_env, parse_location
 
 console = Console(stderr=True)
@@ -409,9 +409,9 @@ def _load_inventory(storage: Storage, inventory: str | None) -> dict[str, Invent
             raise OctstageError(f"{where}: cannot read the source inventory: {exc}{_SKIP}") from exc
     else:
         where = inventory
-        parent, _, name = inventory.rstrip("/").rpartition("/")
+        parent, name = split_url(inventory)
         try:
-            data = open_storage(parent or ".").read_bytes(name)
+            data = open_storage(parent).read_bytes(name)
         except StorageError as exc:
             raise OctstageError(f"{where}: cannot read the source inventory: {exc}{_SKIP}") from exc
     try:

@@ -70,7 +70,7 @@ from octstage.errors import CellPaintingError, ConfigError, ObjectNotFoundError
 from octstage.heap import fix_mmap_threshold
 from octstage.outputs import check_cache_folder
 from octstage.provenance import code_version
-from octstage.storage import Storage, open_storage
+from octstage.storage import Storage, open_storage, split_url
 
 console = Console(stderr=True)
 
@@ -133,8 +133,8 @@ ALL = Selection()
 
 def _table(url: str, anonymous: bool = False) -> tuple[str, bytes]:
     """A table given as a local path or URL: (name, bytes)."""
-    parent, _, name = url.rstrip("/").rpartition("/")
-    return url, open_storage(parent or ".", anonymous=anonymous).read_bytes(name)
+    parent, name = split_url(url)
+    return url, open_storage(parent, anonymous=anonymous).read_bytes(name)
 
 
 def _best(names: list[str]) -> list[str]:

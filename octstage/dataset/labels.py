@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from octstage.dataset.ids import is_participant_id
 from octstage.errors import LabelsError, StorageError
-from octstage.storage import open_storage
+from octstage.storage import open_storage, split_url
 
 STUDY_GROUPS: tuple[str, ...] = (
     "healthy",
@@ -152,12 +152,12 @@ def read_participants(path_or_url: str) -> tuple[dict[str, Participant], list[Pr
 
 def read_label_table(path_or_url: str) -> LabelTable:
     """Read participants.tsv (a local path or URL) into a LabelTable."""
-    root, _, name = str(path_or_url).rstrip("/").rpartition("/")
+    root, name = split_url(str(path_or_url))
     scheme_only = root.endswith(":/") or root.endswith(":")
     if not name or scheme_only:
         raise LabelsError(f"{path_or_url}: not a path to participants.tsv")
     try:
-        data = open_storage(root or ".").read_bytes(name)
+        data = open_storage(root).read_bytes(name)
     except StorageError as exc:
         raise LabelsError(f"{path_or_url}: cannot read labels: {exc}") from exc
     try:

@@ -9,7 +9,7 @@ backend module, and only when such a URL is opened.
 
 from __future__ import annotations
 
-from octstage.storage.base import ObjectInfo, Storage, check_name, join_name
+from octstage.storage.base import ObjectInfo, Storage, check_name, join_name, split_url
 from octstage.storage.local import LocalStorage
 from octstage.storage.locations import Location, parse_location
 
@@ -21,6 +21,7 @@ __all__ = [
     "join_name",
     "open_location",
     "open_storage",
+    "split_url",
 ]
 
 

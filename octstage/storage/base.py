@@ -81,6 +81,14 @@ def check_name(name: str) -> str:
     return name
 
 
+def split_url(url: str) -> tuple[str, str]:
+    """(folder, name) of a file's local path or URL, for ``open_storage(folder).read_bytes(name)``:
+    a bare name is the current folder's, ``/name`` the root's (an empty folder would open the
+    current one and read another file of that name)."""
+    folder, sep, name = url.rstrip("/").rpartition("/")
+    return folder or ("/" if sep else "."), name
+
+
 def join_name(prefix: str, name: str) -> str:
     """``prefix/name`` without doubled slashes (either may be empty)."""
     prefix = prefix.strip("/")

@@ -67,7 +67,7 @@ class Folder:
     """One checkpoint folder (local path or URL): read, write atomically, delete by name."""
 
     def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
+        self.url = url.rstrip("/") or url  # "/" stays the root ("" would be the current folder)
         # An emulator (STORAGE_EMULATOR_HOST) takes no credentials; without this gcsfs would
         # first probe the cloud metadata server for them. Nor does it serve the gRPC storage
         # layout API that gcsfs >= 2025.x queries per bucket (60 s of retries, then a fallback to
@@ -85,7 +85,7 @@ class Folder:
     def read(self, name: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
         try:
-            data: bytes = self.fs.cat_file(f"{self.path}/{name}")
+            data: bytes = self.fs.cat_file(f"{self.path.rstrip('/')}/{name}")
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -111,10 +111,16 @@ def _finite(score: Any) -> bool:
 
 
 def _split(url: str) -> tuple[str, str]:
-    folder, _, name = url.rstrip("/").rpartition("/")
+    folder, sep, name = url.rstrip("/").rpartition("/")
     if not name:
         raise CheckpointError(f"{url!r} does not name a checkpoint file")
-    return folder or ".", name
+    # "/x.pt" splits into ("", "x.pt"): the root, not the current folder's x.pt (octstage's
+    # storage.split_url keeps the same rule; octtrain imports only the manifest from octstage)
+    return folder or ("/" if sep else "."), name
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder.rstrip('/')}/{name}"
 
 
 class CheckpointManager:
@@ -255,8 +261,8 @@ def load_checkpoint(url: str) -> dict[str, Any]:
         folder, name = _split(latest)
     data = Folder(folder).read(name)
     if data is None:
-        raise CheckpointError(f"{folder}/{name}: cannot read checkpoint: no such file")
-    return state_from_bytes(data, f"{folder}/{name}")
+        raise CheckpointError(f"{_join(folder, name)}: cannot read checkpoint: no such file")
+    return state_from_bytes(data, _join(folder, name))
 
 
 def state_from_bytes(data: bytes, where: str) -> dict[str, Any]:
@@ -288,7 +294,7 @@ def checkpoint_sha256(url: str) -> str:
     folder, name = _split(url)
     data = Folder(folder).read(name)
     if data is None:
-        raise CheckpointError(f"{folder}/{name}: cannot read checkpoint: no such file")
+        raise CheckpointError(f"{_join(folder, name)}: cannot read checkpoint: no such file")
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 

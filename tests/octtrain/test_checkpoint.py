@@ -55,6 +55,17 @@ def test_folder_url_means_latest_and_missing_is_a_clear_error(tmp_path: Path) ->
     assert torch.equal(weights["w"], torch.ones(2)) and model == {"x": 1}
 
 
+def test_a_file_at_the_filesystem_root_is_not_read_from_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = f"step-{tmp_path.name}.pt"  # nothing of that name at /
+    torch.save(_state(7), tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    assert load_checkpoint(name)["step"] == 7  # a bare name is the current folder's
+    with pytest.raises(CheckpointError, match=f"^/{name}: cannot read checkpoint"):
+        load_checkpoint(f"/{name}")
+
+
 def test_corrupt_checkpoint_is_reported(tmp_path: Path) -> None:
     (tmp_path / "step_00000001.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
