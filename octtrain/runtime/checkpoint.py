@@ -82,14 +82,21 @@ class Folder:
             raise CheckpointError(f"{url}: no storage backend available: {exc}") from exc
         self.local = isinstance(self.fs, LocalFileSystem)
 
+    def where(self, name: str) -> str:
+        """The object's URL, as messages name it (one slash after the root too)."""
+        return f"{self.url.rstrip('/')}/{name}"
+
+    def _key(self, name: str) -> str:
+        return f"{self.path.rstrip('/')}/{name}"
+
     def read(self, name: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
         try:
-            data: bytes = self.fs.cat_file(f"{self.path.rstrip('/')}/{name}")
+            data: bytes = self.fs.cat_file(self._key(name))
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise CheckpointError(f"{self.url}/{name}: cannot read: {exc}") from exc
+            raise CheckpointError(f"{self.where(name)}: cannot read: {exc}") from exc
         return data
 
     def write(self, name: str, data: bytes) -> None:
@@ -97,13 +104,13 @@ class Folder:
             if self.local:
                 atomic_write_bytes(Path(self.path) / name, data)
             else:
-                self.fs.pipe_file(f"{self.path}/{name}", data)
+                self.fs.pipe_file(self._key(name), data)
         except OSError as exc:
-            raise CheckpointError(f"{self.url}/{name}: cannot write: {exc}") from exc
+            raise CheckpointError(f"{self.where(name)}: cannot write: {exc}") from exc
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(f"{self.path}/{name}")
+            self.fs.rm_file(self._key(name))
 
 
 def _finite(score: Any) -> bool:
@@ -117,10 +124,6 @@ def _split(url: str) -> tuple[str, str]:
     # "/x.pt" splits into ("", "x.pt"): the root, not the current folder's x.pt (octstage's
     # storage.split_url keeps the same rule; octtrain imports only the manifest from octstage)
     return folder or ("/" if sep else "."), name
-
-
-def _join(folder: str, name: str) -> str:
-    return f"{folder.rstrip('/')}/{name}"
 
 
 class CheckpointManager:
@@ -259,10 +262,11 @@ def load_checkpoint(url: str) -> dict[str, Any]:
         if latest is None:
             raise CheckpointError(f"{url}: no checkpoint found (no {INDEX} or it is empty)")
         folder, name = _split(latest)
-    data = Folder(folder).read(name)
+    store = Folder(folder)
+    data = store.read(name)
     if data is None:
-        raise CheckpointError(f"{_join(folder, name)}: cannot read checkpoint: no such file")
-    return state_from_bytes(data, _join(folder, name))
+        raise CheckpointError(f"{store.where(name)}: cannot read checkpoint: no such file")
+    return state_from_bytes(data, store.where(name))
 
 
 def state_from_bytes(data: bytes, where: str) -> dict[str, Any]:
@@ -292,9 +296,10 @@ def state_from_bytes(data: bytes, where: str) -> dict[str, Any]:
 def checkpoint_sha256(url: str) -> str:
     """``sha256:<hex>`` of a checkpoint file's bytes (what a cache of its outputs is keyed by)."""
     folder, name = _split(url)
-    data = Folder(folder).read(name)
+    store = Folder(folder)
+    data = store.read(name)
     if data is None:
-        raise CheckpointError(f"{_join(folder, name)}: cannot read checkpoint: no such file")
+        raise CheckpointError(f"{store.where(name)}: cannot read checkpoint: no such file")
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
