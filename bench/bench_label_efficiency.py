@@ -91,6 +91,8 @@ import torch
 from octstage import manifest as mf
 from octstage.dataset.ids import DEVICES
 from octstage.dataset.synth_lesions import NUM_CLASSES
+from octstage.errors import OctstageError
+from octtrain.errors import OcttrainError
 from octtrain.eval.bootstrap import bootstrap
 from octtrain.eval.breakdown import INTERVAL_METRICS, scalar_metrics
 
@@ -342,12 +344,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.cross_device and 1.0 not in args.fractions:
         parser.error("--cross-device compares with the 100% runs: --fractions must include 1")
+    if args.out is not None and (args.out / "cache").exists():
+        # its twin would be rewritten and its run folders refused halfway through
+        parser.error(f"--out {args.out}: holds an earlier run (cache/); give it a new folder")
     torch.set_num_threads(1)  # 2 shared cores: see configs/*/tiny.yaml
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-label-eff-") as tmp:
         root = args.out or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        doc = run(args, root)
+        try:
+            doc = run(args, root)
+        except (OcttrainError, OctstageError) as exc:  # e.g. an --out that holds a run already
+            raise SystemExit(f"error: {exc}") from None
         doc["wall_time_s"]["total"] = round(time.perf_counter() - start, 1)
         out = args.out or Path.cwd()
         (out / "label-efficiency.json").write_text(json.dumps(doc, indent=1) + "\n")
