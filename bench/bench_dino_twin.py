@@ -13,9 +13,11 @@ job and skeleton) trains for ``--steps`` on the first ``--train-plates`` plates 
 other plate is held out. For each training seed of ``--seeds``, ``profile_fields`` then scores on
 the held-out plates alone: DINO's teacher, the same encoder at random init with 3 seeds, the
 handcrafted features and cp-measure's CellProfiler features (these two computed once for all
-seeds); each through JUMP's recipe (``eval/recipe.py``: per-plate robust z-score to DMSO, rank
+seeds); each through JUMP's recipe (``eval/cellpainting/recipe.py``: per-plate robust z-score
+to DMSO, rank
 inverse normal transform, feature selection, sphering on the controls' Ledoit-Wolf covariance)
-and copairs mAP (``eval/retrieval.py``): phenotypic activity (vs DMSO) and distinctiveness (vs
+and copairs mAP (``eval/cellpainting/retrieval.py``): phenotypic activity (vs DMSO) and
+distinctiveness (vs
 the other perturbations; called "consistency" before) with two-stage bootstrap 95% intervals over
 perturbations and their wells, and DINO minus each rival with a paired interval (the same draws
 for both).
@@ -59,7 +61,7 @@ from octtrain.cli import setup_logging
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config, to_dict
 from octtrain.errors import OcttrainError
-from octtrain.eval.profile_run import profile_fields
+from octtrain.eval.cellpainting.profile_run import profile_fields
 from octtrain.runtime.backend import make_backend
 from octtrain.train.dino import DinoJob
 from octtrain.train.job import Settings

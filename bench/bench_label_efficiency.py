@@ -26,7 +26,7 @@ Protocol (``--seeds`` seeds, 3 by default):
    over a tenth of the run then cosine; 2000 optimizer steps capped at 100 epochs (100%: 2016
    steps, 25%: 800, 10%: 300, 1%: 100); the best epoch by validation balanced accuracy on the
    whole validation split. And the attentive probe on the frozen pretrained tokens
-   (octtrain/eval/probe_train.py: learning rate and epoch chosen on validation);
+   (octtrain/eval/oct/probe_train.py: learning rate and epoch chosen on validation);
 4. test balanced accuracy and macro AUROC per arm and fraction: the mean over seeds, the seeds'
    spread, and a 95% percentile bootstrap interval of that mean over test participants.
 
@@ -93,8 +93,8 @@ from octstage.dataset.ids import DEVICES
 from octstage.dataset.synth_lesions import NUM_CLASSES
 from octstage.errors import OctstageError
 from octtrain.errors import OcttrainError
-from octtrain.eval.bootstrap import bootstrap
-from octtrain.eval.breakdown import INTERVAL_METRICS, scalar_metrics
+from octtrain.eval.common.bootstrap import bootstrap
+from octtrain.eval.oct.breakdown import INTERVAL_METRICS, scalar_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.octtrain, from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the twin's device looks

@@ -43,8 +43,8 @@ from octstage.dataset.synth_lesions import NUM_CLASSES
 from octtrain.config.loader import from_dict
 from octtrain.config.sections import ModelConfig
 from octtrain.errors import OcttrainError
-from octtrain.eval.bootstrap import bootstrap
-from octtrain.eval.features import load_encoder
+from octtrain.eval.common.bootstrap import bootstrap
+from octtrain.embed.encoders import load_encoder
 from octtrain.models.classifier import resolve_model
 from octtrain.models.inputs import legacy_model
 from octtrain.models.vit3d import encoder_from_config
@@ -102,7 +102,7 @@ def token_auroc(
 ) -> tuple[float, float, float]:
     """(AUROC, low, high) of a logistic regression fitted on the first ``TRAIN_SHARE`` of the
     volumes' tokens, scored on the rest; the interval resamples the held-out volumes whole
-    (``octtrain.eval.bootstrap``, a volume's tokens as one cluster)."""
+    (``octtrain.eval.common.bootstrap``, a volume's tokens as one cluster)."""
     cut = int(len(tokens) * TRAIN_SHARE)
     dim = tokens.shape[-1]
     scaler = StandardScaler().fit(tokens[:cut].reshape(-1, dim))

@@ -48,7 +48,7 @@ from octtrain.config.finetune import FinetuneConfig, HeadConfig
 from octtrain.config.loader import load_config
 from octtrain.config.pretrain import PretrainConfig
 from octtrain.data.dataset import ManifestDataset, Transform, read_manifest, to_model_input
-from octtrain.eval.metrics import balanced_accuracy, confusion_matrix
+from octtrain.eval.common.metrics import balanced_accuracy, confusion_matrix
 from octtrain.models.classifier import classifier_from_state, encoder_from_state
 from octtrain.models.heads import ClassifierHead
 from octtrain.models.vit3d import encoder_from_config

@@ -371,6 +371,58 @@ def check_feature_cache(folder: Path, refuse: Refuse, what: str = "--feature-cac
     check_output_folder(folder, refuse, what)
 
 
+# --- exports -----------------------------------------------------------------------------------
+
+
+def claim_export_folder(
+    folder: Path,
+    plan_name: str,
+    own: Callable[[str], bool],
+    identity: dict[str, Any],
+    refuse: Refuse,
+    what: str = "--out",
+) -> dict[str, Any] | None:
+    """An export folder (``octtrain embed``) may be new, empty, or hold an earlier export of the
+    same ``identity`` (its plan file ``plan_name`` records it): then the earlier plan is
+    returned and the export resumes, reusing its finished parts. A folder holding another
+    export, or anything that is not an export's (``own`` says which names are), is refused,
+    naming what differs or what was found and the way out; nothing in it is touched."""
+    check_output_folder(folder, refuse, what)
+    entries = sorted(p.name for p in folder.iterdir())
+    foreign = [name for name in entries if name != plan_name and not own(name)]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        raise refuse(
+            f"{what} {folder}: holds what is not an embedding export ({shown}); name an empty "
+            "or new folder, or the folder of an earlier export of the same checkpoint and "
+            "manifest to resume it"
+        )
+    plan_path = folder / plan_name
+    if not plan_path.exists():
+        if entries:
+            raise refuse(
+                f"{what} {folder}: holds export files but no {plan_name} saying whose they are; "
+                "name an empty or new folder (or move this one away)"
+            )
+        return None
+    try:
+        earlier: Any = json.loads(plan_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise refuse(f"{plan_path}: unreadable ({exc}); name an empty or new {what}") from None
+    if not isinstance(earlier, dict):
+        raise refuse(f"{plan_path}: not an export plan; name an empty or new {what}")
+    differ = {k: (earlier.get(k), v) for k, v in identity.items() if earlier.get(k) != v}
+    if differ:
+        said = "; ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in differ.items())
+        raise refuse(
+            f"{what} {folder}: holds the export of another run ({said}); name another "
+            f"{what}, or move this one away to export again there"
+        )
+    return dict(earlier)
+
+
 # --- files written whole ------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from octtrain.errors import ConfigError, DataError, NonFiniteLossError, Octtrain
 from octtrain.runtime.interrupt import remembered_ctrl_c
 
 if TYPE_CHECKING:
-    from octtrain.eval.breakdown import BootstrapSpec
+    from octtrain.eval.oct.breakdown import BootstrapSpec
 
 log = logging.getLogger("octtrain")
 
@@ -162,7 +162,7 @@ def add_bootstrap_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def bootstrap_spec(args: argparse.Namespace) -> BootstrapSpec:
-    from octtrain.eval.breakdown import BootstrapSpec
+    from octtrain.eval.oct.breakdown import BootstrapSpec
 
     return BootstrapSpec(
         resamples=args.bootstrap, seed=args.seed, min_participants=args.min_participants
@@ -170,7 +170,7 @@ def bootstrap_spec(args: argparse.Namespace) -> BootstrapSpec:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from octtrain.eval.evaluate import run_evaluate
+    from octtrain.eval.oct.evaluate import run_evaluate
 
     run_evaluate(
         args.checkpoint,
@@ -253,8 +253,8 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from octtrain.eval.probe_run import run_probe
-    from octtrain.eval.probe_train import ProbeSettings
+    from octtrain.eval.oct.probe_run import run_probe
+    from octtrain.eval.oct.probe_train import ProbeSettings
 
     settings = ProbeSettings(
         lrs=tuple(args.lrs), epochs=args.epochs, batch_size=args.probe_batch_size, seed=args.seed
@@ -321,7 +321,7 @@ def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from octtrain.eval.profile_run import run_profile
+    from octtrain.eval.cellpainting.profile_run import run_profile
 
     run_profile(args.checkpoint, args.manifest, args.cache, args.out, args.device)
     return 0
@@ -346,6 +346,101 @@ def _add_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=_profile)
 
 
+def _embed(args: argparse.Namespace) -> int:
+    from octtrain.config.embed import EmbedConfig
+    from octtrain.embed.run import run_embed
+
+    cfg = EmbedConfig(
+        checkpoint=args.checkpoint,
+        manifest=args.manifest,
+        out=args.out,
+        cache=args.cache,
+        split=args.split,
+        encoder=args.encoder,
+        device=args.device,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        part_size=args.part_size,
+        prefix=args.prefix,
+        limit=args.limit,
+    )
+    print_summary(run_embed(cfg), args.json)
+    return 0
+
+
+def print_summary(summary: dict[str, object], as_json: bool) -> None:
+    """The summary on stdout: JSON (``--json``) or a table (process 0 only: the others'
+    summaries have no header to name)."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if not summary.get("groups"):
+        return
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title="octtrain embed")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for key in ("items", "items_embedded", "parts", "parts_embedded", "parts_kept", "seconds"):
+        if key in summary:
+            table.add_row(key.replace("_", " "), str(summary[key]))
+    groups = summary["groups"]
+    assert isinstance(groups, dict)
+    table.add_row(f"{groups['name']} rows", str(groups["rows"]))
+    table.add_row("header", str(summary["header"]))
+    Console().print(table)
+
+
+def _add_embed(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_subcommand(
+        sub,
+        "embed",
+        help="export every item's embedding (Parquet with Metadata_ columns) and per-well or "
+        "per-participant means, resumable, over several processes",
+        description="Embed every item of a manifest (or of --split) with a checkpoint's encoder "
+        "and write Parquet tables the field's tools read unchanged: Cell Painting, one row per "
+        "field (Metadata_Source/Batch/Plate/Well/Site, Metadata_JCP2022, Metadata_pert_type, "
+        "...) and wells.parquet (the mean of each well's fields); OCT, one row per volume "
+        "(participant, device, laterality, region, split, study group) and "
+        "participants.parquet. Features are float32 columns PREFIX0000, PREFIX0001, ... The "
+        "items are cut into parts of --part-size; under torchrun each process embeds every "
+        "WORLD_SIZE-th part. Re-running the same command resumes: finished parts are kept "
+        "(checked by SHA-256), missing or damaged ones embedded again; a finished export "
+        "embeds nothing. embed.json, written last, names every file with its rows and SHA-256.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a DINO (Cell Painting) or V-JEPA pretrain/finetune (OCT) checkpoint file, or its "
+        "folder (its best by validation, else its latest)",
+    )
+    p.add_argument("--manifest", required=True, help="manifest.json of the cache")
+    p.add_argument("--out", required=True, help="export folder: new, empty, or this export's")
+    p.add_argument("--cache", help="cache root; default: the manifest's folder")
+    p.add_argument("--split", help="embed only this split (default: every item)")
+    p.add_argument(
+        "--encoder",
+        default="auto",
+        choices=("auto", "teacher", "target", "context"),
+        help="DINO: its EMA teacher; V-JEPA pretraining: target (EMA, the default) or context",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=8, help="items per forward (default 8)")
+    p.add_argument(
+        "--num-workers", type=int, default=1, help="loader processes reading ahead (default 1)"
+    )
+    p.add_argument(
+        "--part-size", type=int, default=4096, help="items per part, the unit of resuming"
+    )
+    p.add_argument("--prefix", default="emb_", help="feature column prefix (default emb_)")
+    p.add_argument("--limit", type=int, help="only the first N items of the selection (a trial)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_embed)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_pretrain,
     _add_finetune,
@@ -353,6 +448,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     _add_probe,
     _add_doctor,
     _add_profile,
+    _add_embed,
 ]
 
 

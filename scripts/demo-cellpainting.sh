@@ -2,7 +2,8 @@
 # The Cell Painting half of the pipeline, staged as OCT is, through the S3 double, then trained:
 #   synth --kind cellpainting (JUMP layout) -> upload to the S3 double -> build-cache from s3://
 #   straight into a bucket -> stage to "local SSD" -> verify -> DINOv2 pretraining (tiny, CPU,
-#   W&B offline) -> profile (copairs mAP beside random init, handcrafted and cp-measure features).
+#   W&B offline) -> profile (copairs mAP beside random init, handcrafted and cp-measure features)
+#   -> embed (per-field and per-well Parquet for pycytominer and copairs).
 # Usage: scripts/demo-cellpainting.sh [OUT_DIR]   (make demo-cellpainting)
 set -euo pipefail
 OUT=${1:-demo-cellpainting}
@@ -15,10 +16,10 @@ export COLUMNS=${COLUMNS:-120}
 
 step() { printf '\n\033[1;36m== %s\033[0m\n' "$*"; }
 
-step "1/7 synthetic Cell Painting twin, laid out as the Cell Painting Gallery releases JUMP"
+step "1/8 synthetic Cell Painting twin, laid out as the Cell Painting Gallery releases JUMP"
 octstage synth --kind cellpainting "$OUT/twin" --plates 2 --sites 3 --size 128
 
-step "2/7 start the S3 double (moto) on loopback and upload the twin"
+step "2/8 start the S3 double (moto) on loopback and upload the twin"
 python -m tests.doubles serve --env-file "$OUT/doubles.env" --s3-bucket cellpainting-gallery &
 DOUBLES=$!
 trap 'kill $DOUBLES 2>/dev/null || true; wait $DOUBLES 2>/dev/null || true' EXIT
@@ -28,7 +29,7 @@ for _ in $(seq 1 120); do [ -f "$OUT/doubles.env" ] && break; sleep 0.5; done
 python -m tests.doubles upload-s3 "$OUT/twin/cpg0016-jump" s3://cellpainting-gallery/cpg0016-jump
 SRC=s3://cellpainting-gallery/cpg0016-jump
 
-step "3/7 build-cache --kind cellpainting from S3 into the cache bucket, packed 64 fields an array (the planted truncated TIFF is rejected: exit 1)"
+step "3/8 build-cache --kind cellpainting from S3 into the cache bucket, packed 64 fields an array (the planted truncated TIFF is rejected: exit 1)"
 set +e
 octstage build-cache --kind cellpainting --source "$SRC" --metadata "$OUT/twin/datasets/metadata" \
   --out s3://cellpainting-gallery/cache --manifest-form table --pack 64 --json "$OUT/build.json"
@@ -36,13 +37,13 @@ rc=$?
 set -e
 [ "$rc" -le 1 ] || { echo "build-cache exit $rc"; exit "$rc"; }
 
-step "4/7 stage the cache from the bucket to local SSD (verified against the manifest)"
+step "4/8 stage the cache from the bucket to local SSD (verified against the manifest)"
 octstage stage s3://cellpainting-gallery/cache "$OUT/staged"
 
-step "5/7 verify the staged copy"
+step "5/8 verify the staged copy"
 octstage verify "$OUT/staged/manifest.json"
 
-step "6/7 pretrain DINOv2 (DINO + iBOT + KoLeo, tiny ViT) on the staged fields (CPU; W&B offline)"
+step "6/8 pretrain DINOv2 (DINO + iBOT + KoLeo, tiny ViT) on the staged fields (CPU; W&B offline)"
 octtrain pretrain --config configs/pretrain/dino-tiny.yaml --manifest "$OUT/staged/manifest.json" \
   train.run_dir="$OUT/runs/dino" train.max_steps=200 checkpoint.every=100 data.batch_size=16 \
   schedule.warmup_steps=20 logging.log_every=50 \
@@ -59,11 +60,16 @@ print(f"teacher at step {last['step']}: per-crop entropy {crop:.3f}, batch entro
       f"log K {k:.3f}: gap {batch - crop:.3f} nats ({(batch - crop) / k:.0%} of log K)")
 PY
 
-step "7/7 profile the EMA teacher: well profiles, copairs mAP, beside the baselines"
+step "7/8 profile the EMA teacher: well profiles, copairs mAP, beside the baselines"
 octtrain profile --checkpoint "$OUT/runs/dino/checkpoints" --manifest "$OUT/staged/manifest.json" \
   --out "$OUT/profile"
+
+step "8/8 export every field's embedding and the per-well means (Parquet, Metadata_ columns: what pycytominer and copairs read)"
+octtrain embed --checkpoint "$OUT/runs/dino/checkpoints" --manifest "$OUT/staged/manifest.json" \
+  --out "$OUT/embeddings"
 
 step "done: outputs in $OUT"
 printf '  %s\n' "build summary: build.json" "staged cache: staged/" \
   "training: runs/dino/metrics.jsonl, runs/dino/images/ (attention maps, feature PCA)" \
-  "profiles: profile/profile.json"
+  "profiles: profile/profile.json" \
+  "embeddings: embeddings/parts/part-*.parquet (one row per field), embeddings/wells.parquet (one per well), embeddings/embed.json (the header: files, rows, SHA-256)"

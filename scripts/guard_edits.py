@@ -163,7 +163,7 @@ EDITS: list[Edit] = [
     # --- Cell Painting recipe and retrieval ------------------------------------------------------
     Edit(
         "recipe-controls-ignored",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "        ref = rows & controls\n",
         "        ref = rows\n",
         (OT + "test_recipe.py",),
@@ -171,7 +171,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "recipe-min-controls",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "if int(ref.sum()) < MIN_CONTROLS:",
         "if int(ref.sum()) < 1:",
         (OT + "test_recipe.py",),
@@ -179,7 +179,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "recipe-mad-scale",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "out: Array = (x - centre) / (MAD_SCALE * mad + epsilon)",
         "out: Array = (x - centre) / (mad + epsilon)",
         (OT + "test_recipe.py",),
@@ -187,7 +187,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "recipe-freq-cut",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "drop[j] = top[1] / top[0] < freq_cut or len(counts) / n < unique_cut",
         "drop[j] = len(counts) / n < unique_cut",
         (OT + "test_recipe.py",),
@@ -195,7 +195,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "recipe-corr-keeps-both",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "drop[a if mean_r[a] >= mean_r[b] else b] = True",
         "pass",
         (OT + "test_recipe.py",),
@@ -203,7 +203,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "recipe-corr-drops-wrong",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "drop[a if mean_r[a] >= mean_r[b] else b] = True",
         "drop[b if mean_r[a] >= mean_r[b] else a] = True",
         (OT + "test_recipe.py",),
@@ -211,7 +211,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "recipe-sphere-ratio",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "return n_features > 0 and n_controls > SPHERE_RATIO * n_features",
         "return n_features > 0",
         (OT + "test_recipe.py",),
@@ -219,7 +219,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "recipe-sphere-on-all",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "mean, w = zca(x[controls], epsilon, shrunk)",
         "mean, w = zca(x, epsilon, shrunk)",
         (OT + "test_recipe.py",),
@@ -227,7 +227,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "profile-fixed-reuse",
-        "octtrain/eval/profile_run.py",
+        "octtrain/eval/cellpainting/profile_run.py",
         '    if "handcrafted" not in fixed:',
         "    if True:",
         (OT + "test_profiles.py",),
@@ -267,7 +267,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "recipe-sphere-shrunk",
-        "octtrain/eval/recipe.py",
+        "octtrain/eval/cellpainting/recipe.py",
         "white = sphere(z, controls, cfg.sphere_epsilon, shrunk=True)",
         "white = sphere(z, controls, cfg.sphere_epsilon, shrunk=False)",
         (OT + "test_recipe.py",),
@@ -275,7 +275,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "retrieval-draws-flat",
-        "octtrain/eval/retrieval.py",
+        "octtrain/eval/cellpainting/retrieval.py",
         "out.append([(int(k), rng.integers(0, sizes[k], size=sizes[k])) for k in picks])",
         "out.append([(int(k), np.arange(sizes[k])) for k in picks])",
         (OT + "test_retrieval.py", OT + "test_bootstrap.py"),
@@ -283,7 +283,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "retrieval-paired-unchecked",
-        "octtrain/eval/retrieval.py",
+        "octtrain/eval/cellpainting/retrieval.py",
         "    if _keys(a) != _keys(b):\n",
         "    if False:\n",
         (OT + "test_retrieval.py",),
@@ -291,7 +291,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "retrieval-activity-vs-all",
-        "octtrain/eval/retrieval.py",
+        "octtrain/eval/cellpainting/retrieval.py",
         'aps: dict[str, pd.DataFrame | None] = {"activity": _aps(meta, profiles, ["is_control"])}',
         'aps: dict[str, pd.DataFrame | None] = {"activity": _aps(meta, profiles, [])}',
         (OT + "test_retrieval.py",),
@@ -590,7 +590,7 @@ EDITS: list[Edit] = [
     # --- guards of the first round --------------------------------------------------------------
     Edit(
         "breakdown-resamples-volumes",
-        "octtrain/eval/breakdown.py",
+        "octtrain/eval/oct/breakdown.py",
         "list(participants) if by_participant else None,",
         "None,",
         (OT + "test_bootstrap.py", OT + "test_evaluate.py"),
@@ -598,7 +598,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "probe-lr-on-test",
-        "octtrain/eval/probe_run.py",
+        "octtrain/eval/oct/probe_run.py",
         '(feats["val"].tokens, feats["val"].labels),',
         "(feats[split].tokens, feats[split].labels),",
         (OT + "test_probe_command.py", OT + "test_probe.py"),

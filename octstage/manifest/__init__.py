@@ -86,6 +86,7 @@ from octstage.outputs import atomic_write_text as atomic_write_text
 # one of octstage that octtrain imports.
 from octstage.outputs import check_feature_cache as check_feature_cache
 from octstage.outputs import check_output_folder as check_output_folder
+from octstage.outputs import claim_export_folder as claim_export_folder
 from octstage.outputs import claim_run_folder as claim_run_folder
 from octstage.outputs import ctrl_c_deferred as ctrl_c_deferred
 from octstage.outputs import move_aside as move_aside

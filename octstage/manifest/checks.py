@@ -35,6 +35,9 @@ FATAL: dict[str, frozenset[str]] = {
     "probe": frozenset(CHECKS),
     "pretrain": frozenset(CHECKS) - {"label", "split"},
     "profile": frozenset(CHECKS) - {"split"},
+    # An export carries each item's split and label into its tables: a contradiction there
+    # would be exported as a fact.
+    "embed": frozenset(CHECKS),
 }
 
 

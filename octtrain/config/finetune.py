@@ -22,7 +22,7 @@ from octtrain.config.sections import (
     ValidationConfig,
     check,
 )
-from octtrain.eval.metrics import SCALAR_METRICS
+from octtrain.eval.common.metrics import SCALAR_METRICS
 
 HEAD_KINDS = ("linear", "mlp", "attentive")
 HEAD_NORMS = ("layer", "batch", "none")

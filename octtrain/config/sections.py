@@ -278,7 +278,7 @@ class ValidationConfig:
     continue_on_failure: bool = True  # a failing validation is logged and counted, not fatal
     collapse_max_share: float = 0.8  # finetuning: alarm when one class takes more than this
     collapse_min_rank: float = 1.5  # pretraining: alarm when feature effective rank falls below
-    # Targets that carry no image (eval/collapse.py, docs/learning-inputs.md): DINO's teacher
+    # Targets that carry no image (eval/common/collapse.py, docs/learning-inputs.md): DINO's teacher
     # per-crop entropy within this share of log K of its batch entropy; V-JEPA's target
     # features varying across samples by less than this share of their mean.
     blind_entropy_margin: float = 0.03

@@ -293,6 +293,17 @@ def state_from_bytes(data: bytes, where: str) -> dict[str, Any]:
     return state
 
 
+def resolve_checkpoint(url: str) -> str:
+    """A checkpoint file as given; a checkpoint folder means its best checkpoint, else latest."""
+    if url.rstrip("/").endswith(".pt"):
+        return url
+    manager = CheckpointManager(url, keep_last=1, keep_best=True)
+    found = manager.best() or manager.latest()
+    if found is None:
+        raise CheckpointError(f"{url}: no checkpoint found (no index.json or it is empty)")
+    return found
+
+
 def checkpoint_sha256(url: str) -> str:
     """``sha256:<hex>`` of a checkpoint file's bytes (what a cache of its outputs is keyed by)."""
     folder, name = _split(url)

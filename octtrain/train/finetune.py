@@ -13,7 +13,7 @@ prediction-collapse alarm and the early-stopping score.
 to predict, from the manifest alone, before anything is built. A regression on a clinical
 concept (``data.label.task: regression``) uses the same skeleton with a one-output head, an MSE
 loss on the standardized target, and MAE / RMSE / R^2 where a classification has its metrics
-(eval/regression.py); its early-stopping score is ``-MAE``.
+(eval/oct/regression.py); its early-stopping score is ``-MAE``.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from octtrain.data.samplers import balanced_probabilities
 from octtrain.data.select import Selection, prepare
 from octtrain.data.splits import check_splits, class_weights
 from octtrain.errors import ConfigError, DataError
-from octtrain.eval import metrics as mt
-from octtrain.eval import regression as rg
-from octtrain.eval.report import class_table, confusion_rgb, print_metrics, short
-from octtrain.eval.validation import predict
+from octtrain.eval.common import metrics as mt
+from octtrain.eval.common.validation import predict
+from octtrain.eval.oct import regression as rg
+from octtrain.eval.oct.report import class_table, confusion_rgb, print_metrics, short
 from octtrain.models import flash_blocks
 from octtrain.models.attention import choose
 from octtrain.models.classifier import build_classifier, encoder_from_state, make_loss

@@ -42,15 +42,15 @@ from rich.console import Console
 
 from octtrain.data.loaders import Prefetcher
 from octtrain.errors import CheckpointError, DataError, NonFiniteLossError, OcttrainError
-from octtrain.eval.collapse import (
+from octtrain.eval.common.collapse import (
     blind_targets_alarm,
     effective_rank,
     feature_std,
     representation_alarm,
 )
-from octtrain.eval.report import print_collapse
-from octtrain.eval.selection import EarlyStopping
-from octtrain.eval.validation import ValidationError
+from octtrain.eval.common.selection import EarlyStopping
+from octtrain.eval.common.validation import ValidationError
+from octtrain.eval.oct.report import print_collapse
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
@@ -62,7 +62,7 @@ from octtrain.train.job import Job, RunResult, Settings, StepResult
 
 log = logging.getLogger("octtrain")
 console = Console(stderr=True)
-NO_IMAGE = "targets carry no image"  # the alert title of that alarm (eval/collapse.py)
+NO_IMAGE = "targets carry no image"  # the alert title of that alarm (eval/common/collapse.py)
 
 
 @dataclass

@@ -36,15 +36,15 @@ from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.masks import SampleMasker, mask_overlay, num_masked
 from octtrain.data.select import select
 from octtrain.errors import CheckpointError, ConfigError, DataError
-from octtrain.eval.collapse import (
+from octtrain.eval.common.collapse import (
     effective_rank,
     feature_std,
     representation_alarm,
     sample_spread,
 )
-from octtrain.eval.pictures import attention_overlay, pca_rgb
-from octtrain.eval.probe import knn_balanced_accuracy
-from octtrain.eval.validation import collect
+from octtrain.eval.common.knn import knn_balanced_accuracy
+from octtrain.eval.common.pictures import attention_overlay, pca_rgb
+from octtrain.eval.common.validation import collect
 from octtrain.models import flash_blocks
 from octtrain.models.attention import choose
 from octtrain.models.inputs import legacy_hint, legacy_model

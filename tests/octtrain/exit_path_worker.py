@@ -28,7 +28,7 @@ import torch
 from octtrain import exitcodes
 from octtrain.config.sections import CheckpointConfig, LoggingConfig, TrainConfig, ValidationConfig
 from octtrain.errors import DataError, NonFiniteLossError, OcttrainError
-from octtrain.eval.validation import ValidationError
+from octtrain.eval.common.validation import ValidationError
 from octtrain.runtime.handoff import carry_errors, raise_carried
 from octtrain.runtime.torch_backend import TorchBackend
 from octtrain.train.job import Evaluation, Settings, StepResult

@@ -11,8 +11,8 @@ import pytest
 
 from octstage import manifest as mf
 from octtrain.errors import ConfigError
-from octtrain.eval.bootstrap import Interval, bootstrap
-from octtrain.eval.breakdown import (
+from octtrain.eval.common.bootstrap import Interval, bootstrap
+from octtrain.eval.oct.breakdown import (
     INTERVAL_METRICS,
     BootstrapSpec,
     breakdown,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from octtrain.eval import cp_features
+from octtrain.eval.cellpainting import cp_features
 from tests.octtrain.cell_cache import synth_field
 
 pytest.importorskip("cp_measure")

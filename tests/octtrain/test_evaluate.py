@@ -12,7 +12,7 @@ import pytest
 from octstage import manifest as mf
 from octtrain.cli import main
 from octtrain.errors import CheckpointError, DataError
-from octtrain.eval.evaluate import resolve_checkpoint, run_evaluate
+from octtrain.eval.oct.evaluate import resolve_checkpoint, run_evaluate
 from octtrain.train.job import RunResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

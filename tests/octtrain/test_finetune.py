@@ -17,7 +17,7 @@ import torch
 
 from octstage import manifest as mf
 from octtrain.errors import CheckpointError, ConfigError
-from octtrain.eval.validation import ValidationError
+from octtrain.eval.common.validation import ValidationError
 from octtrain.runtime.backend import TorchBackend
 from octtrain.train.finetune import FinetuneJob, run_finetune
 from octtrain.train.job import RunResult

@@ -27,7 +27,7 @@ from octtrain.config.sections import ModelConfig
 from octtrain.data.samplers import EpochSampler, balanced_probabilities
 from octtrain.data.splits import check_splits, class_weights
 from octtrain.errors import ConfigError, DataError
-from octtrain.eval.selection import EarlyStopping
+from octtrain.eval.common.selection import EarlyStopping
 from octtrain.models.classifier import build_classifier, make_loss
 from octtrain.models.vit3d import encoder_from_config
 from octtrain.train.optim import encoder_groups, finetune_optimizer, lr_factors

@@ -29,7 +29,7 @@ from octtrain.config.sections import (
     ValidationConfig,
 )
 from octtrain.errors import NonFiniteLossError
-from octtrain.eval.collapse import target_entropies
+from octtrain.eval.common.collapse import target_entropies
 from octtrain.runtime.backend import make_backend
 from octtrain.train.job import Evaluation, Settings, StepResult, monitor_rows
 from octtrain.train.loop import Trainer

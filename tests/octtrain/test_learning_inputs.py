@@ -23,9 +23,9 @@ from octtrain.data.cellpainting import CellPaintingDataset, to_views
 from octtrain.data.dataset import ManifestDataset, read_manifest, to_model_input
 from octtrain.data.intensity import DEFAULT_UINT8, pooled
 from octtrain.errors import CheckpointError, ConfigError
-from octtrain.eval.collapse import blind_targets_alarm, sample_spread, target_entropies
-from octtrain.eval.profile_run import encoders
-from octtrain.eval.selection import EarlyStopping
+from octtrain.eval.cellpainting.profile_run import encoders
+from octtrain.eval.common.collapse import blind_targets_alarm, sample_spread, target_entropies
+from octtrain.eval.common.selection import EarlyStopping
 from octtrain.models.classifier import encoder_from_state
 from octtrain.models.dino import DinoStudent, build_student, make_teacher, teacher_outputs
 from octtrain.models.dino_loss import teacher_probs

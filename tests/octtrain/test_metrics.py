@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn import metrics as skm
 
-from octtrain.eval import metrics as m
+from octtrain.eval.common import metrics as m
 
 C = 4
 NAMES = ("a", "b", "c", "d")

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from octtrain.eval.probe import knn_balanced_accuracy
+from octtrain.eval.common.knn import knn_balanced_accuracy
 
 
 def test_separable_features_score_one_collapsed_ones_score_chance() -> None:

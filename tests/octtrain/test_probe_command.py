@@ -13,11 +13,11 @@ import torch
 from octstage import manifest as mf
 from octtrain.cli import main
 from octtrain.errors import ConfigError
-from octtrain.eval.breakdown import BootstrapSpec
-from octtrain.eval.features import feature_key
-from octtrain.eval.metrics import balanced_accuracy, confusion_matrix
-from octtrain.eval.probe_run import ProbeResult, run_probe
-from octtrain.eval.probe_train import ProbeSettings, predict_probs
+from octtrain.eval.common.metrics import balanced_accuracy, confusion_matrix
+from octtrain.eval.oct.breakdown import BootstrapSpec
+from octtrain.eval.oct.probe_run import ProbeResult, run_probe
+from octtrain.eval.oct.probe_train import ProbeSettings, predict_probs
+from octtrain.eval.oct.tokens import feature_key
 from octtrain.train.job import RunResult
 
 from .test_checkpoint import garbage

@@ -13,15 +13,20 @@ import torch
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.errors import DataError
-from octtrain.eval.profile_run import (
+from octtrain.eval.cellpainting.profile_run import (
     encoders,
     field_embeddings,
     profile_fields,
     tile_embeddings,
 )
-from octtrain.eval.profiles import WellKey, handcrafted_features, well_means, well_profiles
-from octtrain.eval.recipe import RecipeConfig
-from octtrain.eval.retrieval import retrieval_map
+from octtrain.eval.cellpainting.profiles import (
+    WellKey,
+    handcrafted_features,
+    well_means,
+    well_profiles,
+)
+from octtrain.eval.cellpainting.recipe import RecipeConfig
+from octtrain.eval.cellpainting.retrieval import retrieval_map
 from octtrain.models.vit2d import build_vit2d
 from octtrain.runtime.backend import make_backend
 from octtrain.train.dino import DinoJob

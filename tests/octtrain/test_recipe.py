@@ -1,4 +1,5 @@
-"""JUMP's profiling recipe for learned features (``eval/recipe.py``), step by step, on arrays whose
+"""JUMP's profiling recipe for learned features (``eval/cellpainting/recipe.py``), step by step, on
+arrays whose
 right answer is known: no I/O."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from octtrain.eval.recipe import (
+from octtrain.eval.cellpainting.recipe import (
     MAD_SCALE,
     RecipeConfig,
     apply_recipe,

@@ -1,5 +1,5 @@
 """Retrieval mAP (copairs) and its two-stage bootstrap over perturbations and wells
-(``eval/retrieval.py``), on profiles and APs whose right answer is known."""
+(``eval/cellpainting/retrieval.py``), on profiles and APs whose right answer is known."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from octtrain.eval.profiles import WellKey
-from octtrain.eval.retrieval import (
+from octtrain.eval.cellpainting.profiles import WellKey
+from octtrain.eval.cellpainting.retrieval import (
     map_interval,
     paired_difference,
     retrieval,

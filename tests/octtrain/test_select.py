@@ -111,7 +111,7 @@ def test_an_empty_split_or_class_is_an_error_before_training(manifest: mf.Manife
 def test_regression_on_a_concept_trains_and_evaluate_reports_mae(
     manifest: mf.Manifest, tiny_cache: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    from octtrain.eval.evaluate import run_evaluate
+    from octtrain.eval.oct.evaluate import run_evaluate
     from octtrain.train.finetune import run_finetune
 
     path = tmp_path / "manifest.json"

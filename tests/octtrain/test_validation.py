@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from octtrain.data.loaders import PaddedShard, padded_loader, steps_per_process
 from octtrain.data.samplers import shard
-from octtrain.eval.validation import ValidationError, collect, predict
+from octtrain.eval.common.validation import ValidationError, collect, predict
 from octtrain.runtime.backend import TorchBackend
 
 C = 4
@@ -107,7 +107,7 @@ WORKER = textwrap.dedent(
     sys.path.insert(0, os.environ["TEST_DIR"])
     from octtrain.runtime.backend import TorchBackend
     from octtrain.data.loaders import padded_loader
-    from octtrain.eval.validation import ValidationError, predict
+    from octtrain.eval.common.validation import ValidationError, predict
     from tests.octtrain.test_validation import Items, C, _image
 
     n, broken_rank = int(sys.argv[1]), int(sys.argv[2])

@@ -23,7 +23,7 @@ import torch
 
 from octtrain.data.loaders import Prefetcher
 from octtrain.errors import DataError
-from octtrain.eval.validation import ValidationError, collect
+from octtrain.eval.common.validation import ValidationError, collect
 from octtrain.runtime.backend import make_backend
 from octtrain.runtime.xla import DeviceLoader
 

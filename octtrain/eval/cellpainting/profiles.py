@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from octtrain.eval.recipe import RecipeConfig, RecipeResult, apply_recipe
+from octtrain.eval.cellpainting.recipe import RecipeConfig, RecipeResult, apply_recipe
 
 Array = npt.NDArray[np.float64]
 

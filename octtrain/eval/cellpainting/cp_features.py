@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 import numpy.typing as npt
 
-from octtrain.eval.profiles import Array
+from octtrain.eval.cellpainting.profiles import Array
 
 CHANNELS = ("DNA", "AGP", "ER", "Mito", "RNA")
 OBJECTS = ("nuclei", "cells")

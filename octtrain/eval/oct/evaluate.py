@@ -10,7 +10,7 @@ volume once as well. Output (in ``--out``, default: the run folder of a local ch
   their counts, the bootstrap seed, the checkpoint and manifest used, and every volume's
   probabilities;
 * ``confusion-<split>.png``, ``groups-<split>.md``, ``groups-<split>.png``: the confusion
-  matrix and the per-group table and picture (octtrain/eval/results.py).
+  matrix and the per-group table and picture (octtrain/eval/oct/results.py).
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ from octtrain.data.dataset import ManifestDataset, Transform, read_manifest, to_
 from octtrain.data.loaders import padded_loader
 from octtrain.data.select import prepare
 from octtrain.data.splits import check_splits
-from octtrain.errors import CheckpointError, ConfigError, DataError
-from octtrain.eval import metrics as mt
-from octtrain.eval.breakdown import BootstrapSpec
-from octtrain.eval.results import report_entry, report_files, score, write_report
-from octtrain.eval.validation import predict
+from octtrain.errors import ConfigError, DataError
+from octtrain.eval.common import metrics as mt
+from octtrain.eval.common.validation import predict
+from octtrain.eval.oct.breakdown import BootstrapSpec
+from octtrain.eval.oct.results import report_entry, report_files, score, write_report
 from octtrain.models.classifier import classifier_from_state
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime.backend import make_backend
+from octtrain.runtime.checkpoint import resolve_checkpoint
 
 log = logging.getLogger("octtrain")
 console = Console()
@@ -50,17 +51,6 @@ class EvaluateResult:
     participant: mt.ClassificationMetrics
     collapse: str | None
     groups_png: Path | None = None
-
-
-def resolve_checkpoint(url: str) -> str:
-    """A checkpoint file as given; a checkpoint folder means its best checkpoint, else latest."""
-    if url.rstrip("/").endswith(".pt"):
-        return url
-    manager = ckpt.CheckpointManager(url, keep_last=1, keep_best=True)
-    found = manager.best() or manager.latest()
-    if found is None:
-        raise CheckpointError(f"{url}: no checkpoint found (no index.json or it is empty)")
-    return found
 
 
 def check_cache_shape(
@@ -119,7 +109,7 @@ def run_evaluate(
     man, _ = prepare(read_manifest(manifest, "evaluate"), select, label, [split])
     check_cache_shape(state, url, man, manifest, split)
     if label.regression:
-        from octtrain.eval.evaluate_regression import evaluate_regression
+        from octtrain.eval.oct.evaluate_regression import evaluate_regression
 
         folder = Path(out) if out else default_out(url)
         args = (split, cache, folder, device, batch_size, num_workers)

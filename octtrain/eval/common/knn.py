@@ -9,7 +9,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from octtrain.eval.metrics import balanced_accuracy, confusion_matrix
+from octtrain.eval.common.metrics import balanced_accuracy, confusion_matrix
 
 
 def knn_balanced_accuracy(

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from octtrain.eval.validation import collect
+from octtrain.eval.common.validation import collect
 from octtrain.runtime.backend import Backend
 
 TARGET_KEY = "target"  # octtrain.data.dataset.ManifestDataset's item layout

@@ -32,8 +32,8 @@ import numpy.typing as npt
 import pandas as pd
 
 from octtrain.errors import ConfigError
-from octtrain.eval.bootstrap import Interval
-from octtrain.eval.profiles import Array, WellKey
+from octtrain.eval.cellpainting.profiles import Array, WellKey
+from octtrain.eval.common.bootstrap import Interval
 
 # copairs logs each stage of every mAP at INFO ("Computing null_dist..."): noise in a training
 # run's log, which validates with it every validation.every steps.

@@ -27,7 +27,7 @@ from torch import nn
 from octtrain.config.finetune import HeadConfig, LossConfig
 from octtrain.data.splits import class_weights
 from octtrain.errors import ConfigError
-from octtrain.eval.metrics import balanced_accuracy, confusion_matrix
+from octtrain.eval.common.metrics import balanced_accuracy, confusion_matrix
 from octtrain.models.heads import ClassifierHead
 
 PROBES = ("attentive", "linear")

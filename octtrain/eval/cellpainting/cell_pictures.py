@@ -1,6 +1,7 @@
 """Pictures of a Cell Painting crop and of what the 2D encoder makes of it (pure numpy): the
 channels side by side, the CLS token's attention per head over the first channel (DNA in JUMP's
-order), and the patch features' first three principal components as RGB (``eval/pictures.py``).
+order), and the patch features' first three principal components as RGB
+(``eval/common/pictures.py``).
 A model that attends to nuclei shows hot spots on them at the first image step only if the
 pictures come early; these are written at the first step of every run."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from octtrain.eval.pictures import pca_rgb
+from octtrain.eval.common.pictures import pca_rgb
 
 
 def _grey(image: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:

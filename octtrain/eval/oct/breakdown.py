@@ -22,8 +22,8 @@ import numpy.typing as npt
 
 from octstage.manifest import Volume
 from octtrain.errors import ConfigError
-from octtrain.eval import metrics as mt
-from octtrain.eval.bootstrap import Interval, bootstrap, stream_of
+from octtrain.eval.common import metrics as mt
+from octtrain.eval.common.bootstrap import Interval, bootstrap, stream_of
 
 SITES = {"1": "UW", "4": "UCSD", "7": "UAB"}  # first digit of the participant id
 # The headline metrics with intervals, in table order.

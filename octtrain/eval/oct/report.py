@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from octtrain.config.finetune import LossConfig
-from octtrain.eval.metrics import ClassificationMetrics
+from octtrain.eval.common.metrics import ClassificationMetrics
 
 # Long study-group names do not fit a table column or a matrix axis.
 SHORT_NAMES = {

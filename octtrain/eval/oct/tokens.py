@@ -20,24 +20,19 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from octstage.manifest import Manifest, Volume, atomic_write_bytes
-from octtrain.config.loader import from_dict
-from octtrain.config.sections import ModelConfig
-from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
+from octtrain.data.dataset import ManifestDataset, Transform
+from octtrain.embed.encode import volume_tokens
 from octtrain.errors import CheckpointError, DataError
-from octtrain.models.classifier import classifier_from_state, encoder_from_state
-from octtrain.models.inputs import legacy_model
 from octtrain.runtime.backend import Backend
 from octtrain.runtime.checkpoint import state_from_bytes
 
 log = logging.getLogger("octtrain")
-ENCODERS = ("target", "context")
 
 
 @dataclass(frozen=True)
@@ -48,32 +43,6 @@ class Frozen:
     labels: torch.Tensor
     key: str
     cached: bool  # read from the cache (True) or computed now
-
-
-def load_encoder(
-    state: dict[str, Any], url: str, which: str
-) -> tuple[nn.Module, tuple[int, int, int], int, str]:
-    """(encoder, input shape, its attention heads, a name) from a pretraining checkpoint
-    (``which``: target or context encoder) or a finetuning one (its encoder, whatever
-    ``which`` says)."""
-    if state.get("kind") == "finetune":
-        model, _ = classifier_from_state(state)
-        cfg = from_dict(ModelConfig, legacy_model(state["config"]["model"]))
-        encoder: nn.Module = model.encoder
-        name = "finetuned"
-    else:
-        if which not in ENCODERS:
-            raise CheckpointError(f"--encoder must be one of {ENCODERS}, got {which!r}")
-        saved = state.get("config", {}).get("model")
-        if saved is None:
-            raise CheckpointError(f"{url}: not a pretraining checkpoint (no config.model)")
-        saved_cfg = from_dict(ModelConfig, legacy_model(saved))
-        encoder, cfg, _ = encoder_from_state(state, url, saved_cfg, which)
-        name = which
-    if cfg.input_shape is None:
-        raise CheckpointError(f"{url}: the checkpoint's model config has no input_shape")
-    d, h, w = cfg.input_shape
-    return encoder, (int(d), int(h), int(w)), cfg.sizes().num_heads, name
 
 
 def feature_key(
@@ -123,9 +92,7 @@ def split_features(
     chunks, labels = [], []
     with torch.no_grad():
         for batch in DataLoader(dataset, batch_size=batch_size):
-            image = {k: batch[k].to(backend.device) for k in ("image", "gain", "shift")}
-            with backend.autocast():
-                tokens = encoder(to_model_input(image))
+            tokens = volume_tokens(encoder, batch, backend)
             chunks.append(tokens.to(torch.float16).cpu())
             labels.append(batch["label"].to(torch.int64))
     if not chunks:

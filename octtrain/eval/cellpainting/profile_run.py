@@ -1,22 +1,24 @@
 """``octtrain profile``: well-level profiles of a DINO checkpoint's fields and the field's
 metrics, beside the baselines: the same encoder at random init (``RANDOM_SEEDS`` seeds), a small
-handcrafted feature set (``eval/profiles.py``) and, where cp-measure is installed (the ``train``
-extra), CellProfiler's measurements of segmented nuclei and cells (``eval/cp_features.py``).
+handcrafted feature set (``eval/cellpainting/profiles.py``) and, where cp-measure is installed
+(the ``train`` extra), CellProfiler's measurements of segmented nuclei and cells
+(``eval/cellpainting/cp_features.py``).
 
 Only held-out plates are scored: the plates of the checkpoint's training split
 (``data.train_split``) are left out, so DINO is never judged on plates it trained on (a
 manifest whose every field is in that split is refused).
 
-Each field's embedding (``field_embeddings``) covers the whole field, not one crop: the EMA
-teacher sees each of the field's non-overlapping ``crops.global_size`` tiles in its 8 flips and
-quarter turns (a field has no up; training draws the same transforms), and a tile's embedding
-is its CLS token concatenated with its mean patch token (DINOv2's linear-evaluation features),
-averaged over the transforms and the tiles. The random-init encoder is embedded the same way.
+Each field's embedding covers the whole field, not one crop: ``octtrain.embed.encode`` (the
+one definition ``octtrain embed`` exports) runs the EMA teacher on each of the field's
+non-overlapping ``crops.global_size`` tiles in its 8 flips and quarter turns, and a tile's
+embedding is its CLS token concatenated with its mean patch token (DINOv2's linear-evaluation
+features), averaged over the transforms and the tiles. The random-init encoder is embedded the
+same way.
 On the twin this beat the mean CLS token of the tiles as they lie, for DINO more than for the
 random init (measured with the evaluation before JUMP's recipe). The profiles' normalisation
-(JUMP's recipe) is ``eval/recipe.py``'s, the retrieval mAP and its bootstrap intervals
-``eval/retrieval.py``'s; the probe is the leave-one-out k-NN balanced accuracy of the
-perturbation classes (``eval/probe.py``) on well profiles and on field embeddings. Beside each
+(JUMP's recipe) is ``eval/cellpainting/recipe.py``'s, the retrieval mAP and its bootstrap intervals
+``eval/cellpainting/retrieval.py``'s; the probe is the leave-one-out k-NN balanced accuracy of the
+perturbation classes (``eval/common/knn.py``) on well profiles and on field embeddings. Beside each
 encoder's mAP and interval, the report gives DINO minus each rival with a paired interval (the
 same perturbations and wells drawn for both). The report goes to ``<out>/profile.json``.
 """
@@ -32,27 +34,40 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from octstage.manifest import atomic_write_text, check_output_folder, replace_report
 from octtrain.config.dino import DinoConfig
-from octtrain.config.loader import from_dict
-from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord, scale
+from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord
 from octtrain.data.dataset import read_manifest
-from octtrain.errors import CheckpointError, ConfigError, DataError
-from octtrain.eval import cp_features
-from octtrain.eval.probe import knn_balanced_accuracy
-from octtrain.eval.profiles import Array, WellKey, handcrafted_features, recipe_profiles
-from octtrain.eval.recipe import RecipeConfig
-from octtrain.eval.retrieval import KINDS, RESAMPLES, Retrieval, map_interval, paired_difference
-from octtrain.eval.retrieval import retrieval as score_retrieval
+from octtrain.embed.encode import embed_fields, field_tiles
+from octtrain.embed.encoders import dino_in_chans, dino_teacher
+from octtrain.errors import ConfigError, DataError
+from octtrain.eval.cellpainting import cp_features
+from octtrain.eval.cellpainting.profiles import (
+    Array,
+    WellKey,
+    handcrafted_features,
+    recipe_profiles,
+)
+from octtrain.eval.cellpainting.recipe import RecipeConfig
+from octtrain.eval.cellpainting.retrieval import (
+    KINDS,
+    RESAMPLES,
+    Retrieval,
+    map_interval,
+    paired_difference,
+)
+from octtrain.eval.cellpainting.retrieval import retrieval as score_retrieval
+from octtrain.eval.common.knn import knn_balanced_accuracy
 from octtrain.models.dino import build_student
-from octtrain.models.inputs import legacy_model
 from octtrain.models.vit2d import ViT2D
 from octtrain.runtime.checkpoint import load_checkpoint
 
 log = logging.getLogger("octtrain")
 RANDOM_SEEDS = 3
 REPORT = "profile.json"
+FIELDS_PER_BATCH = 8
 
 
 class ProfiledField(FieldRecord, Protocol):
@@ -74,58 +89,36 @@ def encoders(
     """(config, trained teacher backbone, the same backbone at random init with the seeds
     ``train.seed + 1 .. train.seed + random_seeds``)."""
     state = load_checkpoint(checkpoint)
-    if state.get("kind") != "dino":
-        raise CheckpointError(f"{checkpoint}: not a DINO checkpoint (kind {state.get('kind')!r})")
-    saved = dict(state["config"])
-    saved["model"] = legacy_model(saved.get("model", {}))  # an old checkpoint's input rule
-    cfg = from_dict(DinoConfig, saved)
-    teacher = build_student(cfg, in_chans)
-    teacher.load_state_dict(state["teacher"])
+    cfg, teacher = dino_teacher(state, checkpoint)
+    if dino_in_chans(state, checkpoint) != in_chans:
+        raise DataError(
+            f"{checkpoint}: the DINO teacher reads {dino_in_chans(state, checkpoint)} channels, "
+            f"the fields have {in_chans}: profile fields of the kind the run trained on"
+        )
     randoms = []
     for i in range(random_seeds):
         torch.manual_seed(cfg.train.seed + 1 + i)
         random = build_student(cfg, in_chans).backbone
         # Random init sees its input as the trained encoder does (the same channel statistics).
-        random.input_norm.load_state_dict(teacher.backbone.input_norm.state_dict())
+        random.input_norm.load_state_dict(teacher.input_norm.state_dict())
         randoms.append(random.eval())
-    return cfg, teacher.backbone.eval(), randoms
-
-
-def dihedral(tiles: torch.Tensor) -> list[torch.Tensor]:
-    """The 8 flips and quarter turns of square tiles ``[N, C, S, S]`` (the identity first)."""
-    turns = [torch.rot90(tiles, k, dims=(-2, -1)) for k in range(4)]
-    return turns + [t.flip(-1) for t in turns]
-
-
-def tile_embeddings(backbone: ViT2D, tiles: torch.Tensor) -> torch.Tensor:
-    """``[N, 2D]``: each tile's CLS token and mean patch token, concatenated, averaged over the
-    tile's 8 flips and quarter turns (one forward per transform: memory of one tile batch)."""
-    total = torch.zeros((), device=tiles.device)
-    for view in dihedral(tiles):
-        cls, patches = backbone(view)
-        total = total + torch.cat([cls, patches.mean(dim=1)], dim=-1).float()
-    return total / 8.0
+    return cfg, teacher, randoms
 
 
 def field_embeddings(
-    backbone: ViT2D, dataset: CellPaintingDataset, tile: int, device: torch.device
+    backbone: nn.Module, dataset: CellPaintingDataset, tile: int, device: torch.device
 ) -> Array:
-    """Each field's embedding ``[fields, 2D]``: the mean over its ``tile`` x ``tile`` tiles of
-    ``tile_embeddings`` (see the module docstring)."""
+    """Each field's embedding ``[fields, 2D]`` (``octtrain.embed.encode``: the one definition
+    ``embed`` writes), ``FIELDS_PER_BATCH`` fields a forward."""
     backbone.to(device)
     rows = []
-    with torch.no_grad():
-        for i in range(len(dataset)):
-            field = dataset.open(i).read()
-            _, h, w = field.shape
-            tiles = [
-                field[:, y : y + tile, x : x + tile]
-                for y in range(0, h - tile + 1, tile)
-                for x in range(0, w - tile + 1, tile)
-            ]
-            x = scale(torch.from_numpy(np.stack(tiles)).to(device))
-            rows.append(tile_embeddings(backbone, x).mean(dim=0).cpu().numpy())
-    return np.stack(rows).astype(np.float64)
+    for start in range(0, len(dataset), FIELDS_PER_BATCH):
+        stop = min(start + FIELDS_PER_BATCH, len(dataset))
+        tiles = [
+            torch.from_numpy(field_tiles(dataset.open(i).read(), tile)) for i in range(start, stop)
+        ]
+        rows.append(embed_fields(backbone, tiles, device))
+    return np.concatenate(rows).astype(np.float64)
 
 
 def profiled(fields: Sequence[ProfiledField]) -> list[ProfiledField]:

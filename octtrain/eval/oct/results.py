@@ -25,10 +25,10 @@ import numpy.typing as npt
 from rich.console import Console
 
 from octstage.manifest import Volume, atomic_write_text
-from octtrain.eval import breakdown as bd
-from octtrain.eval import metrics as mt
-from octtrain.eval.breakdown_report import group_markdown, group_table, write_group_png
-from octtrain.eval.report import print_collapse, print_metrics, short, write_confusion_png
+from octtrain.eval.common import metrics as mt
+from octtrain.eval.oct import breakdown as bd
+from octtrain.eval.oct.breakdown_report import group_markdown, group_table, write_group_png
+from octtrain.eval.oct.report import print_collapse, print_metrics, short, write_confusion_png
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The per-group report for people: a console table, a Markdown table (paste into a paper or a
 README) and a picture of each headline metric per group with its interval.
 
-Rendering only; the numbers come from ``octtrain.eval.breakdown``. A value prints as
+Rendering only; the numbers come from ``octtrain.eval.oct.breakdown``. A value prints as
 ``0.812 [0.741, 0.880]``; an undefined one as ``n/a``; a group too small to score prints its
 counts and ``too small``.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from octtrain.eval.bootstrap import Interval
-from octtrain.eval.breakdown import BootstrapSpec, GroupResult
+from octtrain.eval.common.bootstrap import Interval
+from octtrain.eval.oct.breakdown import BootstrapSpec, GroupResult
 
 # The columns shown (all of INTERVAL_METRICS are in the JSON).
 SHOWN = (("balanced_accuracy", "balanced acc."), ("macro_auroc", "macro AUROC"))

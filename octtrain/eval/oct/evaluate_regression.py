@@ -1,6 +1,7 @@
 """``octtrain evaluate`` of a regression checkpoint (``data.label.task: regression``).
 
-The same exact-once prediction path as a classification (eval/validation.py), on the volumes the
+The same exact-once prediction path as a classification (eval/common/validation.py), on the
+volumes the
 checkpoint's own ``data.select`` and ``data.label`` choose from the manifest; predictions are
 mapped back to the concept's unit with the training split's standardizer stored in the
 checkpoint. Writes ``metrics-<split>.json`` (volume- and participant-level MAE, RMSE, R^2 and
@@ -21,8 +22,8 @@ from octtrain.config.sections import DataConfig, LabelConfig
 from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
 from octtrain.data.loaders import padded_loader
 from octtrain.errors import CheckpointError, ConfigError
-from octtrain.eval import regression as rg
-from octtrain.eval.results import report_entry
+from octtrain.eval.oct import regression as rg
+from octtrain.eval.oct.results import report_entry
 from octtrain.models.classifier import classifier_from_state
 from octtrain.runtime.backend import make_backend
 

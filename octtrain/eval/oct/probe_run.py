@@ -2,9 +2,9 @@
 
 The checkpoint is a pretraining one (its EMA target encoder by default, as V-JEPA evaluates) or
 a finetuning one (its encoder). The encoder runs once per split (train, val and the evaluated
-split) and its tokens are cached (octtrain/eval/features.py); an attentive and a linear probe
+split) and its tokens are cached (octtrain/eval/oct/tokens.py); an attentive and a linear probe
 are fitted on the training tokens over a learning-rate grid, chosen on validation
-(octtrain/eval/probe_train.py), and scored on the evaluated split. Output in ``--out`` (default:
+(octtrain/eval/oct/probe_train.py), and scored on the evaluated split. Output in ``--out`` (default:
 ``probe/`` in the checkpoint's run folder):
 
 * ``attentive/`` and ``linear/``: ``metrics-<split>.json``, ``confusion-<split>.png``,
@@ -38,15 +38,17 @@ from octstage.manifest import (
 )
 from octtrain.data.dataset import read_manifest
 from octtrain.data.splits import check_splits
+from octtrain.embed.encoders import load_encoder
 from octtrain.errors import ConfigError
-from octtrain.eval.breakdown import BootstrapSpec
-from octtrain.eval.breakdown_report import fmt_interval
-from octtrain.eval.evaluate import default_out, resolve_checkpoint
-from octtrain.eval.features import Frozen, feature_key, load_encoder, split_features
-from octtrain.eval.probe_train import PROBES, ProbeFit, ProbeSettings, fit_probe, predict_probs
-from octtrain.eval.results import Scored, score, write_report
+from octtrain.eval.oct.breakdown import BootstrapSpec
+from octtrain.eval.oct.breakdown_report import fmt_interval
+from octtrain.eval.oct.evaluate import default_out
+from octtrain.eval.oct.probe_train import PROBES, ProbeFit, ProbeSettings, fit_probe, predict_probs
+from octtrain.eval.oct.results import Scored, score, write_report
+from octtrain.eval.oct.tokens import Frozen, feature_key, split_features
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime.backend import make_backend
+from octtrain.runtime.checkpoint import resolve_checkpoint
 
 log = logging.getLogger("octtrain")
 SUMMARY = "probe.json"  # beside the probes' report folders

@@ -1,0 +1,86 @@
+"""An item's embedding, the one definition that ``embed``, ``profile`` and ``probe`` share.
+
+* **A Cell Painting field** (``field_tiles`` then ``tile_embeddings``): the field is cut into its
+  non-overlapping ``tile`` x ``tile`` tiles (the crop size the encoder trained on, at native
+  scale); each tile goes through the encoder in its 8 flips and quarter turns (a field has no
+  up; training draws the same transforms), and a tile's embedding is its CLS token concatenated
+  with its mean patch token (DINOv2's linear-evaluation features), averaged over the transforms;
+  the field's embedding is the mean over its tiles.
+* **An OCT volume** (``pool_tokens``): the mean of the encoder's output tokens, what the linear
+  probe reads (``eval/oct/probe_train.py``) and what RETFound-style users pool.
+
+Several fields go through the encoder as one batch of tiles (``embed_fields``): a field is a
+handful of tiles, too few to keep a GPU busy alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from octtrain.data.cellpainting import scale
+from octtrain.data.dataset import to_model_input
+from octtrain.runtime.backend import Backend
+
+
+def field_tiles(field: np.ndarray, tile: int) -> np.ndarray:
+    """The non-overlapping ``tile`` x ``tile`` tiles of a ``[C, Y, X]`` field, row by row, as
+    ``[T, C, tile, tile]`` (a margin narrower than a tile is left out); ValueError when the
+    field is smaller than one tile."""
+    _, h, w = field.shape
+    if h < tile or w < tile:
+        raise ValueError(f"a field of {h}x{w} pixels holds no {tile}x{tile} tile")
+    return np.stack(
+        [
+            field[:, y : y + tile, x : x + tile]
+            for y in range(0, h - tile + 1, tile)
+            for x in range(0, w - tile + 1, tile)
+        ]
+    )
+
+
+def dihedral(tiles: torch.Tensor) -> list[torch.Tensor]:
+    """The 8 flips and quarter turns of square tiles ``[N, C, S, S]`` (the identity first)."""
+    turns = [torch.rot90(tiles, k, dims=(-2, -1)) for k in range(4)]
+    return turns + [t.flip(-1) for t in turns]
+
+
+def tile_embeddings(backbone: nn.Module, tiles: torch.Tensor) -> torch.Tensor:
+    """``[N, 2D]``: each tile's CLS token and mean patch token, concatenated, averaged over the
+    tile's 8 flips and quarter turns (one forward per transform: memory of one tile batch)."""
+    total = torch.zeros((), device=tiles.device)
+    for view in dihedral(tiles):
+        cls, patches = backbone(view)
+        total = total + torch.cat([cls, patches.mean(dim=1)], dim=-1).float()
+    return total / 8.0
+
+
+def embed_fields(
+    backbone: nn.Module, tiles: Sequence[torch.Tensor], device: torch.device
+) -> np.ndarray:
+    """The embeddings ``[fields, 2D]`` (float32) of fields given as their uint8 tiles
+    (``field_tiles``), all tiles in one batch."""
+    counts = [len(t) for t in tiles]
+    batch = scale(torch.cat(list(tiles)).to(device))
+    with torch.no_grad():
+        per_tile = tile_embeddings(backbone, batch)
+    rows = [part.mean(dim=0) for part in torch.split(per_tile, counts)]
+    return torch.stack(rows).cpu().numpy().astype(np.float32)
+
+
+def volume_tokens(encoder: nn.Module, batch: dict[str, Any], backend: Backend) -> torch.Tensor:
+    """The encoder's tokens ``[N, T, D]`` of a batch of volumes (``image``, ``gain``, ``shift``
+    as the loader gives them), under the backend's autocast."""
+    image = {k: batch[k].to(backend.device) for k in ("image", "gain", "shift")}
+    with torch.no_grad(), backend.autocast():
+        tokens: torch.Tensor = encoder(to_model_input(image))
+    return tokens
+
+
+def pool_tokens(tokens: torch.Tensor) -> torch.Tensor:
+    """A volume's embedding ``[N, D]`` from its encoder tokens ``[N, T, D]``: their mean."""
+    return tokens.float().mean(dim=1)

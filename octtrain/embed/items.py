@@ -1,0 +1,113 @@
+"""The items of one part, read and cut for the encoder in loader workers (uint8 crosses the pipe).
+
+* a Cell Painting field: its tiles (``encode.field_tiles``), uint8 ``[T, C, tile, tile]``;
+* an OCT volume: the centre crop to the encoder's input shape, with no augmentation (what
+  ``probe`` and ``evaluate`` read), uint8, and its neutral gain and shift.
+
+``check_items`` refuses, before any work, items the encoder cannot read: another channel count
+(or other channel names, when the checkpoint saved them), a field smaller than a tile, a volume
+smaller than the input shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from octtrain.data.cellpainting import CellPaintingDataset, field_shapes
+from octtrain.data.dataset import Transform
+from octtrain.data.volumeread import read_volume
+from octtrain.embed.encode import field_tiles
+from octtrain.embed.encoders import Encoder
+from octtrain.errors import DataError
+
+
+def check_items(items: Sequence[Any], encoder: Encoder, manifest: str) -> None:
+    """DataError naming the manifest, the first item that does not fit and why."""
+    if not len(items):
+        return
+    shapes = field_shapes(items)
+    if encoder.data_kind == "cellpainting":
+        wrong = np.flatnonzero(shapes[:, 0] != encoder.in_chans)
+        if len(wrong):
+            raise DataError(
+                f"{manifest}: item {int(wrong[0])} has {int(shapes[wrong[0], 0])} channels, the "
+                f"checkpoint's encoder reads {encoder.in_chans}: embed fields of the channels "
+                "the run trained on"
+            )
+        found = tuple(items[0].channels)
+        if encoder.channels is not None and found != encoder.channels:
+            raise DataError(
+                f"{manifest}: channels {list(found)}, the checkpoint trained on "
+                f"{list(encoder.channels)}: the features would be read from other stains"
+            )
+        small = np.flatnonzero(shapes[:, 1:].min(axis=1) < encoder.tile)
+        if len(small):
+            _, h, w = shapes[small[0]]
+            raise DataError(
+                f"{manifest}: item {int(small[0])} is a {h}x{w} field, smaller than the "
+                f"encoder's {encoder.tile}-pixel tile"
+            )
+        return
+    assert encoder.input_shape is not None
+    small = np.flatnonzero((shapes < np.array(encoder.input_shape)).any(axis=1))
+    if len(small):
+        raise DataError(
+            f"{manifest}: item {int(small[0])} has shape {list(shapes[small[0]])}, smaller than "
+            f"the encoder's input {list(encoder.input_shape)}"
+        )
+
+
+class PartItems(Dataset[dict[str, Any]]):
+    """Items ``items`` (a part's view of the manifest) as the encoder reads them."""
+
+    def __init__(self, items: Sequence[Any], root: Path, encoder: Encoder) -> None:
+        self.kind, self.root = encoder.data_kind, root
+        self.tile, self.shape = encoder.tile, encoder.input_shape
+        if self.kind == "cellpainting":
+            assert encoder.crops is not None
+            self.fields = CellPaintingDataset(items, root, encoder.crops, 1)
+        else:
+            self.volumes = items
+            assert self.shape is not None
+            self.transform = Transform(self.shape, None)
+
+    def __len__(self) -> int:
+        return len(self.fields) if self.kind == "cellpainting" else len(self.volumes)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if self.kind == "cellpainting":
+            tiles = field_tiles(self.fields.open(index).read(), self.tile)
+            return {"tiles": torch.from_numpy(np.ascontiguousarray(tiles))}
+        crop, gain, shift = self.transform(read_volume(self.root, self.volumes[index]), None)
+        return {
+            "image": torch.from_numpy(crop)[None],
+            "gain": torch.tensor(gain, dtype=torch.float32),
+            "shift": torch.tensor(shift, dtype=torch.float32),
+        }
+
+
+def _collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tiles as a list (fields may have different tile counts); volumes stacked."""
+    if "tiles" in rows[0]:
+        return {"tiles": [r["tiles"] for r in rows]}
+    return {k: torch.stack([r[k] for r in rows]) for k in ("image", "gain", "shift")}
+
+
+def part_loader(
+    items: Sequence[Any], root: Path, encoder: Encoder, batch_size: int, num_workers: int
+) -> DataLoader[dict[str, Any]]:
+    """The part's items in order, ``batch_size`` a batch, read ahead by ``num_workers``."""
+    return DataLoader(
+        PartItems(items, root, encoder),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=_collate,
+        persistent_workers=False,
+    )

@@ -1,0 +1,303 @@
+"""``octtrain embed``: every item's embedding, in the layout the field's own tools read.
+
+One process, or several under ``torchrun`` (gloo on CPU, NCCL on GPUs), on one host or many
+(``--out`` on storage every host can write, as a run folder is): the selected items are cut into
+parts (``parts.plan``), each process embeds its share (``parts.mine``) with the checkpoint's
+encoder (``encoders``; ``encode``: the one definition of an item's embedding that ``profile``
+and ``probe`` use too), its loader workers reading and tiling ahead (``items``), and writes each
+part a row group at a time. Every process then agrees on the outcome (``runtime.hosts.agree``:
+a failure on one host stops every host with its message), and process 0 writes the per-well
+(per-participant) table and, last, the header (``export``).
+
+Resuming is the same command: a part whose record and checksum match is kept, a missing or
+damaged one is embedded again, and a finished export re-run embeds nothing. Ctrl-C (exit 130)
+keeps every finished part; the part in progress leaves no file that looks finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from octstage.manifest import Manifest, atomic_write_text, claim_export_folder
+from octtrain import __version__
+from octtrain.config.embed import EmbedConfig
+from octtrain.data.dataset import read_manifest
+from octtrain.embed import export
+from octtrain.embed.encode import embed_fields, pool_tokens, volume_tokens
+from octtrain.embed.encoders import Encoder, checkpoint_encoder
+from octtrain.embed.items import check_items, part_loader
+from octtrain.embed.parts import Part, PartWriter, check_part, mine, plan
+from octtrain.embed.tables import GROUPS, item_batch, item_schema, metadata_columns
+from octtrain.errors import ConfigError, DataError, OcttrainError
+from octtrain.runtime import hosts
+from octtrain.runtime.backend import Backend, make_backend
+from octtrain.runtime.checkpoint import checkpoint_sha256, load_checkpoint, resolve_checkpoint
+
+log = logging.getLogger("octtrain")
+
+
+@dataclass
+class Setup:
+    """What every process knows before it embeds."""
+
+    encoder: Encoder
+    items: Sequence[Any]
+    root: Path
+    identity: dict[str, Any]
+    checkpoint: dict[str, Any]
+    manifest: dict[str, Any]
+    complete: bool  # process 0 found a finished export of this identity
+
+
+def _selection(manifest: Manifest, path: str, split: str | None) -> Sequence[Any]:
+    if split is None:
+        return manifest.items
+    items: Sequence[Any] = (
+        manifest.split_fields(split) if manifest.kind == "cellpainting" else manifest.split(split)
+    )
+    if not len(items):
+        column = getattr(manifest.items, "column", None)  # the columnar form: no item built
+        found = sorted(set(column("split") if column else [i.split for i in manifest.items]))
+        raise ConfigError(f"--split {split!r}: {path} has no items in it (its splits: {found})")
+    return items
+
+
+def _file_sha256(path: str) -> str:
+    try:
+        return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the manifest ({exc.strerror})") from None
+
+
+def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
+    """The encoder, the items and the export's identity; on process 0 the folder is claimed
+    (one output-folder rule) and the plan written. Refusals name the file and the way out."""
+    url = resolve_checkpoint(cfg.checkpoint)
+    state = load_checkpoint(url)
+    encoder = checkpoint_encoder(state, url, cfg.encoder)
+    manifest = read_manifest(cfg.manifest, "embed", None)
+    if manifest.kind != encoder.data_kind:
+        raise DataError(
+            f"{cfg.manifest} is a {manifest.kind} manifest and {url} a {state.get('kind')} "
+            f"checkpoint, which embeds {encoder.data_kind} items: embed each kind with a "
+            "checkpoint trained on it"
+        )
+    items = _selection(manifest, cfg.manifest, cfg.split)[: cfg.limit]
+    check_items(items, encoder, cfg.manifest)
+    identity = {
+        "kind": manifest.kind,
+        "checkpoint_sha256": checkpoint_sha256(url),
+        "encoder": encoder.name,
+        "manifest_sha256": _file_sha256(cfg.manifest),
+        "split": cfg.split,
+        "limit": cfg.limit,
+        "items": len(items),
+        "part_size": cfg.part_size,
+        "prefix": cfg.prefix,
+    }
+    folder, complete = Path(cfg.out), False
+    if backend.is_main:
+        earlier = claim_export_folder(folder, export.PLAN, export.own, identity, ConfigError)
+        if earlier is None:
+            started = {**identity, "processes": backend.process_count, "started": _now()}
+            atomic_write_text(folder / export.PLAN, json.dumps(started, indent=2))
+        elif earlier.get("processes") != backend.process_count:
+            log.info(
+                "resuming an export started with %s processes on %d: its parts do not depend "
+                "on the number of processes",
+                earlier.get("processes"),
+                backend.process_count,
+            )
+        complete = export.header_matches(folder, identity)
+    checkpoint = {"path": url, "step": encoder.step, "sha256": identity["checkpoint_sha256"]}
+    checkpoint["encoder"] = encoder.name
+    described = {"path": cfg.manifest, "sha256": identity["manifest_sha256"]}
+    described |= {"kind": manifest.kind, "items": len(manifest.items)}
+    root = Path(cfg.cache) if cfg.cache else Path(cfg.manifest).parent
+    return Setup(encoder, items, root, identity, checkpoint, described, complete)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class Progress:
+    """A line every ``every_s`` seconds: items done of this process's share, items/s, ETA."""
+
+    def __init__(self, total: int, every_s: float, rank: int) -> None:
+        self.total, self.every_s, self.rank = total, every_s, rank
+        self.done, self.start = 0, time.monotonic()
+        self.last = self.start
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= self.every_s or self.done == self.total:
+            self.last = now
+            rate = self.done / max(now - self.start, 1e-9)
+            eta = (self.total - self.done) / rate if rate else float("inf")
+            log.info(
+                "embed (process %d): %d of %d items (%.0f%%), %.1f items/s, ETA %s",
+                self.rank,
+                self.done,
+                self.total,
+                100.0 * self.done / max(self.total, 1),
+                rate,
+                time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 1e6 else "n/a",
+            )
+
+    @property
+    def rate(self) -> float:
+        return self.done / max(time.monotonic() - self.start, 1e-9)
+
+
+def embed_batch(encoder: Encoder, batch: dict[str, Any], backend: Backend) -> np.ndarray:
+    """``[n, dim]`` float32 embeddings of one loader batch."""
+    if encoder.data_kind == "cellpainting":
+        return embed_fields(encoder.module, batch["tiles"], backend.device)
+    tokens = volume_tokens(encoder.module, batch, backend)
+    return pool_tokens(tokens).cpu().numpy().astype(np.float32)
+
+
+def embed_part(
+    s: Setup, cfg: EmbedConfig, part: Part, backend: Backend, progress: Progress
+) -> None:
+    """One part, written whole (its record last) or not at all."""
+    view = s.items[part.start : part.stop]
+    kind = s.encoder.data_kind
+    meta = metadata_columns(view, kind)
+    writer: PartWriter | None = None
+    offset = 0
+    try:
+        for batch in part_loader(view, s.root, s.encoder, cfg.batch_size, cfg.num_workers):
+            x = embed_batch(s.encoder, batch, backend)
+            bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+            if len(bad):
+                first = meta[next(iter(meta))][offset + int(bad[0])].as_py()
+                raise DataError(
+                    f"item {part.start + offset + int(bad[0])} ({first}): a non-finite "
+                    "embedding (the checkpoint's weights or the item's pixels)"
+                )
+            if writer is None:
+                writer = PartWriter(Path(cfg.out), part, item_schema(kind, cfg.prefix, x.shape[1]))
+            rows = {k: v.slice(offset, len(x)) for k, v in meta.items()}
+            writer.write(item_batch(kind, writer.schema, rows, x))
+            offset += len(x)
+            progress.advance(len(x))
+        if writer is None:
+            raise DataError(f"{part.name}: no items read")
+        writer.finish()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+
+
+def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, float]:
+    """This process's parts: complete ones kept, the others embedded."""
+    parts = mine(plan(len(s.items), cfg.part_size), backend.process_index, backend.process_count)
+    todo = []
+    for part in parts:
+        record, why = check_part(Path(cfg.out), part)
+        if record is None:
+            if why != "not written":
+                log.warning("%s: %s; embedding it again", part.name, why)
+            todo.append(part)
+    progress = Progress(sum(p.rows for p in todo), cfg.progress_s, backend.process_index)
+    log.info(
+        "embed (process %d of %d): %d parts of %d to embed (%d items), %d complete already",
+        backend.process_index,
+        backend.process_count,
+        len(todo),
+        len(parts),
+        progress.total,
+        len(parts) - len(todo),
+    )
+    s.encoder.module.to(backend.device)
+    for part in todo:
+        embed_part(s, cfg, part, backend, progress)
+    return {
+        "parts_embedded": len(todo),
+        "parts_kept": len(parts) - len(todo),
+        "items_embedded": progress.done,
+        "items_per_s": round(progress.rate, 2) if progress.done else 0,
+    }
+
+
+def finish(s: Setup, cfg: EmbedConfig) -> dict[str, Any]:
+    """Process 0, every part written: the per-group table, then the header."""
+    folder = Path(cfg.out)
+    parts = plan(len(s.items), cfg.part_size)
+    records = []
+    for part in parts:
+        record, why = check_part(folder, part)
+        if record is None:
+            raise DataError(f"{folder / part.name}: {why} after every process finished")
+        records.append(vars(record))
+    schema = pq.read_schema(folder / parts[0].name)
+    dim = sum(1 for name in schema.names if name.startswith(cfg.prefix))
+    groups = export.write_groups(folder, parts, s.encoder.data_kind, cfg.prefix, dim)
+    header = {
+        "format": export.FORMAT,
+        "kind": s.encoder.data_kind,
+        "created": _now(),
+        "code_version": __version__,
+        "identity": s.identity,
+        "checkpoint": s.checkpoint,
+        "config": s.encoder.config,
+        "manifest": s.manifest,
+        "split": cfg.split,
+        "features": {"prefix": cfg.prefix, "dim": dim, "dtype": "float32"},
+        "items": len(s.items),
+        "parts": records,
+        "groups": groups,
+        "group_keys": list(GROUPS[s.encoder.data_kind][0]),
+    }
+    export.write_header(folder, header)
+    return header
+
+
+def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
+    """``octtrain embed``: the summary (what was embedded and kept, where the tables are)."""
+    started = time.monotonic()
+    backend = make_backend(cfg.device)
+    try:
+        s = hosts.agreed(backend, "setting up the export", lambda: setup(cfg, backend))
+        complete = bool(backend.broadcast_object(s.complete))
+        summary: dict[str, Any] = {"out": cfg.out, "items": len(s.items)}
+        if complete:
+            log.info("%s: the export is complete; nothing to embed", cfg.out)
+            summary |= {"parts_embedded": 0, "items_embedded": 0, "parts_kept": "all"}
+        else:
+            failure: OcttrainError | None = None
+            try:
+                summary |= embed_mine(s, cfg, backend)
+            except OcttrainError as exc:
+                failure = exc
+            hosts.agree(backend, failure, "embedding its parts")
+            hosts.agreed(
+                backend,
+                "writing the per-group table and the header",
+                lambda: finish(s, cfg) if backend.is_main else {},
+            )
+        header = export.read_header(Path(cfg.out), check=False) if backend.is_main else {}
+        summary |= {
+            "header": str(Path(cfg.out) / export.HEADER),
+            "groups": header.get("groups", {}),
+            "parts": len(header.get("parts", [])),
+            "seconds": round(time.monotonic() - started, 1),
+        }
+        return summary
+    finally:
+        backend.close()
