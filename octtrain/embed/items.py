@@ -11,6 +11,8 @@ smaller than the input shape.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,15 +101,40 @@ def _collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: torch.stack([r[k] for r in rows]) for k in ("image", "gain", "shift")}
 
 
-def part_loader(
-    items: Sequence[Any], root: Path, encoder: Encoder, batch_size: int, num_workers: int
+class PartsItems(Dataset[dict[str, Any]]):
+    """The items of several parts as one dataset (part after part), so one set of loader
+    workers reads ahead across part boundaries."""
+
+    def __init__(self, views: Sequence[Sequence[Any]], root: Path, encoder: Encoder) -> None:
+        self.parts = [PartItems(view, root, encoder) for view in views]
+        self.starts = [0, *itertools.accumulate(len(p) for p in self.parts)]
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        part = bisect.bisect_right(self.starts, index) - 1
+        return self.parts[part][index - self.starts[part]]
+
+
+def parts_loader(
+    views: Sequence[Sequence[Any]],
+    root: Path,
+    encoder: Encoder,
+    batch_size: int,
+    num_workers: int,
 ) -> DataLoader[dict[str, Any]]:
-    """The part's items in order, ``batch_size`` a batch, read ahead by ``num_workers``."""
+    """The parts' items in order, ``batch_size`` a batch, no batch across two parts, read
+    ahead by ``num_workers`` processes started once."""
+    dataset = PartsItems(views, root, encoder)
+    batches = [
+        list(range(start + offset, start + min(offset + batch_size, len(view))))
+        for start, view in zip(dataset.starts, views, strict=False)
+        for offset in range(0, len(view), batch_size)
+    ]
     return DataLoader(
-        PartItems(items, root, encoder),
-        batch_size=batch_size,
-        shuffle=False,
+        dataset,
+        batch_sampler=batches,
         num_workers=num_workers,
         collate_fn=_collate,
-        persistent_workers=False,
     )

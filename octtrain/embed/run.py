@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+import torch
 
 from octstage.manifest import Manifest, atomic_write_text, claim_export_folder
 from octtrain import __version__
@@ -36,12 +37,12 @@ from octtrain.data.dataset import read_manifest
 from octtrain.embed import export
 from octtrain.embed.encode import embed_fields, pool_tokens, volume_tokens
 from octtrain.embed.encoders import Encoder, checkpoint_encoder
-from octtrain.embed.items import check_items, part_loader
+from octtrain.embed.items import check_items, parts_loader
 from octtrain.embed.parts import Part, PartWriter, check_part, mine, plan
 from octtrain.embed.tables import GROUPS, item_batch, item_schema, metadata_columns
 from octtrain.errors import ConfigError, DataError, OcttrainError
 from octtrain.runtime import hosts
-from octtrain.runtime.backend import Backend, make_backend
+from octtrain.runtime.backend import Backend, cpu_threads, make_backend
 from octtrain.runtime.checkpoint import checkpoint_sha256, load_checkpoint, resolve_checkpoint
 
 log = logging.getLogger("octtrain")
@@ -89,7 +90,7 @@ def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
     manifest = read_manifest(cfg.manifest, "embed", None)
     if manifest.kind != encoder.data_kind:
         raise DataError(
-            f"{cfg.manifest} is a {manifest.kind} manifest and {url} a {state.get('kind')} "
+            f"{cfg.manifest} lists {manifest.kind} items and {url} is a {state.get('kind')} "
             f"checkpoint, which embeds {encoder.data_kind} items: embed each kind with a "
             "checkpoint trained on it"
         )
@@ -170,38 +171,47 @@ def embed_batch(encoder: Encoder, batch: dict[str, Any], backend: Backend) -> np
     return pool_tokens(tokens).cpu().numpy().astype(np.float32)
 
 
-def embed_part(
-    s: Setup, cfg: EmbedConfig, part: Part, backend: Backend, progress: Progress
-) -> None:
-    """One part, written whole (its record last) or not at all."""
-    view = s.items[part.start : part.stop]
-    kind = s.encoder.data_kind
-    meta = metadata_columns(view, kind)
-    writer: PartWriter | None = None
-    offset = 0
-    try:
-        for batch in part_loader(view, s.root, s.encoder, cfg.batch_size, cfg.num_workers):
-            x = embed_batch(s.encoder, batch, backend)
-            bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
-            if len(bad):
-                first = meta[next(iter(meta))][offset + int(bad[0])].as_py()
-                raise DataError(
-                    f"item {part.start + offset + int(bad[0])} ({first}): a non-finite "
-                    "embedding (the checkpoint's weights or the item's pixels)"
-                )
-            if writer is None:
-                writer = PartWriter(Path(cfg.out), part, item_schema(kind, cfg.prefix, x.shape[1]))
-            rows = {k: v.slice(offset, len(x)) for k, v in meta.items()}
-            writer.write(item_batch(kind, writer.schema, rows, x))
-            offset += len(x)
-            progress.advance(len(x))
-        if writer is None:
-            raise DataError(f"{part.name}: no items read")
-        writer.finish()
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
+class PartSink:
+    """Rows arriving in item order, written into their parts (each whole, its record last)."""
+
+    def __init__(self, s: Setup, cfg: EmbedConfig, parts: list[Part]) -> None:
+        self.s, self.cfg, self.parts = s, cfg, parts
+        self.kind = s.encoder.data_kind
+        self.current = -1
+        self.writer: PartWriter | None = None
+        self.meta: dict[str, Any] = {}
+        self.offset = 0
+
+    def _next(self, dim: int) -> None:
+        self.current += 1
+        part = self.parts[self.current]
+        self.meta = metadata_columns(self.s.items[part.start : part.stop], self.kind)
+        schema = item_schema(self.kind, self.cfg.prefix, dim)
+        self.writer, self.offset = PartWriter(Path(self.cfg.out), part, schema), 0
+
+    def write(self, x: np.ndarray) -> None:
+        """One batch's embeddings (a batch never spans two parts: ``items.parts_loader``)."""
+        if self.writer is None:
+            self._next(x.shape[1])
+        assert self.writer is not None
+        part = self.parts[self.current]
+        bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+        if len(bad):
+            raise DataError(
+                f"item {part.start + self.offset + int(bad[0])} of the selection: a non-finite "
+                "embedding (the checkpoint's weights or the item's pixels)"
+            )
+        rows = {k: v.slice(self.offset, len(x)) for k, v in self.meta.items()}
+        self.writer.write(item_batch(self.kind, self.writer.schema, rows, x))
+        self.offset += len(x)
+        if self.offset == part.rows:
+            self.writer.finish()
+            self.writer = None
+
+    def abort(self) -> None:
+        """The part in progress leaves no file (finished parts stay)."""
+        if self.writer is not None:
+            self.writer.abort()
 
 
 def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, float]:
@@ -225,8 +235,16 @@ def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, float]
         len(parts) - len(todo),
     )
     s.encoder.module.to(backend.device)
-    for part in todo:
-        embed_part(s, cfg, part, backend, progress)
+    views = [s.items[p.start : p.stop] for p in todo]
+    sink = PartSink(s, cfg, todo)
+    try:
+        for batch in parts_loader(views, s.root, s.encoder, cfg.batch_size, cfg.num_workers):
+            x = embed_batch(s.encoder, batch, backend)
+            sink.write(x)
+            progress.advance(len(x))
+    except BaseException:
+        sink.abort()
+        raise
     return {
         "parts_embedded": len(todo),
         "parts_kept": len(parts) - len(todo),
@@ -268,24 +286,40 @@ def finish(s: Setup, cfg: EmbedConfig) -> dict[str, Any]:
     return header
 
 
+def totals(backend: Backend, mine: dict[str, Any], seconds: float) -> dict[str, float]:
+    """Every process's counts summed; the rate over ``seconds``, measured after the agree that
+    follows the slowest process (so the same on every process)."""
+    keys = ("parts_embedded", "parts_kept", "items_embedded")
+    counts = torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64)
+    if backend.process_count > 1:
+        counts = backend.reduce_host_sum(counts)
+    out = {k: int(v) for k, v in zip(keys, counts.tolist(), strict=True)}
+    return {**out, "items_per_s": round(out["items_embedded"] / max(seconds, 1e-9), 2)}
+
+
 def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     """``octtrain embed``: the summary (what was embedded and kept, where the tables are)."""
     started = time.monotonic()
     backend = make_backend(cfg.device)
+    if backend.kind == "cpu":  # the cores left beside the loader workers (runtime/backend.py)
+        torch.set_num_threads(cpu_threads(0, cfg.num_workers))
     try:
         s = hosts.agreed(backend, "setting up the export", lambda: setup(cfg, backend))
         complete = bool(backend.broadcast_object(s.complete))
         summary: dict[str, Any] = {"out": cfg.out, "items": len(s.items)}
         if complete:
             log.info("%s: the export is complete; nothing to embed", cfg.out)
-            summary |= {"parts_embedded": 0, "items_embedded": 0, "parts_kept": "all"}
+            kept = len(plan(len(s.items), cfg.part_size))
+            summary |= {"parts_embedded": 0, "items_embedded": 0, "parts_kept": kept}
         else:
             failure: OcttrainError | None = None
+            mine_started = time.monotonic()
             try:
                 summary |= embed_mine(s, cfg, backend)
             except OcttrainError as exc:
                 failure = exc
             hosts.agree(backend, failure, "embedding its parts")
+            summary |= totals(backend, summary, time.monotonic() - mine_started)
             hosts.agreed(
                 backend,
                 "writing the per-group table and the header",

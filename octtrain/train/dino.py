@@ -136,6 +136,9 @@ class DinoJob:
         in_chans = cfg.model.in_chans or channels.pop()
         if cfg.model.in_chans is not None and cfg.model.in_chans not in channels:
             raise ConfigError(f"model.in_chans {cfg.model.in_chans} but fields have {channels}")
+        # The stains' names, in the manifest's order, so ``embed`` can refuse fields of others.
+        named = getattr(train[0], "channels", None)
+        self.channels = [str(c) for c in named] if named else None
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every replica
         self.raw = build_student(cfg, in_chans).to(backend.device)
         # The train split's channel statistics (manifest), before the teacher copies them.
@@ -217,6 +220,7 @@ class DinoJob:
             "schedule": {"step": step},
             "rng": ckpt.rng_state(),
             "config": to_dict(self.cfg),
+            "channels": self.channels,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:

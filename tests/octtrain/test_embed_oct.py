@@ -1,0 +1,136 @@
+"""``octtrain embed`` of V-JEPA checkpoints on the tiny OCT cache: one row per volume and per
+participant, the features ``probe`` reads (the mean of the same tokens), the probe's linear result
+reproduced from the exported table, scikit-learn reading it unchanged, and the kind refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from octstage import manifest as mf
+from octtrain.cli import main as octtrain
+from octtrain.embed.encoders import load_encoder
+from octtrain.embed.export import read_groups, read_header, read_items
+from octtrain.eval.common.metrics import balanced_accuracy, confusion_matrix
+from octtrain.eval.oct.probe_train import ProbeSettings, fit_probe, predict_probs
+from octtrain.eval.oct.tokens import split_features
+from octtrain.runtime.backend import make_backend
+from octtrain.runtime.checkpoint import load_checkpoint
+from octtrain.train.job import RunResult
+
+
+def embed(checkpoint: str, manifest: Path, out: Path, *extra: str) -> int:
+    args = ["embed", "--checkpoint", checkpoint, "--manifest", str(manifest), "--out", str(out)]
+    return octtrain([*args, "--device", "cpu", "--num-workers", "0", *extra])
+
+
+@pytest.fixture(scope="module")
+def exported(
+    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    out = tmp_path_factory.mktemp("embed-oct") / "export"
+    assert embed(tiny_pretrained, tiny_cache[0], out, "--part-size", "20") == 0
+    return out
+
+
+def test_one_row_per_volume_and_per_participant_with_their_metadata(
+    exported: Path, tiny_cache: tuple[Path, Path]
+) -> None:
+    header = read_header(exported)
+    volumes = read_items(exported).to_pandas()
+    participants = read_groups(exported).to_pandas()
+    listed = mf.load(tiny_cache[0])
+    assert header["kind"] == "oct" and header["checkpoint"]["encoder"] == "target"
+    assert [p["rows"] for p in header["parts"]] == [20, 20, 8]
+    assert volumes["Metadata_ZarrPath"].tolist() == [v.zarr_path for v in listed.volumes]
+    assert volumes["Metadata_ParticipantId"].tolist() == [v.participant_id for v in listed.volumes]
+    assert volumes["Metadata_Label"].tolist() == [v.label for v in listed.volumes]
+    assert {"Metadata_Device", "Metadata_Laterality", "Metadata_Region", "Metadata_Split",
+            "Metadata_StudyGroup"} <= set(volumes.columns)  # fmt: skip
+    ids = sorted({v.participant_id for v in listed.volumes})
+    assert sorted(participants["Metadata_ParticipantId"]) == ids
+    feats = [c for c in volumes.columns if not c.startswith("Metadata_")]
+    one = participants.iloc[0]
+    mine = volumes[volumes["Metadata_ParticipantId"] == one["Metadata_ParticipantId"]]
+    assert one["Metadata_Volumes"] == len(mine)
+    assert np.allclose(one[feats].to_numpy(float), mine[feats].to_numpy().mean(axis=0), atol=1e-5)
+
+
+def _split(volumes: object, split: str, feats: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = volumes[volumes["Metadata_Split"] == split]  # type: ignore[index]
+    x = torch.tensor(rows[feats].to_numpy(np.float32))
+    return x[:, None, :], torch.tensor(rows["Metadata_Label"].to_numpy(np.int64))
+
+
+def test_the_probe_s_features_and_its_linear_result_come_back_from_the_export(
+    exported: Path, tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+) -> None:
+    """The export is the mean of the tokens ``probe`` caches (float16 there); the linear probe
+    fitted on the exported rows picks the same learning rate and epoch and scores the test
+    split as the probe on its tokens does; scikit-learn's logistic regression reads the table
+    as it is (its score is reported beside, not pinned: another optimiser and penalty)."""
+    from sklearn.linear_model import LogisticRegression
+
+    volumes = read_items(exported).to_pandas()
+    feats = [c for c in volumes.columns if not c.startswith("Metadata_")]
+    state = load_checkpoint(tiny_pretrained)
+    encoder, shape, heads, _ = load_encoder(state, tiny_pretrained, "target")
+    manifest, root = mf.load(tiny_cache[0]), tiny_cache[1]
+    backend = make_backend("cpu")
+    tokens = {
+        split: split_features(
+            encoder, manifest, root, split, shape, split, tmp_path, backend, batch_size=8
+        )
+        for split in ("train", "val", "test")
+    }
+    test_rows = volumes[volumes["Metadata_Split"] == "test"][feats].to_numpy()
+    pooled = tokens["test"].tokens.float().mean(dim=1).numpy()
+    assert np.abs(pooled - test_rows).max() <= 2e-3 * np.abs(test_rows).max()
+
+    settings = ProbeSettings(lrs=(1e-3, 3e-3), epochs=5)
+    classes = len(manifest.classes)
+
+    def fitted(data: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[object, float]:
+        fit = fit_probe("linear", data["train"], data["val"], classes, heads, settings)
+        probs = predict_probs(fit.head, data["test"][0]).numpy()
+        cm = confusion_matrix(data["test"][1].numpy(), probs.argmax(1), classes)
+        return (fit.chosen.lr, fit.chosen.best_epoch), balanced_accuracy(cm)
+
+    from_tokens = fitted({k: (v.tokens, v.labels) for k, v in tokens.items()})
+    from_export = fitted({k: _split(volumes, k, feats) for k in ("train", "val", "test")})
+    assert from_export == from_tokens, (from_export, from_tokens)
+
+    train, test = (volumes[volumes["Metadata_Split"] == s] for s in ("train", "test"))
+    lr = LogisticRegression(max_iter=2000).fit(train[feats], train["Metadata_Label"])
+    predicted = lr.predict(test[feats])
+    cm = confusion_matrix(test["Metadata_Label"].to_numpy(), predicted, classes)
+    print(f"linear probe {from_tokens[1]:.3f}, logistic regression {balanced_accuracy(cm):.3f}")
+    assert 0.0 <= balanced_accuracy(cm) <= 1.0
+
+
+def test_a_finetuned_checkpoint_embeds_with_its_encoder(
+    tiny_finetuned: RunResult, tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    assert tiny_finetuned.best_checkpoint is not None
+    out = tmp_path / "ft"
+    assert embed(tiny_finetuned.best_checkpoint, tiny_cache[0], out, "--split", "test") == 0
+    header = json.loads((out / "embed.json").read_text())
+    assert header["checkpoint"]["encoder"] == "finetuned" and header["items"] == 8
+    assert set(read_items(out).to_pandas()["Metadata_Split"]) == {"test"}
+
+
+def test_wrong_encoder_split_or_flags_are_refused_with_the_way_out(
+    tiny_pretrained: str, tiny_cache: tuple[Path, Path], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    assert embed(tiny_pretrained, tiny_cache[0], tmp_path / "a", "--encoder", "teacher") == 2
+    assert "not a DINO one; use --encoder target" in caplog.text
+    assert embed(tiny_pretrained, tiny_cache[0], tmp_path / "b", "--split", "tset") == 2
+    assert "--split 'tset'" in caplog.text and "'test'" in caplog.text
+    assert embed(tiny_pretrained, tiny_cache[0], tmp_path / "c", "--part-size", "0") == 2
+    assert embed(tiny_pretrained, tiny_cache[0], tmp_path / "d", "--prefix", "Metadata_x") == 2
+    assert not any((tmp_path / n).exists() for n in "abcd")
