@@ -42,9 +42,9 @@ from torch import nn
 from octstage.dataset.synth_lesions import NUM_CLASSES
 from octtrain.config.loader import from_dict
 from octtrain.config.sections import ModelConfig
+from octtrain.embed.encoders import load_encoder
 from octtrain.errors import OcttrainError
 from octtrain.eval.common.bootstrap import bootstrap
-from octtrain.embed.encoders import load_encoder
 from octtrain.models.classifier import resolve_model
 from octtrain.models.inputs import legacy_model
 from octtrain.models.vit3d import encoder_from_config

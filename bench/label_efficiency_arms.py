@@ -22,8 +22,8 @@ from octtrain.config.finetune import FinetuneConfig
 from octtrain.config.loader import load_config
 from octtrain.config.pretrain import PretrainConfig
 from octtrain.data.dataset import ManifestDataset, Transform, to_model_input
-from octtrain.eval.oct.probe_train import ProbeSettings, fit_probe, predict_probs
 from octtrain.embed.encoders import load_encoder
+from octtrain.eval.oct.probe_train import ProbeSettings, fit_probe, predict_probs
 from octtrain.eval.oct.tokens import feature_key, split_features
 from octtrain.models.classifier import classifier_from_state
 from octtrain.runtime.backend import make_backend

@@ -1,4 +1,5 @@
-"""octtrain: V-JEPA pretraining and diabetes fine-tuning of 3D ViTs on the octstage cache.
+"""octtrain: V-JEPA (3D OCT) and DINOv2 (Cell Painting) pretraining, fine-tuning, evaluation and
+the export of every item's embedding, on the octstage cache.
 
 octtrain imports one octstage module, the manifest (``octstage.manifest``): it reads the cache only
 through it, and never lists a folder or a bucket.

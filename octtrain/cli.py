@@ -430,7 +430,10 @@ def _add_embed(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--batch-size", type=int, default=8, help="items per forward (default 8)")
     p.add_argument(
-        "--num-workers", type=int, default=1, help="loader processes reading ahead (default 1)"
+        "--num-workers",
+        type=int,
+        help="loader processes reading ahead (default: 0 on CPU, where the forward takes every "
+        "core; up to 8 on a GPU)",
     )
     p.add_argument(
         "--part-size", type=int, default=4096, help="items per part, the unit of resuming"

@@ -28,6 +28,7 @@ COMPILED_STEP_TEST = (
 )
 OS = "tests/octstage/"
 BI = "tests/badinput/"
+EMBED_CP = OT + "test_embed_cellpainting.py::"
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
 
 EDITS: list[Edit] = [
@@ -461,6 +462,82 @@ EDITS: list[Edit] = [
         '"probe": frozenset(CHECKS) - {"split"},',
         (OS + "test_manifest_check.py",),
         "probe scores a split that shares participants with training",
+    ),
+    # --- octtrain embed ---------------------------------------------------------------------------
+    Edit(
+        "embed-part-checksum",
+        "octtrain/embed/parts.py",
+        "    if found != record.sha256:\n",
+        "    if False:\n",
+        (
+            EMBED_CP
+            + "test_a_finished_export_re_run_embeds_nothing_and_a_damaged_part_is_embedded_again",
+        ),
+        "a part damaged on disk is kept as finished and exported",
+    ),
+    Edit(
+        "embed-other-export",
+        "octstage/outputs.py",
+        "    if differ:\n",
+        "    if False:\n",
+        (EMBED_CP + "test_an_out_holding_another_export_or_other_files_is_refused_untouched",),
+        "an export of another checkpoint or settings is resumed into, mixing two exports' parts",
+    ),
+    Edit(
+        "embed-foreign-files",
+        "octstage/outputs.py",
+        "    if foreign:\n        shown",
+        "    if False:\n        shown",
+        (EMBED_CP + "test_an_out_holding_another_export_or_other_files_is_refused_untouched",),
+        "an export is written into a cache or a run folder",
+    ),
+    Edit(
+        "embed-kind-mismatch",
+        "octtrain/embed/run.py",
+        "    if manifest.kind != encoder.data_kind:\n",
+        "    if False:\n",
+        (EMBED_CP + "test_a_manifest_of_other_stains_or_of_the_other_kind_is_refused",),
+        "a DINO checkpoint embeds OCT volumes (refused later, naming neither kind)",
+    ),
+    Edit(
+        "embed-channel-names",
+        "octtrain/embed/items.py",
+        "        if encoder.channels is not None and found != encoder.channels:\n",
+        "        if False:\n",
+        (EMBED_CP + "test_a_manifest_of_other_stains_or_of_the_other_kind_is_refused",),
+        "fields whose stains are in another order are embedded as if they were the trained ones",
+    ),
+    Edit(
+        "embed-half-part",
+        "octtrain/embed/run.py",
+        "        sink.abort()\n",
+        "        pass\n",
+        (EMBED_CP + "test_ctrl_c_keeps_the_finished_parts_and_the_re_run_embeds_only_the_rest",),
+        "Ctrl-C leaves the part in progress as a temporary file in the export",
+    ),
+    Edit(
+        "embed-parts-per-world",
+        "octtrain/embed/run.py",
+        "mine(plan(len(s.items), cfg.part_size)",
+        "mine(plan(len(s.items), cfg.part_size * backend.process_count)",
+        (EMBED_CP + "test_a_resume_on_more_processes_embeds_the_missing_parts_only",),
+        "the parts depend on the number of processes: a resume on more embeds everything again",
+    ),
+    Edit(
+        "embed-non-finite",
+        "octtrain/embed/run.py",
+        "        if len(bad):\n",
+        "        if False:\n",
+        (EMBED_CP + "test_a_checkpoint_with_non_finite_weights_exports_nothing",),
+        "NaN embeddings are exported as features",
+    ),
+    Edit(
+        "embed-group-mean",
+        "octtrain/embed/aggregate.py",
+        "                yield key, group.carried, group.total / group.count, group.count",
+        "                yield key, group.carried, group.total, group.count",
+        (EMBED_CP + "test_pycytominer_and_copairs_read_the_export_unchanged",),
+        "the per-well table holds sums, not means",
     ),
     # --- doctor, pod agreement, exit codes ------------------------------------------------------
     Edit(

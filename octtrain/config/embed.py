@@ -23,7 +23,9 @@ class EmbedConfig:
     encoder: str = "auto"  # DINO: its teacher; V-JEPA pretraining: target (EMA) or context
     device: str = "auto"
     batch_size: int = 8  # items per forward (a field's tiles all go in with it)
-    num_workers: int = 1  # loader processes reading and tiling ahead of the forward
+    # Loader processes reading and tiling ahead of the forward; None: 0 on CPU (the forward
+    # takes every core: 1.5x faster on 2 cores than 1 thread beside 1 worker), else up to 8.
+    num_workers: int | None = None
     part_size: int = 4096  # items per part: the unit of resuming and of sharding
     prefix: str = "emb_"  # feature columns: prefix + zero-padded index
     limit: int | None = None  # the first N items of the selection only (a trial)
@@ -33,7 +35,10 @@ class EmbedConfig:
         check(self.encoder in EMBED_ENCODERS, f"--encoder must be one of {EMBED_ENCODERS}")
         check(self.device in EMBED_DEVICES, f"--device must be one of {EMBED_DEVICES}")
         check(self.batch_size >= 1, f"--batch-size {self.batch_size}: must be at least 1")
-        check(self.num_workers >= 0, f"--num-workers {self.num_workers}: must be 0 or more")
+        check(
+            self.num_workers is None or self.num_workers >= 0,
+            f"--num-workers {self.num_workers}: must be 0 or more",
+        )
         check(self.part_size >= 1, f"--part-size {self.part_size}: must be at least 1")
         check(
             self.limit is None or self.limit >= 1,

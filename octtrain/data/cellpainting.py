@@ -71,6 +71,19 @@ def field_shapes(fields: Sequence[FieldRecord]) -> np.ndarray:
     return np.array([tuple(f.shape) for f in field_records(fields)], dtype=np.int64).reshape(-1, 3)
 
 
+def field_channels(fields: Sequence[Any]) -> tuple[str, ...] | None:
+    """The first field's channel names, without building a field of the columnar manifest (an
+    item built there reads every column of the table: GBs at a million fields); None when the
+    records carry no names."""
+    if not len(fields):
+        return None
+    if isinstance(fields, ItemTable):
+        names = fields[:1].column_array("channels", keep=False)[0].as_py()
+    else:
+        names = getattr(fields[0], "channels", None)
+    return tuple(str(n) for n in names) if names else None
+
+
 def _shape(
     rng: np.random.Generator,
     height: int,

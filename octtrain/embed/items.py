@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from octtrain.data.cellpainting import CellPaintingDataset, field_shapes
+from octtrain.data.cellpainting import CellPaintingDataset, field_channels, field_shapes
 from octtrain.data.dataset import Transform
 from octtrain.data.volumeread import read_volume
 from octtrain.embed.encode import field_tiles
@@ -42,10 +42,10 @@ def check_items(items: Sequence[Any], encoder: Encoder, manifest: str) -> None:
                 f"checkpoint's encoder reads {encoder.in_chans}: embed fields of the channels "
                 "the run trained on"
             )
-        found = tuple(items[0].channels)
+        found = field_channels(items)
         if encoder.channels is not None and found != encoder.channels:
             raise DataError(
-                f"{manifest}: channels {list(found)}, the checkpoint trained on "
+                f"{manifest}: channels {list(found or ())}, the checkpoint trained on "
                 f"{list(encoder.channels)}: the features would be read from other stains"
             )
         small = np.flatnonzero(shapes[:, 1:].min(axis=1) < encoder.tile)

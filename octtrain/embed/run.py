@@ -16,9 +16,11 @@ keeps every finished part; the part in progress leaves no file that looks finish
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -237,8 +239,9 @@ def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, float]
     s.encoder.module.to(backend.device)
     views = [s.items[p.start : p.stop] for p in todo]
     sink = PartSink(s, cfg, todo)
+    workers = cfg.num_workers or 0  # resolved by run_embed (loader_workers)
     try:
-        for batch in parts_loader(views, s.root, s.encoder, cfg.batch_size, cfg.num_workers):
+        for batch in parts_loader(views, s.root, s.encoder, cfg.batch_size, workers):
             x = embed_batch(s.encoder, batch, backend)
             sink.write(x)
             progress.advance(len(x))
@@ -297,12 +300,22 @@ def totals(backend: Backend, mine: dict[str, Any], seconds: float) -> dict[str, 
     return {**out, "items_per_s": round(out["items_embedded"] / max(seconds, 1e-9), 2)}
 
 
+def loader_workers(configured: int | None, kind: str) -> int:
+    """``--num-workers``, else 0 on CPU (the forward's threads take the cores) and up to 8 on
+    an accelerator (the host only reads and tiles)."""
+    if configured is not None:
+        return configured
+    return 0 if kind == "cpu" else max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
 def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     """``octtrain embed``: the summary (what was embedded and kept, where the tables are)."""
     started = time.monotonic()
     backend = make_backend(cfg.device)
+    workers = loader_workers(cfg.num_workers, backend.kind)
+    cfg = dataclasses.replace(cfg, num_workers=workers)
     if backend.kind == "cpu":  # the cores left beside the loader workers (runtime/backend.py)
-        torch.set_num_threads(cpu_threads(0, cfg.num_workers))
+        torch.set_num_threads(cpu_threads(0, workers))
     try:
         s = hosts.agreed(backend, "setting up the export", lambda: setup(cfg, backend))
         complete = bool(backend.broadcast_object(s.complete))

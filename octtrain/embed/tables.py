@@ -92,7 +92,7 @@ def metadata_columns(items: Sequence[Any], kind: str) -> dict[str, pa.Array]:
     column_array = getattr(items, "column_array", None)
     for name, (attr, arrow_type) in ITEM_COLUMNS[kind].items():
         if column_array is not None:
-            out[name] = column_array(attr, keep=False).combine_chunks().cast(arrow_type)
+            out[name] = column_array(attr).combine_chunks().cast(arrow_type)
         else:
             out[name] = pa.array([getattr(item, attr) for item in items], arrow_type)
     return out

@@ -37,6 +37,7 @@ from octtrain.config.loader import to_dict
 from octtrain.data.cellpainting import (
     CellPaintingDataset,
     FieldRecord,
+    field_channels,
     field_records,
     field_shapes,
     fields_loader,
@@ -137,8 +138,8 @@ class DinoJob:
         if cfg.model.in_chans is not None and cfg.model.in_chans not in channels:
             raise ConfigError(f"model.in_chans {cfg.model.in_chans} but fields have {channels}")
         # The stains' names, in the manifest's order, so ``embed`` can refuse fields of others.
-        named = getattr(train[0], "channels", None)
-        self.channels = [str(c) for c in named] if named else None
+        named = field_channels(train)
+        self.channels = list(named) if named else None
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every replica
         self.raw = build_student(cfg, in_chans).to(backend.device)
         # The train split's channel statistics (manifest), before the teacher copies them.

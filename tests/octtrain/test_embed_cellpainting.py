@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from octstage import manifest as mf
 from octstage.cli import main as octstage
@@ -31,6 +32,7 @@ from octtrain.cli import main as octtrain
 from octtrain.embed.export import read_groups, read_header, read_items
 from octtrain.eval.cellpainting.profile_run import profile_scores
 from octtrain.eval.cellpainting.recipe import RecipeConfig, rank_inverse_normal
+from octtrain.runtime.checkpoint import load_checkpoint, resolve_checkpoint
 from tests.badinput.conftest import start_as_at_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -465,3 +467,20 @@ def test_a_run_folder_is_not_an_export(
     assert embed(twin, twin.checkpoint.parent) == 2
     assert "holds what is not an embedding export" in caplog.text
     assert pq.read_metadata(twin.export / "wells.parquet").num_rows == 48
+
+
+def test_a_checkpoint_with_non_finite_weights_exports_nothing(
+    twin: SimpleNamespace, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = resolve_checkpoint(str(twin.checkpoint))
+    state = load_checkpoint(url)
+    state["teacher"]["backbone.cls_token"] = torch.full_like(
+        state["teacher"]["backbone.cls_token"], float("nan")
+    )
+    bad = twin.tmp / "nan" / "step_00000001.pt"
+    bad.parent.mkdir()
+    torch.save(state, bad)
+    ns = SimpleNamespace(**{**vars(twin), "checkpoint": bad})
+    assert embed(ns, twin.tmp / "nan-out") == 4
+    assert "a non-finite embedding" in caplog.text
+    assert not list((twin.tmp / "nan-out" / "parts").glob("*.parquet"))
