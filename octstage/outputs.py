@@ -70,6 +70,13 @@ def holds_run(path: Path) -> bool:
     return any((path / marker).exists() for marker in RUN_MARKERS)
 
 
+def holds_cache(path: Path) -> list[str]:
+    """What in ``path`` belongs to a cache (its manifest, item table, array folders)."""
+    names = [MANIFEST, *DATA_FOLDERS.values(), "packs"]
+    found = [name for name in names if (path / name).exists()]
+    return found + sorted(p.name for p in path.glob(f"*{ITEMS_SUFFIX}"))
+
+
 def _indexed_checkpoints(folder: Path) -> int:
     """How many checkpoints ``folder/index.json`` lists (0: no index, unreadable or empty)."""
     try:
@@ -105,6 +112,13 @@ def claim_run_folder(
         raise refuse("train.overwrite=true and checkpoint.resume contradict each other: choose one")
     if path.exists() and not path.is_dir():
         raise refuse(f"train.run_dir {str(path)!r}: exists and is not a folder")
+    cache = holds_cache(path) if path.is_dir() else []
+    if cache:
+        raise refuse(
+            f"train.run_dir {str(path)!r}: holds a cache ({', '.join(cache)}); a run would write "
+            "its checkpoints, config.yaml and metrics.jsonl among the cache's files: name a "
+            "folder of its own"
+        )
     if path.is_dir() and holds_run(path):
         ckpts = path / "checkpoints" if checkpoints is None else Path(checkpoints)
         if resume:

@@ -539,6 +539,39 @@ EDITS: list[Edit] = [
         (EMBED_CP + "test_pycytominer_and_copairs_read_the_export_unchanged",),
         "the per-well table holds sums, not means",
     ),
+    Edit(
+        "item-table-digest",
+        "octtrain/data/dataset.py",
+        "    if changed is not None:\n",
+        "    if False:\n",
+        (
+            BI + "test_octtrain_inputs.py::"
+            "test_an_item_table_changed_after_its_header_stops_doctor_and_every_consumer",
+        ),
+        "an item table changed after its header feeds doctor and the trainer other rows",
+    ),
+    Edit(
+        "run-dir-holds-cache",
+        "octstage/outputs.py",
+        "    if cache:\n",
+        "    if False:\n",
+        (
+            BI
+            + "test_octtrain_inputs.py::test_run_dir_holding_a_cache_is_refused_and_left_as_it_was",
+        ),
+        "a run writes its checkpoints and metrics among a cache's files",
+    ),
+    Edit(
+        "synth-cp-foreign-folder",
+        "octstage/cellpainting/synth.py",
+        "        if not made:\n",
+        "        if False:\n",
+        (
+            OS + "test_cellpainting.py::"
+            "test_synth_of_the_twin_writes_only_into_an_empty_folder_or_its_own_twin",
+        ),
+        "the Cell Painting twin is written into any folder (a document's, an OCT twin)",
+    ),
     # --- doctor, pod agreement, exit codes ------------------------------------------------------
     Edit(
         "doctor-empty-cache",

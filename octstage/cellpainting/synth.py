@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,9 @@ from octstage.errors import ConfigError
 DATASET = "cpg0016-jump"
 BUCKET = "cellpainting-gallery"
 METADATA_DIR = "datasets/metadata"
+# The marker of a folder synth made (the OCT twin's name, octstage/dataset/synth.py); its text
+# names the kind, so neither twin clears the other.
+MARKER = ".octstage-synth"
 ROWS, COLS = "ABCD", 6
 PLATE_384 = "ABCDEFGHIJKLMNOP", 24  # the layout once a library needs more than 24 wells
 WELLS_PER_PERTURBATION = 4
@@ -264,6 +268,25 @@ def _write_metadata(
     _write(out / "microscope_config.csv", write_csv(config))
 
 
+def _claim(out: Path, marker: str) -> None:
+    """``out`` new, empty, or a Cell Painting twin synth wrote (its trees cleared first, so no
+    file of a larger earlier twin stays): never someone else's folder, nor an OCT twin."""
+    mark = out / MARKER
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a folder; name a folder for the twin")
+    if out.exists() and any(out.iterdir()):
+        made = mark.is_file() and mark.read_text(encoding="utf-8").startswith("kind=cellpainting")
+        if not made:
+            raise ConfigError(
+                f"{out}: exists, is not empty and was not made by octstage synth --kind "
+                "cellpainting; name an empty or new folder"
+            )
+        shutil.rmtree(out / DATASET, ignore_errors=True)
+        shutil.rmtree(out / METADATA_DIR, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    mark.write_text(marker, encoding="utf-8")
+
+
 def generate(
     out: Path,
     plates: int = 2,
@@ -291,6 +314,7 @@ def generate(
         )
     perturbations = library(seed, compounds)
     plate_map(seed, 0, replicates, perturbations)  # refuses a library too big before writing
+    _claim(out, f"kind=cellpainting seed={seed} plates={plates} sites={sites} size={size}\n")
     root = out / DATASET
     root.mkdir(parents=True, exist_ok=True)
     well_rows: list[dict[str, object]] = []

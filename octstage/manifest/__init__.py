@@ -43,6 +43,7 @@ from octstage.manifest.checks import check as check
 from octstage.manifest.checks import consistency_problems as consistency_problems
 from octstage.manifest.checks import refuse as refuse
 from octstage.manifest.columnar import file_sha256 as file_sha256
+from octstage.manifest.columnar import table_digest_problem as table_digest_problem
 from octstage.manifest.itemtable import CommonRecord as CommonRecord
 from octstage.manifest.itemtable import CommonRows as CommonRows
 from octstage.manifest.itemtable import ItemTable as ItemTable

@@ -18,6 +18,7 @@ a table against its header from the footer alone; ``Columns`` reads each column 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -131,6 +132,34 @@ def items_name(header: Path) -> str:
 def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def table_digest_problem(header: Path) -> str | None:
+    """Of a columnar manifest's header: what is wrong when its item table's SHA-256 is not the
+    one the header names (a table of the same size with other bytes: a flipped bit, another
+    build's table copied over); None for the JSON form, or a table that matches. The size, the
+    row count and the schema are checked on every load (``read_items``); this is the one hash,
+    for the consumers that read the table's values without ``verify`` (the trainer, ``doctor``,
+    ``embed``)."""
+    try:
+        data = json.loads(header.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the load that comes first names what is wrong with the header itself
+    info = data.get("table") if isinstance(data, dict) else None
+    if not isinstance(info, dict) or "sha256" not in info:
+        return None
+    table = header.parent / str(info.get("path"))
+    try:
+        digest = file_sha256(table)
+    except OSError as exc:
+        return f"{table}: cannot read the item table ({exc.strerror or exc})"
+    if digest != info["sha256"]:
+        return (
+            f"{table}: the item table's SHA-256 is {digest[:16]}..., the header says "
+            f"{str(info['sha256'])[:16]}... (its bytes changed after the header was written): "
+            "stage the cache again (octstage stage) or rebuild it"
+        )
+    return None
 
 
 def write_items(

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from octstage.manifest import Manifest, ManifestError, Volume
+from octstage.manifest import Manifest, ManifestError, Volume, table_digest_problem
 from octstage.manifest import load as load_manifest
 from octstage.manifest import refuse as refuse_manifest
 from octtrain.config.sections import AugmentConfig
@@ -50,6 +50,9 @@ def read_manifest(path: str | None, consumer: str, kind: str | None = "oct") -> 
         manifest = load_manifest(path)
     except ManifestError as exc:
         raise DataError(str(exc)) from exc
+    changed = table_digest_problem(Path(path))
+    if changed is not None:
+        raise DataError(f"{path}: {changed}")
     refuse_manifest(manifest, path, consumer, DataError, kind, log.warning)
     return manifest
 

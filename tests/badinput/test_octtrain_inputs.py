@@ -380,3 +380,32 @@ def test_every_exit_code_used_is_listed_in_every_help() -> None:
     helps += [p.format_help() for p in sub.choices.values()]  # type: ignore[union-attr]
     for text in helps:
         assert _epilog_codes(text) == used, text
+
+
+def test_an_item_table_changed_after_its_header_stops_doctor_and_every_consumer(
+    pristine: Path, tmp_path: Path
+) -> None:
+    """One byte of the columnar manifest's item table changed (same size, the footer intact):
+    rows could read as other splits, labels or shapes. The one check of a manifest hashes the
+    table against its header, so ``doctor`` (and the trainer, ``embed``, ...) stop there."""
+    from octstage import manifest as mf
+
+    cache = Path(shutil.copytree(pristine, tmp_path / "cache"))
+    header = cache / "table.json"
+    mf.write(mf.load(cache / "manifest.json"), header, form="table")
+    table = cache / "table.items.parquet"
+    data = bytearray(table.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    table.write_bytes(bytes(data))
+    proc = octtrain("doctor", "--config", PRETRAIN, "--manifest", header)
+    assert_clean(proc, 4, r"table\.items\.parquet", r"SHA-256", r"octstage stage")
+
+
+def test_run_dir_holding_a_cache_is_refused_and_left_as_it_was(cache: Path, tmp_path: Path) -> None:
+    before = sorted(p.relative_to(cache) for p in cache.rglob("*"))
+    proc = octtrain(
+        "pretrain", "--config", PRETRAIN, "--manifest", cache / "manifest.json",
+        f"train.run_dir={cache}", *FAST,
+    )  # fmt: skip
+    assert_clean(proc, 2, re.escape(str(cache)), r"holds a cache \(manifest\.json, volumes\)")
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before

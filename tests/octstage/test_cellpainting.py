@@ -360,3 +360,26 @@ def test_a_plate_whose_second_pass_fails_lists_none_of_its_fields(
     m = built.load()
     assert m.fields and plate not in {f.plate for f in m.fields}
     assert m.header.counts["by_plate"].get(plate) is None
+
+
+def test_synth_of_the_twin_writes_only_into_an_empty_folder_or_its_own_twin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the OCT twin: a folder holding anything synth did not write is refused untouched; its
+    own twin is written again from scratch (no plate of a larger earlier twin stays)."""
+    args = ["--plates", "2", "--sites", "1", "--size", "32", "--no-traps"]
+    document = tmp_path / "notes"
+    document.mkdir()
+    (document / "paper.md").write_text("mine")
+    assert main(["synth", "--kind", "cellpainting", str(document), *args]) == 2
+    assert "was not made by octstage synth --kind cellpainting" in capsys.readouterr().err
+    assert [p.name for p in document.iterdir()] == ["paper.md"]
+    oct_twin = tmp_path / "oct"
+    assert main(["synth", str(oct_twin), "--participants", "4", "--no-traps"]) == 0
+    assert main(["synth", "--kind", "cellpainting", str(oct_twin), *args]) == 2
+    twin = tmp_path / "twin"
+    assert main(["synth", "--kind", "cellpainting", str(twin), *args]) == 0
+    first = {p.name for p in twin.rglob("*.tif*")}
+    assert main(["synth", "--kind", "cellpainting", str(twin), *args[:1], "1", *args[2:]]) == 0
+    again = {p.name for p in twin.rglob("*.tif*")}
+    assert again and again < first

@@ -136,7 +136,7 @@ def test_consumers_differ_only_in_which_findings_stop_them() -> None:
     # pretrain reads no labels: a warning, and the manifest is used.
     rest = mf.refuse(mislabelled, "m.json", "pretrain", ValueError, "oct", warned.append)
     assert [f.check for f in rest] == ["label"] and "not fatal for pretrain" in warned[0]
-    for consumer in ("verify", "stage", "finetune", "evaluate", "probe"):
+    for consumer in ("verify", "stage", "finetune", "evaluate", "probe", "embed"):
         with pytest.raises(ValueError, match=f"m.json: {consumer} refuses this manifest: label"):
             mf.refuse(mislabelled, "m.json", consumer, ValueError, "oct")
     leaking = _cp(lambda f: _set(f, 1, split="test"))
@@ -145,7 +145,7 @@ def test_consumers_differ_only_in_which_findings_stop_them() -> None:
         mf.refuse(leaking, "m.json", "verify", ValueError, "cellpainting")
     # doctor applies the set of the job its config launches (pretrain or finetune)
     assert set(mf.FATAL) == {
-        "verify", "stage", "pretrain", "finetune", "evaluate", "probe", "profile"
+        "verify", "stage", "pretrain", "finetune", "evaluate", "probe", "profile", "embed"
     }  # fmt: skip
 
 

@@ -12,12 +12,12 @@ import torch
 
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
+from octtrain.embed.encode import tile_embeddings
 from octtrain.errors import DataError
 from octtrain.eval.cellpainting.profile_run import (
     encoders,
     field_embeddings,
     profile_fields,
-    tile_embeddings,
 )
 from octtrain.eval.cellpainting.profiles import (
     WellKey,
