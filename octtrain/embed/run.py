@@ -117,7 +117,7 @@ def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
             atomic_write_text(folder / export.PLAN, json.dumps(started, indent=2))
         elif earlier.get("processes") != backend.process_count:
             log.info(
-                "resuming an export started with %s processes on %d: its parts do not depend "
+                "resuming an export started on %s process(es) on %d: its parts do not depend "
                 "on the number of processes",
                 earlier.get("processes"),
                 backend.process_count,

@@ -339,6 +339,12 @@ def test_a_finished_export_re_run_embeds_nothing_and_a_damaged_part_is_embedded_
     assert read_groups(out).equals(read_groups(twin.export))
 
 
+def _begun(out: Path, index: int) -> bool:
+    """Whether part ``index`` is being written (its temporary file exists)."""
+    parts = out / "parts"
+    return parts.is_dir() and any(parts.glob(f".part-{index:05d}.parquet.*.tmp"))
+
+
 def test_ctrl_c_keeps_the_finished_parts_and_the_re_run_embeds_only_the_rest(
     twin: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -361,10 +367,11 @@ def test_ctrl_c_keeps_the_finished_parts_and_the_re_run_embeds_only_the_rest(
     proc = start_as_at_a_terminal("octtrain.cli", args, ROOT)
     try:
         started = time.monotonic()
-        while not (out / "parts" / "part-00001.json").exists():
+        # Two parts finished and the third begun: the Ctrl-C lands inside a part.
+        while not _begun(out, 2):
             assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
-            assert time.monotonic() - started < 120, "no part finished"
-            time.sleep(0.05)
+            assert time.monotonic() - started < 120, "no part begun"
+            time.sleep(0.01)
         os.killpg(proc.pid, signal.SIGINT)
         text = proc.communicate(timeout=120)[0].decode(errors="replace")
     finally:
@@ -413,7 +420,7 @@ def test_a_resume_on_more_processes_embeds_the_missing_parts_only(twin: SimpleNa
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "started with 1 processes on 2" in proc.stderr
+    assert "started on 1 process(es) on 2" in proc.stderr
     text = proc.stdout
     summary = json.loads(text[text.index("{") : text.rindex("}") + 1])
     assert summary["parts_embedded"] == 8 and summary["parts_kept"] == 10
