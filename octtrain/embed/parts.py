@@ -116,6 +116,12 @@ def check_part(folder: Path, part: Part) -> tuple[PartRecord | None, str]:
     return record, ""
 
 
+def temporary(folder: Path, part: Part) -> Path:
+    """Where this process writes ``part`` until it is finished (a hidden name: never a part)."""
+    path = folder / part.name
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
 class PartWriter:
     """Writes one part: ``write`` batches as they come, row groups of ``ROWS_PER_GROUP``;
     ``finish`` makes the part complete (file in place, then its record)."""
@@ -124,7 +130,7 @@ class PartWriter:
         self.folder, self.part, self.schema = folder, part, schema
         self.path = folder / part.name
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.tmp = temporary(folder, part)
         self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
         self.pending: list[pa.RecordBatch] = []
         self.rows = 0

@@ -40,7 +40,7 @@ from octtrain.embed import export
 from octtrain.embed.encode import embed_fields, pool_tokens, volume_tokens
 from octtrain.embed.encoders import Encoder, checkpoint_encoder
 from octtrain.embed.items import check_items, parts_loader
-from octtrain.embed.parts import Part, PartWriter, check_part, mine, plan
+from octtrain.embed.parts import Part, PartWriter, check_part, mine, plan, temporary
 from octtrain.embed.tables import GROUPS, item_batch, item_schema, metadata_columns
 from octtrain.errors import ConfigError, DataError, OcttrainError
 from octtrain.runtime import hosts
@@ -117,7 +117,7 @@ def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
             atomic_write_text(folder / export.PLAN, json.dumps(started, indent=2))
         elif earlier.get("processes") != backend.process_count:
             log.info(
-                "resuming an export started on %s process(es) on %d: its parts do not depend "
+                "resuming an export started on %s process(es), now on %d: its parts do not depend "
                 "on the number of processes",
                 earlier.get("processes"),
                 backend.process_count,
@@ -211,9 +211,12 @@ class PartSink:
             self.writer = None
 
     def abort(self) -> None:
-        """The part in progress leaves no file (finished parts stay)."""
+        """The part in progress leaves no file (finished parts stay); also when the interrupt
+        came while its writer was being made, before it was ours to abort."""
         if self.writer is not None:
             self.writer.abort()
+        if 0 <= self.current < len(self.parts):
+            temporary(Path(self.cfg.out), self.parts[self.current]).unlink(missing_ok=True)
 
 
 def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, float]:

@@ -420,7 +420,7 @@ def test_a_resume_on_more_processes_embeds_the_missing_parts_only(twin: SimpleNa
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "started on 1 process(es) on 2" in proc.stderr
+    assert "started on 1 process(es), now on 2" in proc.stderr
     text = proc.stdout
     summary = json.loads(text[text.index("{") : text.rindex("}") + 1])
     assert summary["parts_embedded"] == 8 and summary["parts_kept"] == 10
