@@ -135,6 +135,14 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def clock(seconds: float) -> str:
+    """``H:MM:SS`` (hours past 24 too: a million fields can take a day), or n/a."""
+    if not seconds < 1e8:
+        return "n/a"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 class Progress:
     """A line every ``every_s`` seconds: items done of this process's share, items/s, ETA."""
 
@@ -157,7 +165,7 @@ class Progress:
                 self.total,
                 100.0 * self.done / max(self.total, 1),
                 rate,
-                time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 1e6 else "n/a",
+                clock(eta),
             )
 
     @property
