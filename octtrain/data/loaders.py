@@ -25,7 +25,7 @@ from octstage.manifest import ctrl_c_deferred
 from octtrain.config.sections import DataConfig
 from octtrain.data.dataset import ManifestDataset
 from octtrain.data.samplers import EpochSampler, shard
-from octtrain.runtime.interrupt import check_interrupted
+from octtrain.runtime.interrupt import check_interrupted, quiet_worker_echoes
 
 
 def loader_kwargs(cfg: DataConfig) -> dict[str, Any]:
@@ -37,6 +37,7 @@ def loader_kwargs(cfg: DataConfig) -> dict[str, Any]:
         "prefetch_factor": cfg.prefetch_factor,
         "persistent_workers": cfg.persistent_workers,
         "pin_memory": cfg.pin_memory,
+        "worker_init_fn": quiet_worker_echoes,
     }
 
 

@@ -27,6 +27,7 @@ from octtrain.data.volumeread import read_volume
 from octtrain.embed.encode import field_tiles
 from octtrain.embed.encoders import Encoder
 from octtrain.errors import DataError
+from octtrain.runtime.interrupt import quiet_worker_echoes
 
 
 def check_items(items: Sequence[Any], encoder: Encoder, manifest: str) -> None:
@@ -137,4 +138,5 @@ def parts_loader(
         batch_sampler=batches,
         num_workers=num_workers,
         collate_fn=_collate,
+        worker_init_fn=quiet_worker_echoes if num_workers else None,
     )

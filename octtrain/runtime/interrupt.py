@@ -66,15 +66,29 @@ _PREVIOUS_HOOK = sys.excepthook
 _PREVIOUS_THREAD_HOOK = threading.excepthook
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
+def _install_quiet_hooks() -> None:
     global _PREVIOUS_HOOK, _PREVIOUS_THREAD_HOOK
-    _PENDING.set()
-    # Never undone: the echoes come while the command ends, after the block has closed.
     if sys.excepthook is not _quiet_echoes:
         _PREVIOUS_HOOK, sys.excepthook = sys.excepthook, _quiet_echoes
     if threading.excepthook is not _quiet_thread_echoes:
         _PREVIOUS_THREAD_HOOK, threading.excepthook = threading.excepthook, _quiet_thread_echoes
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _PENDING.set()
+    # Never undone: the echoes come while the command ends, after the block has closed.
+    _install_quiet_hooks()
     raise KeyboardInterrupt
+
+
+def quiet_worker_echoes(worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn``: the echoes quiet from its start. A worker's
+    resource-sharer thread serves file descriptors to the main process; when a Ctrl-C ends the
+    main process first, that thread's connection breaks while the worker's own SIGINT handler
+    has not run yet (its main thread waits in C code), and its traceback reached the terminal
+    after "interrupted" (CI, Python 3.11, 1 run in many). In a worker such a broken connection
+    off its main thread only ever means the main process went away."""
+    _install_quiet_hooks()
 
 
 @contextlib.contextmanager

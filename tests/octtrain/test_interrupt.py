@@ -87,3 +87,31 @@ def test_a_dying_workers_broken_handshake_prints_no_traceback(mode: str) -> None
         assert "a thread's own" in proc.stderr  # the plain thread's
     else:
         assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_loader_worker_is_quiet_about_its_main_process_going_away_from_its_start() -> None:
+    """The worker side of the same race: when the main process ends first, a worker's sharer
+    thread breaks before the worker's own SIGINT handler ran. Every loader worker starts with
+    the echoes quiet (``quiet_worker_echoes``), other errors still printed."""
+    from octtrain.config.sections import DataConfig
+    from octtrain.data.loaders import loader_kwargs
+    from octtrain.runtime.interrupt import quiet_worker_echoes
+
+    assert loader_kwargs(DataConfig(num_workers=2))["worker_init_fn"] is quiet_worker_echoes
+    script = (
+        "import threading\n"
+        "from octtrain.runtime.interrupt import quiet_worker_echoes\n"
+        "quiet_worker_echoes(0)\n"
+        "def broken(): raise ConnectionResetError(104, 'Connection reset by peer')\n"
+        'def own(): raise ValueError("a thread\'s own")\n'
+        "for f in (broken, own):\n"
+        "    t = threading.Thread(target=f); t.start(); t.join()\n"
+        "print('done')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
+    assert "ConnectionResetError" not in proc.stderr, proc.stderr
+    assert "a thread's own" in proc.stderr
