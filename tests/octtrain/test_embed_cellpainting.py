@@ -110,9 +110,14 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     return ns
 
 
-def embed(ns: SimpleNamespace, out: Path, *extra: str) -> int:
+def embed_args(ns: SimpleNamespace, out: Path, *extra: str) -> list[str]:
+    """``octtrain embed``'s arguments for the module's checkpoint and manifest."""
     args = ["embed", "--checkpoint", str(ns.checkpoint), "--manifest", str(ns.manifest)]
-    return octtrain([*args, "--out", str(out), "--part-size", PART, "--device", "cpu", *extra])
+    return [*args, "--out", str(out), "--part-size", PART, "--device", "cpu", *extra]
+
+
+def embed(ns: SimpleNamespace, out: Path, *extra: str) -> int:
+    return octtrain(embed_args(ns, out, *extra))
 
 
 def summary_of(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -349,21 +354,7 @@ def test_ctrl_c_keeps_the_finished_parts_and_the_re_run_embeds_only_the_rest(
     twin: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = twin.tmp / "interrupted"
-    args = [
-        "embed",
-        "--checkpoint",
-        str(twin.checkpoint),
-        "--manifest",
-        str(twin.manifest),
-        "--out",
-        str(out),
-        "--part-size",
-        PART,
-        "--batch-size",
-        "1",
-        "--device",
-        "cpu",
-    ]
+    args = embed_args(twin, out, "--batch-size", "1")
     proc = start_as_at_a_terminal("octtrain.cli", args, ROOT)
     try:
         started = time.monotonic()
@@ -404,18 +395,7 @@ def test_a_resume_on_more_processes_embeds_the_missing_parts_only(twin: SimpleNa
         "--standalone",
         "--nproc_per_node=2",
         str(ROOT / "tests" / "octtrain" / "rank_cli.py"),
-        "embed",
-        "--checkpoint",
-        str(twin.checkpoint),
-        "--manifest",
-        str(twin.manifest),
-        "--out",
-        str(out),
-        "--part-size",
-        PART,
-        "--device",
-        "cpu",
-        "--json",
+        *embed_args(twin, out, "--json"),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
