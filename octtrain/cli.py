@@ -349,6 +349,7 @@ def _add_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def _embed(args: argparse.Namespace) -> int:
     from octtrain.config.embed import EmbedConfig
     from octtrain.embed.run import run_embed
+    from octtrain.embed.summary import print_summary
 
     cfg = EmbedConfig(
         checkpoint=args.checkpoint,
@@ -366,32 +367,6 @@ def _embed(args: argparse.Namespace) -> int:
     )
     print_summary(run_embed(cfg), args.json)
     return 0
-
-
-def print_summary(summary: dict[str, object], as_json: bool) -> None:
-    """The summary on stdout: JSON (``--json``) or a table (process 0 only: the others'
-    summaries have no header to name)."""
-    import json
-
-    from rich.console import Console
-    from rich.table import Table
-
-    if not summary.get("groups"):
-        return
-    if as_json:
-        print(json.dumps(summary, indent=2))
-        return
-    table = Table(title="octtrain embed")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    for key in ("items", "items_embedded", "parts", "parts_embedded", "parts_kept", "seconds"):
-        if key in summary:
-            table.add_row(key.replace("_", " "), str(summary[key]))
-    groups = summary["groups"]
-    assert isinstance(groups, dict)
-    table.add_row(f"{groups['name']} rows", str(groups["rows"]))
-    table.add_row("header", str(summary["header"]))
-    Console().print(table)
 
 
 def _add_embed(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

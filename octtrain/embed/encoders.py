@@ -91,7 +91,7 @@ class Encoder:
     module: nn.Module
     data_kind: str  # "cellpainting" or "oct"
     name: str  # teacher, target, context, finetuned
-    step: int | None  # the training step (an epoch's last for fine-tuning) it was saved at
+    step: int | None  # the step it was saved at (a fine-tuning checkpoint: its epoch)
     config: dict[str, Any]  # the run's config, as saved
     in_chans: int  # Cell Painting: channels read; OCT: 1
     tile: int  # Cell Painting: the tile side; OCT: 0

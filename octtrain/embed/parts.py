@@ -13,7 +13,6 @@ again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from octstage.manifest import atomic_write_text
+from octstage.manifest import atomic_write_text, file_sha256
 
 PARTS = "parts"  # the folder of the parts inside the export
 ROWS_PER_GROUP = 1024  # rows a part's row group holds: what a writer keeps in memory
@@ -67,12 +66,9 @@ def mine(parts: list[Part], rank: int, world: int) -> list[Part]:
 
 
 def sha256_file(path: Path) -> str:
-    """``sha256:<hex>`` of a file's bytes, read in 8 MiB pieces."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(8 << 20):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+    """``sha256:<hex>`` of a file's bytes (the manifest's own hashing, with the prefix the
+    manifest and the checkpoints use)."""
+    return "sha256:" + file_sha256(path)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ keeps every finished part; the part in progress leaves no file that looks finish
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -40,7 +39,16 @@ from octtrain.embed import export
 from octtrain.embed.encode import embed_fields, pool_tokens, volume_tokens
 from octtrain.embed.encoders import Encoder, checkpoint_encoder
 from octtrain.embed.items import check_items, parts_loader
-from octtrain.embed.parts import Part, PartWriter, check_part, mine, plan, temporary
+from octtrain.embed.parts import (
+    Part,
+    PartWriter,
+    check_part,
+    mine,
+    plan,
+    sha256_file,
+    temporary,
+)
+from octtrain.embed.summary import Progress
 from octtrain.embed.tables import GROUPS, item_batch, item_schema, metadata_columns
 from octtrain.errors import ConfigError, DataError, OcttrainError
 from octtrain.runtime import hosts
@@ -78,7 +86,7 @@ def _selection(manifest: Manifest, path: str, split: str | None) -> Sequence[Any
 
 def _file_sha256(path: str) -> str:
     try:
-        return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return sha256_file(Path(path))
     except OSError as exc:
         raise DataError(f"{path}: cannot read the manifest ({exc.strerror})") from None
 
@@ -135,44 +143,6 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def clock(seconds: float) -> str:
-    """``H:MM:SS`` (hours past 24 too: a million fields can take a day), or n/a."""
-    if not seconds < 1e8:
-        return "n/a"
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-class Progress:
-    """A line every ``every_s`` seconds: items done of this process's share, items/s, ETA."""
-
-    def __init__(self, total: int, every_s: float, rank: int) -> None:
-        self.total, self.every_s, self.rank = total, every_s, rank
-        self.done, self.start = 0, time.monotonic()
-        self.last = self.start
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if now - self.last >= self.every_s or self.done == self.total:
-            self.last = now
-            rate = self.done / max(now - self.start, 1e-9)
-            eta = (self.total - self.done) / rate if rate else float("inf")
-            log.info(
-                "embed (process %d): %d of %d items (%.0f%%), %.1f items/s, ETA %s",
-                self.rank,
-                self.done,
-                self.total,
-                100.0 * self.done / max(self.total, 1),
-                rate,
-                clock(eta),
-            )
-
-    @property
-    def rate(self) -> float:
-        return self.done / max(time.monotonic() - self.start, 1e-9)
-
-
 def embed_batch(encoder: Encoder, batch: dict[str, Any], backend: Backend) -> np.ndarray:
     """``[n, dim]`` float32 embeddings of one loader batch."""
     if encoder.data_kind == "cellpainting":
@@ -227,7 +197,7 @@ class PartSink:
             temporary(Path(self.cfg.out), self.parts[self.current]).unlink(missing_ok=True)
 
 
-def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, float]:
+def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, int]:
     """This process's parts: complete ones kept, the others embedded."""
     parts = mine(plan(len(s.items), cfg.part_size), backend.process_index, backend.process_count)
     todo = []
@@ -263,7 +233,6 @@ def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, float]
         "parts_embedded": len(todo),
         "parts_kept": len(parts) - len(todo),
         "items_embedded": progress.done,
-        "items_per_s": round(progress.rate, 2) if progress.done else 0,
     }
 
 

@@ -104,7 +104,7 @@ def test_a_part_with_other_rows_than_its_items_is_not_finished(tmp_path: Path) -
 
 
 def test_the_eta_reads_past_a_day() -> None:
-    from octtrain.embed.run import clock
+    from octtrain.embed.summary import clock
 
     assert [clock(0), clock(59.9), clock(30 * 3600 + 61)] == ["0:00:00", "0:00:59", "30:01:01"]
     assert clock(float("inf")) == "n/a"
