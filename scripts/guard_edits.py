@@ -32,6 +32,55 @@ EMBED_CP = OT + "test_embed_cellpainting.py::"
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
 
 EDITS: list[Edit] = [
+    # --- Cell Painting evaluation: what the normalisation took away, JUMP's recipes, intervals --
+    Edit(
+        "embed-input-stats",
+        "octtrain/embed/encode.py",
+        "    if stats_restored(backbone):",
+        "    if False:",
+        (OT + "test_profiles.py::test_a_standardised_encoder_keeps_what_its_norm_removes",),
+        "a per-crop standardised encoder's embedding loses the channels' brightness and spread",
+    ),
+    Edit(
+        "activity-same-plate-negatives",
+        "octtrain/eval/cellpainting/retrieval.py",
+        '_aps(meta, profiles, ["plate"], ["is_control"])',
+        '_aps(meta, profiles, [], ["is_control"])',
+        (OT + "test_resample.py",),
+        "activity ranks against every plate's controls, not the query's own plate's",
+    ),
+    Edit(
+        "dl-recipe-unsphered",
+        "octtrain/eval/cellpainting/scores.py",
+        'RECIPES = {"dl": RecipeConfig(sphere=False)',
+        'RECIPES = {"dl": RecipeConfig(sphere=True)',
+        (OT + "test_profiles.py::test_profile_report_for_a_dino_checkpoint_and_its_baselines",),
+        "JUMP's deep-learning recipe spheres (it does not)",
+    ),
+    Edit(
+        "resample-controls",
+        "octtrain/eval/cellpainting/resample.py",
+        "np.add.at(controls[r], own[rng.integers(0, len(own), size=len(own))], 1.0)",
+        "np.add.at(controls[r], own, 1.0)",
+        (OT + "test_resample.py::test_draws_resample_plates_controls_and_wells_and_are_seeded",),
+        "the intervals never resample the control wells",
+    ),
+    Edit(
+        "resample-plates",
+        "octtrain/eval/cellpainting/resample.py",
+        "drawn_plates = rng.integers(0, len(plates), size=len(plates))",
+        "drawn_plates = np.arange(len(plates))",
+        (OT + "test_resample.py::test_draws_resample_plates_controls_and_wells_and_are_seeded",),
+        "the intervals never resample the plates",
+    ),
+    Edit(
+        "unseen-subset",
+        "octtrain/eval/cellpainting/resample.py",
+        '        ap = ap[ap["perturbation"].isin(set(perturbations))]',
+        "        pass",
+        (OT + "test_resample.py::test_held_out_compounds_are_scored_apart",),
+        "held-out compounds' mAP is every perturbation's",
+    ),
     # --- DINO: teacher, freeze, optimizer, masks ------------------------------------------------
     Edit(
         "dino-ema-direction",

@@ -5,7 +5,12 @@
   scale); each tile goes through the encoder in its 8 flips and quarter turns (a field has no
   up; training draws the same transforms), and a tile's embedding is its CLS token concatenated
   with its mean patch token (DINOv2's linear-evaluation features), averaged over the transforms;
-  the field's embedding is the mean over its tiles.
+  the field's embedding is the mean over its tiles. An encoder that standardises each crop's
+  channels over its own pixels (``model.input_norm: sample``) never sees a channel's brightness
+  or spread, which carry the intensity phenotypes (a brighter membrane, a dimmer ER) and part of
+  the size ones (more stained area): its embedding gets back what that normalisation took away,
+  each tile's per-channel log mean and log standard deviation (``tile_stats``, ``2 x C``
+  features after the ``2D``; ``stats_restored``).
 * **An OCT volume** (``pool_tokens``): the mean of the encoder's output tokens, what the linear
   probe reads (``eval/oct/probe_train.py``) and what RETFound-style users pool.
 
@@ -25,6 +30,8 @@ from torch import nn
 from octtrain.data.cellpainting import scale
 from octtrain.data.dataset import to_model_input
 from octtrain.runtime.backend import Backend
+
+STAT_EPS = 1.0 / 255.0  # one grey level of the uint8 field
 
 
 def field_tiles(field: np.ndarray, tile: int) -> np.ndarray:
@@ -49,13 +56,32 @@ def dihedral(tiles: torch.Tensor) -> list[torch.Tensor]:
     return turns + [t.flip(-1) for t in turns]
 
 
+def stats_restored(backbone: nn.Module) -> bool:
+    """Whether ``backbone`` standardises each sample's channels over its own pixels, so that its
+    embedding carries ``tile_stats`` (the module docstring)."""
+    norm = getattr(backbone, "input_norm", None)
+    return getattr(norm, "mode", None) == "sample"
+
+
+def tile_stats(tiles: torch.Tensor) -> torch.Tensor:
+    """``[N, 2C]``: each tile's per-channel log mean, then log standard deviation, of its pixels
+    (``tiles`` in the model's [-1, 1] scale, taken to [0, 1]; ``STAT_EPS`` keeps a black or flat
+    channel finite). A flip or a quarter turn leaves them as they are."""
+    x = (tiles.float() + 1.0) / 2.0
+    var, mean = torch.var_mean(x, dim=(-2, -1), correction=0)
+    return torch.cat([torch.log(mean + STAT_EPS), torch.log(var.sqrt() + STAT_EPS)], dim=-1)
+
+
 def tile_embeddings(backbone: nn.Module, tiles: torch.Tensor) -> torch.Tensor:
-    """``[N, 2D]``: each tile's CLS token and mean patch token, concatenated, averaged over the
-    tile's 8 flips and quarter turns (one forward per transform: memory of one tile batch)."""
+    """``[N, 2D]`` (``[N, 2D + 2C]`` with ``tile_stats``): each tile's CLS token and mean patch
+    token, concatenated, averaged over the tile's 8 flips and quarter turns (one forward per
+    transform: memory of one tile batch)."""
     total = torch.zeros((), device=tiles.device)
     for view in dihedral(tiles):
         cls, patches = backbone(view)
         total = total + torch.cat([cls, patches.mean(dim=1)], dim=-1).float()
+    if stats_restored(backbone):
+        return torch.cat([total / 8.0, tile_stats(tiles)], dim=-1)
     return total / 8.0
 
 

@@ -47,13 +47,9 @@ from octtrain.data.dataset import read_manifest
 from octtrain.data.intensity import pooled
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.cellpainting.cell_pictures import attention_heads, channel_strip, features_pca
-from octtrain.eval.cellpainting.profile_run import (
-    ProfiledField,
-    field_embeddings,
-    profile_metrics,
-    profiled,
-)
+from octtrain.eval.cellpainting.profile_run import field_embeddings, profiled
 from octtrain.eval.cellpainting.retrieval import require_copairs
+from octtrain.eval.cellpainting.scores import ProfiledField, profile_metrics
 from octtrain.eval.common.collapse import target_entropies
 from octtrain.models.attention_maps import AttentionCapture
 from octtrain.models.dino import build_student, make_teacher, teacher_outputs

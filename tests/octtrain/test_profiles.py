@@ -115,6 +115,27 @@ def test_a_tile_embedding_is_cls_and_mean_patch_token_over_its_flips_and_turns()
     assert torch.allclose(turned, emb, atol=1e-5)  # a tile's orientation does not matter
 
 
+def test_a_standardised_encoder_keeps_what_its_norm_removes() -> None:
+    # A brighter AGP channel: per-crop standardisation removes the gain from the tokens, the
+    # appended per-channel log mean and log sd keep it (intensity phenotypes live there).
+    torch.manual_seed(0)
+    backbone = build_vit2d("tiny", 5, input_norm="sample").eval()
+    tiles01 = torch.rand(2, 5, 16, 16) * 0.5 + 0.1
+    brighter = tiles01.clone()
+    brighter[:, 1] *= 1.3
+    with torch.no_grad():
+        a, b = (tile_embeddings(backbone, t * 2 - 1) for t in (tiles01, brighter))
+    d = 2 * backbone.embed_dim
+    assert a.shape == (2, d + 2 * 5)
+    torch.testing.assert_close(a[:, :d], b[:, :d], atol=2e-3, rtol=0)  # the tokens: no change
+    moved = (b[:, d:] - a[:, d:]).abs().amax(dim=0)
+    assert moved[1] == pytest.approx(math.log(1.3), abs=0.02)  # log mean of AGP, by log 1.3
+    assert moved[6] > 0.2 and moved[[0, 2, 3, 4, 5, 7, 8, 9]].max() < 1e-6
+    dataset_norm = build_vit2d("tiny", 5).eval()  # its tokens see intensity: nothing appended
+    with torch.no_grad():
+        assert tile_embeddings(dataset_norm, tiles01).shape == (2, d)
+
+
 def test_a_field_embedding_does_not_depend_on_the_field_orientation() -> None:
     torch.manual_seed(0)
     backbone = build_vit2d("tiny", 5).eval()
@@ -154,6 +175,11 @@ def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) 
     assert not torch.equal(firsts[1], firsts[2])
     # The twin's perturbation is the nucleus size, which the handcrafted set measures.
     assert report["encoders"]["handcrafted"]["activity_map"] > 0.9
+    # JUMP's deep-learning recipe (no sphering) at the top, the sphered one beside it.
+    assert report["recipe"] == "dl" and set(report["recipes"]) == {"dl", "sphered"}
+    assert report["encoders"] == report["recipes"]["dl"]["encoders"]
+    for name, sphered in (("dl", 0.0), ("sphered", 1.0)):
+        assert report["recipes"][name]["encoders"]["dino"]["sphered"] == sphered
     assert set(report["dino_minus"]) == set(report["encoders"]) - {"dino"}
     diff = report["dino_minus"]["handcrafted"]["activity"]
     assert diff["low"] <= diff["value"] <= diff["high"]

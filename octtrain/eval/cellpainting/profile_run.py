@@ -18,19 +18,21 @@ On the twin this beat the mean CLS token of the tiles as they lie, for DINO more
 random init (measured with the evaluation before JUMP's recipe). The profiles' normalisation
 (JUMP's recipe) is ``eval/cellpainting/recipe.py``'s, the retrieval mAP and its bootstrap intervals
 ``eval/cellpainting/retrieval.py``'s; the probe is the leave-one-out k-NN balanced accuracy of the
-perturbation classes (``eval/common/knn.py``) on well profiles and on field embeddings. Beside each
-encoder's mAP and interval, the report gives DINO minus each rival with a paired interval (the
-same perturbations and wells drawn for both). The report goes to ``<out>/profile.json``.
+perturbation classes (``eval/common/knn.py``) on well profiles and on field embeddings
+(``eval/cellpainting/scores.py``). Each encoder is scored under JUMP's deep-learning recipe
+(no sphering; the primary one) and the sphered one, over every perturbation and over those the
+checkpoint never trained on; beside each mAP and its interval (``resample.py``: plates, control
+wells, perturbations and wells resampled), DINO minus each rival with a paired interval (the
+same draws for both). The report goes to ``<out>/profile.json``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,28 +40,25 @@ from torch import nn
 
 from octstage.manifest import atomic_write_text, check_output_folder, replace_report
 from octtrain.config.dino import DinoConfig
-from octtrain.data.cellpainting import CellPaintingDataset, FieldRecord
+from octtrain.data.cellpainting import CellPaintingDataset
 from octtrain.data.dataset import read_manifest
 from octtrain.embed.encode import embed_fields, field_tiles
 from octtrain.embed.encoders import dino_in_chans, dino_teacher
 from octtrain.errors import ConfigError, DataError
 from octtrain.eval.cellpainting import cp_features
-from octtrain.eval.cellpainting.profiles import (
-    Array,
-    WellKey,
-    handcrafted_features,
-    recipe_profiles,
-)
-from octtrain.eval.cellpainting.recipe import RecipeConfig
-from octtrain.eval.cellpainting.retrieval import (
-    KINDS,
+from octtrain.eval.cellpainting.profiles import Array, handcrafted_features
+from octtrain.eval.cellpainting.retrieval import KINDS
+from octtrain.eval.cellpainting.scores import (
+    PRIMARY,
+    RECIPES,
     RESAMPLES,
-    Retrieval,
-    map_interval,
+    SUBSETS,
+    ProfiledField,
+    Scored,
     paired_difference,
+    per_perturbation,
+    profile_scores,
 )
-from octtrain.eval.cellpainting.retrieval import retrieval as score_retrieval
-from octtrain.eval.common.knn import knn_balanced_accuracy
 from octtrain.models.dino import build_student
 from octtrain.models.vit2d import ViT2D
 from octtrain.runtime.checkpoint import load_checkpoint
@@ -68,19 +67,6 @@ log = logging.getLogger("octtrain")
 RANDOM_SEEDS = 3
 REPORT = "profile.json"
 FIELDS_PER_BATCH = 8
-
-
-class ProfiledField(FieldRecord, Protocol):
-    """A manifest field with the Cell Painting typed part the profiles group by."""
-
-    @property
-    def plate(self) -> str: ...
-    @property
-    def well(self) -> str: ...
-    @property
-    def perturbation(self) -> str: ...
-    @property
-    def is_control(self) -> bool: ...
 
 
 def encoders(
@@ -127,66 +113,12 @@ def profiled(fields: Sequence[ProfiledField]) -> list[ProfiledField]:
     return [f for f in fields if f.perturbation or f.is_control]
 
 
-@dataclass(frozen=True)
-class Scored:
-    """One encoder's metrics (floats: mAPs, their intervals, probes), per-well APs and the
-    recipe's notes (steps skipped and why)."""
-
-    metrics: dict[str, float]
-    retrieval: Retrieval
-    notes: list[str]
-
-
 def held_out(fields: Sequence[ProfiledField], train_split: str) -> list[ProfiledField]:
     """The fields on plates a run whose training split is ``train_split`` did not train on: a
     plate with any field in that split is left out whole (build-cache splits by plate; this
     holds for a manifest that does not)."""
     seen = {f.plate for f in fields if f.split == train_split}
     return [f for f in fields if f.plate not in seen]
-
-
-def profile_scores(
-    x: Array,
-    fields: Sequence[ProfiledField],
-    resamples: int = RESAMPLES,
-    recipe: RecipeConfig | None = None,
-) -> Scored:
-    """One encoder's scores from its field embeddings ``x`` (a row per field of ``fields``):
-    activity and distinctiveness mAP of the recipe's well profiles with bootstrap intervals
-    (``<kind>_map_low`` / ``_high``), the k-NN probes, the wells and features kept."""
-    keys = [WellKey(f.plate, f.well, f.perturbation, f.is_control) for f in fields]
-    classes = sorted({k.perturbation for k in keys})
-    field_labels = np.array([classes.index(k.perturbation) for k in keys])
-    result, wells = recipe_profiles(x, keys, recipe)
-    well_labels = np.array([classes.index(w.perturbation) for w in wells])
-    scored = score_retrieval(result.profiles, wells)
-    metrics = dict(scored.maps)
-    for kind in KINDS:
-        ci = map_interval(scored.aps[kind], resamples)
-        metrics[f"{kind}_map_low"], metrics[f"{kind}_map_high"] = ci.low, ci.high
-    metrics["well_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(
-        result.profiles, well_labels
-    )
-    metrics["field_probe_knn_balanced_accuracy"] = knn_balanced_accuracy(x, field_labels)
-    metrics["wells"] = float(len(wells))
-    metrics["features_kept"] = float(len(result.kept))
-    metrics["sphered"] = float(result.sphered)
-    return Scored(metrics, scored, result.notes)
-
-
-def profile_metrics(x: Array, fields: Sequence[ProfiledField]) -> dict[str, float]:
-    """``profile_scores``' metrics (what validation logs)."""
-    return profile_scores(x, fields).metrics
-
-
-def per_perturbation(scored: Scored) -> dict[str, dict[str, float]]:
-    """kind -> perturbation -> its mean AP (which phenotypes an encoder sees)."""
-    out: dict[str, dict[str, float]] = {}
-    for kind, ap in scored.retrieval.aps.items():
-        if ap is not None:
-            means = ap.groupby("perturbation")["average_precision"].mean()
-            out[kind] = {str(k): float(v) for k, v in means.items()}
-    return out
 
 
 def profile_fields(
@@ -198,19 +130,26 @@ def profile_fields(
     resamples: int = RESAMPLES,
     only_held_out: bool = True,
     fixed: dict[str, Array] | None = None,
+    unseen: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """The report: per encoder (dino, random_init_<i> for each seed, handcrafted, cp_measure when
-    installed) mAP with intervals and probes, per-perturbation APs, the recipe's notes, and
-    DINO minus each rival with paired intervals. ``only_held_out`` leaves out the fields of the
-    checkpoint's training split (a caller that picked held-out plates itself passes False).
-    ``fixed``: a cache of the features that do not depend on the checkpoint (handcrafted,
-    cp_measure), filled by the first call and reused by the next ones on the same fields."""
+    """The report: under each recipe (``scores.RECIPES``; the primary one's also at the top),
+    per encoder (dino, random_init_<i> for each seed, handcrafted, cp_measure when installed)
+    mAP with intervals and probes, per-perturbation APs, the recipe's notes, and DINO minus each
+    rival with paired intervals. ``only_held_out`` leaves out the fields of the checkpoint's
+    training split (a caller that picked held-out plates itself passes False). ``unseen``: the
+    perturbations DINO never trained on, also scored alone (default: with ``only_held_out``,
+    those absent from the training split's fields). ``fixed``: a cache of the features that do
+    not depend on the checkpoint (handcrafted, cp_measure), filled by the first call and reused
+    by the next ones on the same fields."""
     fields = profiled(fields)
     if not fields:
         raise DataError("no Cell Painting fields with perturbation metadata to profile")
     dev = torch.device(device)
     cfg, trained, randoms = encoders(checkpoint, fields[0].shape[0], random_seeds)
     if only_held_out:
+        if unseen is None:
+            seen = {f.perturbation for f in fields if f.split == cfg.data.train_split}
+            unseen = {f.perturbation for f in fields} - seen
         fields = held_out(fields, cfg.data.train_split)
         if not fields:
             raise DataError(
@@ -239,26 +178,47 @@ def profile_fields(
         "fields": len(fields),
         "plates": sorted({f.plate for f in fields}),
         "perturbations": classes,
+        "unseen_perturbations": sorted(set(unseen or ()) & set(classes)),
         "random_seeds": [cfg.train.seed + 1 + i for i in range(random_seeds)],
         "resamples": resamples,
-        "encoders": {},
-        "per_perturbation": {},
-        "notes": {},
-        "dino_minus": {},
+        "recipe": PRIMARY,
+        "recipes": {
+            name: recipe_section(features, fields, resamples, name, unseen or ())
+            for name in RECIPES
+        },
     }
-    scores = {name: profile_scores(x, fields, resamples) for name, x in features.items()}
-    for name, scored in scores.items():
-        report["encoders"][name] = scored.metrics
-        report["per_perturbation"][name] = per_perturbation(scored)
-        report["notes"][name] = scored.notes
-    dino = scores["dino"].retrieval.aps
-    for name, scored in scores.items():
-        if name != "dino":
-            report["dino_minus"][name] = {
-                kind: vars(paired_difference(dino[kind], scored.retrieval.aps[kind], resamples))
-                for kind in KINDS
-            }
+    report.update(report["recipes"][PRIMARY])  # the primary recipe's, at the top
     return report
+
+
+def recipe_section(
+    features: dict[str, Array],
+    fields: Sequence[ProfiledField],
+    resamples: int,
+    recipe: str,
+    unseen: Collection[str],
+) -> dict[str, Any]:
+    """Every encoder's scores under one recipe: metrics, per-perturbation APs, the recipe's
+    notes, and DINO minus each rival with paired intervals (every kind and subset)."""
+    scores: dict[str, Scored] = {
+        name: profile_scores(x, fields, resamples, RECIPES[recipe], unseen)
+        for name, x in features.items()
+    }
+    keys = [prefix + kind for prefix in SUBSETS for kind in KINDS]
+    return {
+        "encoders": {name: s.metrics for name, s in scores.items()},
+        "per_perturbation": {name: per_perturbation(s) for name, s in scores.items()},
+        "notes": {name: s.notes for name, s in scores.items()},
+        "dino_minus": {
+            name: {
+                key: vars(paired_difference(scores["dino"], s, key))
+                for key in keys
+                if key in s.samples
+            }
+            for name, s in scores.items()
+            if name != "dino"
+        },
+    }
 
 
 def run_profile(
