@@ -29,6 +29,7 @@ COMPILED_STEP_TEST = (
 OS = "tests/octstage/"
 BI = "tests/badinput/"
 EMBED_CP = OT + "test_embed_cellpainting.py::"
+RECIPE = "test_dino_recipe.py::"
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
 
 EDITS: list[Edit] = [
@@ -109,7 +110,7 @@ EDITS: list[Edit] = [
     Edit(
         "dino-freeze-removed",
         "octtrain/train/dino.py",
-        "frozen = step < d.freeze_last_layer_steps",
+        "frozen = step < self.frozen_steps",
         "frozen = False",
         (OT + "test_dino_recipe.py",),
         "the prototypes (last layer) are trained from step 0",
@@ -125,8 +126,8 @@ EDITS: list[Edit] = [
     Edit(
         "dino-freeze-off-by-one",
         "octtrain/train/dino.py",
-        "frozen = step < d.freeze_last_layer_steps",
-        "frozen = step <= d.freeze_last_layer_steps",
+        "frozen = step < self.frozen_steps",
+        "frozen = step <= self.frozen_steps",
         (OT + "test_dino_recipe.py",),
         "the prototypes stay frozen one step longer than configured",
     ),
@@ -157,10 +158,123 @@ EDITS: list[Edit] = [
     Edit(
         "dino-grad-clip-removed",
         "octtrain/train/dino.py",
-        "if self.cfg.optim.grad_clip > 0:\n            torch.nn.utils.clip_grads_with_norm_",
-        "if False:\n            torch.nn.utils.clip_grads_with_norm_",
+        "if self.cfg.optim.grad_clip > 0:\n                torch.nn.utils.clip_grads_with_norm_",
+        "if False:\n                torch.nn.utils.clip_grads_with_norm_",
         (OT + "test_dino_recipe.py", OT + "test_dino_job.py"),
         "DINO's gradients are never clipped",
+    ),
+    # --- DINOv2 at ViT-S/8 scale: LayerScale, lr rule, per-module clip, shares, fp32 logits ---
+    Edit(
+        "dino-clip-per-module",
+        "octtrain/train/dino.py",
+        'if self.cfg.optim.grad_clip_scope == "global":',
+        "if True:",
+        (OT + RECIPE + "test_each_module_s_gradients_are_clipped_on_their_own_norm",),
+        "one global clip over the student instead of one per module (DINOv2's)",
+    ),
+    Edit(
+        "dino-lr-sqrt-rule",
+        "octtrain/config/dino.py",
+        "return self.lr * math.sqrt(global_batch / 1024)",
+        "return self.lr",
+        (OT + RECIPE + "test_the_peak_lr_follows_the_global_batch_by_the_square_root_rule",),
+        "optim.scaling_rule sqrt_wrt_1024 leaves the lr as set",
+    ),
+    Edit(
+        "dino-lr-scaled-unused",
+        "octtrain/train/dino.py",
+        "**schedules.ema_pretraining(step, self.optim, s, total),",
+        "**schedules.ema_pretraining(step, cfg.optim, s, total),",
+        (OT + RECIPE + "test_the_peak_lr_follows_the_global_batch_by_the_square_root_rule",),
+        "the schedule peaks at optim.lr, not at the batch-scaled lr",
+    ),
+    Edit(
+        "dino-share-of-run",
+        "octtrain/config/dino.py",
+        "round((share or 0.0) * total_steps)",
+        "round(share or 0.0)",
+        (
+            OT
+            + RECIPE
+            + "test_the_last_layers_stay_fixed_for_the_first_percent_of_the_run_then_learn",
+        ),
+        "a share of the run (freeze, teacher temperature warm-up) is read as a step count",
+    ),
+    Edit(
+        "dino-temp-warmup-share",
+        "octtrain/train/dino.py",
+        "warmup_steps=d.teacher_temp_warmup(cfg.schedule.total_steps or cfg.max_steps),",
+        "warmup_steps=d.warmup_teacher_temp_steps or 0,",
+        (
+            OT
+            + RECIPE
+            + "test_the_teacher_temperature_warms_up_from_0_04_to_0_07_over_30_percent_of_the_run",
+        ),
+        "dino.warmup_teacher_temp_share is ignored (no warm-up)",
+    ),
+    Edit(
+        "dino-share-defaults",
+        "octtrain/config/dino.py",
+        'if getattr(d, f"{name}_share") is None and getattr(d, f"{name}_steps") is None:',
+        "if False:",
+        (OT + RECIPE + "test_a_share_and_a_step_count_of_the_same_schedule_are_refused_together",),
+        "a config naming neither share nor steps gets no freeze and no warm-up, not DINOv2's",
+    ),
+    Edit(
+        "dino-share-exclusive",
+        "octtrain/config/dino.py",
+        "share is None or steps is None,",
+        "True,",
+        (OT + RECIPE + "test_a_share_and_a_step_count_of_the_same_schedule_are_refused_together",),
+        "a share and a step count of the same schedule are both accepted (one silently wins)",
+    ),
+    Edit(
+        "dino-layerscale-branch",
+        "octtrain/models/vit3d.py",
+        "x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))",
+        "x = x + self.drop_path(self.attn(self.norm1(x)))",
+        (OT + RECIPE + "test_the_vit_s_blocks_start_near_the_identity_through_layerscale_at_1e_5",),
+        "the attention branch skips its LayerScale",
+    ),
+    Edit(
+        "dino-layerscale-preset",
+        "octtrain/config/dino.py",
+        "if self.model.layerscale is None:",
+        "if False:",
+        (OT + RECIPE + "test_the_vit_s_blocks_start_near_the_identity_through_layerscale_at_1e_5",),
+        "the config keeps layerscale null instead of the preset's value",
+    ),
+    Edit(
+        "dino-layerscale-legacy",
+        "octtrain/config/dino.py",
+        '{**LEGACY_INPUTS, **LEGACY_VIT2D, **data.get("model", {})}',
+        '{**LEGACY_INPUTS, **data.get("model", {})}',
+        (
+            OT
+            + RECIPE
+            + "test_a_checkpoint_from_before_layerscale_still_embeds_and_resumes_only_without_it",
+        ),
+        "a checkpoint from before LayerScale is rebuilt with it and its teacher no longer loads",
+    ),
+    Edit(
+        "dino-layerscale-resume-hint",
+        "octtrain/train/dino.py",
+        "+ legacy_hint(diff) + layerscale_hint(diff)",
+        "+ legacy_hint(diff)",
+        (
+            OT
+            + RECIPE
+            + "test_a_checkpoint_from_before_layerscale_still_embeds_and_resumes_only_without_it",
+        ),
+        "a resume refused for LayerScale does not say how to resume",
+    ),
+    Edit(
+        "dino-head-logits-fp32",
+        "octtrain/models/dino.py",
+        "with torch.autocast(x.device.type, enabled=False):",
+        "with torch.autocast(x.device.type, dtype=torch.bfloat16):",
+        (OT + RECIPE + "test_the_heads_logits_are_float32_under_bf16_autocast",),
+        "the heads' logits (cosines divided by 0.04) come out in bf16",
     ),
     Edit(
         "dino-center-not-updated",

@@ -9,14 +9,18 @@ centring, loss weights, iBOT masks). ``job`` picks this config in ``octtrain pre
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from octtrain.config.loader import read_values
+from octtrain.config.loader import from_dict, read_values
 from octtrain.config.pretrain import OptimConfig, ScheduleConfig
 from octtrain.config.sections import (
     ATTENTIONS,
     INPUT_NORMS,
+    LEGACY_INPUTS,
     POS_EMBEDS,
     CheckpointConfig,
     DataConfig,
@@ -36,15 +40,19 @@ class Vit2dPreset:
     depth: int
     num_heads: int
     patch: int
+    # LayerScale's initial value (0: none). DINOv2 (``student.layerscale: 1.0e-05``) for every
+    # ViT it trains; not the tiny preset: two blocks have none of the depth it steadies, CaiT's
+    # own rule gives shallow stacks 0.1, and the twin bench's figures were measured without it.
+    layerscale: float = 0.0
 
 
 VIT2D_PRESETS: dict[str, Vit2dPreset] = {
     # Tests and CPU smoke runs: a step on 32 x 32 crops takes milliseconds.
     "tiny": Vit2dPreset(embed_dim=48, depth=2, num_heads=3, patch=4),
-    "small": Vit2dPreset(embed_dim=96, depth=4, num_heads=4, patch=8),
+    "small": Vit2dPreset(embed_dim=96, depth=4, num_heads=4, patch=8, layerscale=1e-5),
     # What the users trained: ViT-S/8 (21.7M parameters), and the cheaper ViT-S/16.
-    "vits8": Vit2dPreset(embed_dim=384, depth=12, num_heads=6, patch=8),
-    "vits16": Vit2dPreset(embed_dim=384, depth=12, num_heads=6, patch=16),
+    "vits8": Vit2dPreset(embed_dim=384, depth=12, num_heads=6, patch=8, layerscale=1e-5),
+    "vits16": Vit2dPreset(embed_dim=384, depth=12, num_heads=6, patch=16, layerscale=1e-5),
 }
 
 
@@ -53,6 +61,14 @@ SCALE_UNITS = ("field", "crop")
 JOBS = ("jepa", "dino")  # what ``octtrain pretrain`` can run; a YAML without ``job`` is jepa
 PARALLEL = ("ddp", "fsdp")
 COMPILES = ("none", "inductor", "aot_eager")
+# The peak lr against the global batch (DINOv2's ``optim.scaling_rule``): ``optim.lr`` is the
+# lr at the reference batch (1,024 or 256), scaled by the square root or linearly; none: as set.
+SCALING_RULES = ("none", "sqrt_wrt_1024", "linear_wrt_256")
+CLIP_SCOPES = ("module", "global")
+# DINOv2's shares of the run (30 and 1 of 100 epochs) where a config gives neither share nor steps.
+DEFAULT_SHARES = {"warmup_teacher_temp": 0.3, "freeze_last_layer": 0.01}
+# What a checkpoint's model section written before an option was trained with.
+LEGACY_VIT2D: dict[str, Any] = {"layerscale": 0.0}
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,9 @@ class Vit2dConfig:
     # (std 0.02, DINOv2) or "sincos" (the legacy fixed table).
     input_norm: str = "dataset"
     pos_embed: str = "learned"
+    # LayerScale's initial value (a learned per-channel gain on each residual branch; 0: none);
+    # null: the preset's (1e-5, DINOv2's, but for ``tiny``), set when the DinoConfig is built.
+    layerscale: float | None = None
 
     def __post_init__(self) -> None:
         known = list(VIT2D_PRESETS)
@@ -87,6 +106,7 @@ class Vit2dConfig:
         check(self.attention in ATTENTIONS, f"attention must be one of {ATTENTIONS}")
         check(self.input_norm in INPUT_NORMS, f"input_norm must be one of {INPUT_NORMS}")
         check(self.pos_embed in POS_EMBEDS, f"pos_embed must be one of {POS_EMBEDS}")
+        check(self.layerscale is None or self.layerscale >= 0, "layerscale must be >= 0")
 
     @property
     def patch_size(self) -> int:
@@ -165,14 +185,19 @@ class DinoObjectiveConfig:
     student_temp: float = 0.1
     teacher_temp: float = 0.07
     warmup_teacher_temp: float = 0.04
-    warmup_teacher_temp_steps: int = 0  # linear from warmup_teacher_temp to teacher_temp
+    # Linear from warmup_teacher_temp to teacher_temp over a share of the run (DINOv2: 30 of
+    # 100 epochs) or a number of steps: one of the two (neither: the share 0.3, set when the
+    # DinoConfig is built).
+    warmup_teacher_temp_share: float | None = None
+    warmup_teacher_temp_steps: int | None = None
     center_momentum: float = 0.9
     centering: str = "center"  # the teacher: "center" (EMA centring) or "sinkhorn_knopp"
     mask_probability: float = 0.5  # share of global crops that get iBOT masks
     mask_ratio: tuple[float, float] = (0.1, 0.5)  # share of a masked crop's patches
-    # The prototypes (the heads' last layers) stay fixed this long: DINOv2's first epoch
-    # (1,250 iterations); set it to about one pass over the training fields.
-    freeze_last_layer_steps: int = 1250
+    # The prototypes (the heads' last layers) stay fixed for a share of the run (DINOv2: its
+    # first epoch of 100) or a number of steps: one of the two (neither: the share 0.01).
+    freeze_last_layer_share: float | None = None
+    freeze_last_layer_steps: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dino_prototypes", "ibot_prototypes", "head_hidden", "head_bottleneck"):
@@ -182,13 +207,33 @@ class DinoObjectiveConfig:
             check(getattr(self, name) >= 0, f"{name} must be >= 0")
         for name in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
             check(getattr(self, name) > 0, f"{name} must be positive")
-        check(self.warmup_teacher_temp_steps >= 0, "warmup_teacher_temp_steps must be >= 0")
+        for name in DEFAULT_SHARES:
+            share, steps = getattr(self, f"{name}_share"), getattr(self, f"{name}_steps")
+            check(
+                share is None or steps is None,
+                f"{name}_share {share} and {name}_steps {steps} are both set: give one (set "
+                "the other to null)",
+            )
+            check(share is None or 0 <= share <= 1, f"{name}_share must be in [0, 1]")
+            check(steps is None or steps >= 0, f"{name}_steps must be >= 0")
         check(0.0 <= self.center_momentum < 1.0, "center_momentum must be in [0, 1)")
         check(self.centering in CENTERINGS, f"centering must be one of {CENTERINGS}")
         check(0.0 <= self.mask_probability <= 1.0, "mask_probability must be a probability")
         lo, hi = self.mask_ratio
         check(0 <= lo <= hi < 1, "mask_ratio must be 0 <= low <= high < 1")
-        check(self.freeze_last_layer_steps >= 0, "freeze_last_layer_steps must be >= 0")
+
+    def teacher_temp_warmup(self, total_steps: int) -> int:
+        """The steps of the teacher temperature's warm-up in a run of ``total_steps``."""
+        return _steps(self.warmup_teacher_temp_share, self.warmup_teacher_temp_steps, total_steps)
+
+    def frozen_last_layer(self, total_steps: int) -> int:
+        """The steps the prototypes stay fixed in a run of ``total_steps``."""
+        return _steps(self.freeze_last_layer_share, self.freeze_last_layer_steps, total_steps)
+
+
+def _steps(share: float | None, steps: int | None, total_steps: int) -> int:
+    """``steps``, or ``share`` of ``total_steps`` rounded (0.01 of 12,000: 120)."""
+    return steps if steps is not None else round((share or 0.0) * total_steps)
 
 
 @dataclass(frozen=True)
@@ -199,11 +244,27 @@ class DinoOptimConfig(OptimConfig):
 
     layer_decay: float = 0.9
     patch_embed_lr_mult: float = 0.2
+    # ``lr`` against the global batch (``data.batch_size``, every process's share together):
+    # none (lr as set), sqrt_wrt_1024 (DINOv2: lr * sqrt(batch / 1024)), linear_wrt_256.
+    scaling_rule: str = "none"
+    # grad_clip per module (DINOv2: backbone, DINO head and iBOT head each clipped to
+    # clip_grad 3.0) or over the whole student at once.
+    grad_clip_scope: str = "module"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(0 < self.layer_decay <= 1, "optim.layer_decay must be in (0, 1]")
         check(self.patch_embed_lr_mult > 0, "optim.patch_embed_lr_mult must be positive")
+        check(self.scaling_rule in SCALING_RULES, f"scaling_rule must be one of {SCALING_RULES}")
+        check(self.grad_clip_scope in CLIP_SCOPES, f"grad_clip_scope must be one of {CLIP_SCOPES}")
+
+    def peak_lr(self, global_batch: int) -> float:
+        """The peak lr at ``global_batch`` samples a step under ``scaling_rule``."""
+        if self.scaling_rule == "sqrt_wrt_1024":
+            return self.lr * math.sqrt(global_batch / 1024)
+        if self.scaling_rule == "linear_wrt_256":
+            return self.lr * global_batch / 256
+        return self.lr
 
 
 @dataclass(frozen=True)
@@ -236,6 +297,17 @@ class DinoConfig:
         check(self.job == "dino", f"job must be 'dino' for this config, got {self.job!r}")
         if self.train.name is None:
             object.__setattr__(self, "train", dataclasses.replace(self.train, name="dino"))
+        # Defaults that depend on another key, set here (a section's own __post_init__ would
+        # fix them before the YAML's preset or steps arrive).
+        if self.model.layerscale is None:
+            scale = VIT2D_PRESETS[self.model.preset].layerscale
+            object.__setattr__(self, "model", dataclasses.replace(self.model, layerscale=scale))
+        d = self.dino
+        for name, share in DEFAULT_SHARES.items():
+            if getattr(d, f"{name}_share") is None and getattr(d, f"{name}_steps") is None:
+                fill: dict[str, Any] = {f"{name}_share": share}
+                d = dataclasses.replace(d, **fill)
+        object.__setattr__(self, "dino", d)
         check(self.train.max_steps is not None, "train.max_steps must be set for pretraining")
         check(self.train.epochs is None, "train.epochs is for finetuning; use train.max_steps")
         check(not self.data.balanced_sampling, "data.balanced_sampling is for finetuning only")
@@ -269,3 +341,22 @@ def job_of(yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> st
         where = f"{yaml_path}: " if yaml_path is not None else ""
         raise ConfigError(f"{where}job {job!r} unknown (known: {list(JOBS)})")
     return str(job)
+
+
+def checkpoint_config(saved: Mapping[str, Any]) -> DinoConfig:
+    """A DINO checkpoint's saved config as this version builds it: the model options it
+    predates set to what it was trained with (the input rule, no LayerScale), the rest filled
+    and resolved as any config is (a checkpoint's weights then fit the model it describes)."""
+    data = dict(saved)
+    data["model"] = {**LEGACY_INPUTS, **LEGACY_VIT2D, **data.get("model", {})}
+    return from_dict(DinoConfig, data)
+
+
+def layerscale_hint(diff: Mapping[str, Any]) -> str:
+    """What to do when a checkpoint's model config differs from the run's in LayerScale."""
+    if "layerscale" not in diff:
+        return ""
+    return (
+        ". A checkpoint written before LayerScale (or without it) has model.layerscale 0: set "
+        "model.layerscale=0 to resume it, or start a new run"
+    )

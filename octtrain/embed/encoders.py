@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from octtrain.config.dino import CropConfig, DinoConfig
+from octtrain.config.dino import CropConfig, DinoConfig, checkpoint_config
 from octtrain.config.loader import from_dict
 from octtrain.config.sections import ModelConfig
 from octtrain.errors import CheckpointError, ConfigError
@@ -31,10 +31,9 @@ DATA_KINDS = {"dino": "cellpainting", "pretrain": "oct", "finetune": "oct"}
 
 
 def dino_config(state: dict[str, Any]) -> DinoConfig:
-    """A DINO checkpoint's config (an old checkpoint's input rule made explicit)."""
-    saved = dict(state["config"])
-    saved["model"] = legacy_model(saved.get("model", {}))
-    return from_dict(DinoConfig, saved)
+    """A DINO checkpoint's config (an old checkpoint's input rule and its want of LayerScale
+    made explicit)."""
+    return checkpoint_config(state["config"])
 
 
 def dino_in_chans(state: dict[str, Any], url: str) -> int:

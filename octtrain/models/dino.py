@@ -6,7 +6,8 @@ head logits the losses need: one call, so a DDP wrapper sees every parameter use
 The teacher is a copy of the student updated by EMA (``models/jepa.ema_update``), in eval mode
 and without drop path; it sees the global crops unmasked. Heads follow DINOv2: an MLP to a
 bottleneck, L2-normalised, then a weight-normalised linear layer onto the prototypes whose norm
-is fixed at 1.
+is fixed at 1; that last part in float32 under autocast (the logits are cosines the losses divide
+by temperatures down to 0.04).
 """
 
 from __future__ import annotations
@@ -55,8 +56,13 @@ class DinoHead(nn.Module):
         g.requires_grad = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.normalize(self.mlp(x), dim=-1, eps=1e-6 if x.dtype == torch.float32 else 1e-4)
-        return self.last_layer(x)  # type: ignore[no-any-return]
+        x = self.mlp(x)
+        # The logits are cosines in [-1, 1] that the losses divide by 0.04-0.1: in bf16 (8
+        # significant bits) one near 0.9 is off by up to 0.002, 0.05 after the teacher's 0.04
+        # (fp16: 0.006). So the norm and the prototypes run in float32, autocast or not.
+        with torch.autocast(x.device.type, enabled=False):
+            x = F.normalize(x.float(), dim=-1, eps=1e-6)
+            return self.last_layer(x)  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -159,6 +165,7 @@ def build_student(cfg: DinoConfig, in_chans: int) -> DinoStudent:
         input_norm=m.input_norm,
         pos_embed=m.pos_embed,
         crop=cfg.crops.global_size,
+        layerscale=m.layerscale,
     )
     dim = backbone.embed_dim
 

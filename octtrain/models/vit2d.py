@@ -8,7 +8,8 @@ Positions (``pos_embed``, models/inputs.py): ``learned`` is DINOv2's, a table fo
 
 ``ViT2D.forward(x, masks)`` takes ``x [B, C, H, W]`` and optional ``masks [B, N]`` (True: the
 patch is masked) and returns ``(cls [B, D], patches [B, N, D])`` after the final LayerNorm. The
-blocks are the 3D encoder's (``models/vit3d.Block``), so the attention kernel is the same one;
+blocks are the 3D encoder's (``models/vit3d.Block``), so the attention kernel is the same one,
+with DINOv2's LayerScale on each residual branch where ``layerscale`` > 0 (``model.layerscale``);
 ``models/attention_maps.py`` reads the last block's attention through any wrapper.
 """
 
@@ -55,6 +56,7 @@ class ViT2D(nn.Module):
         input_norm: str = "dataset",
         pos_embed: str = "learned",
         pos_grid: int = 14,
+        layerscale: float = 0.0,
     ) -> None:
         super().__init__()
         self.in_chans, self.patch, self.embed_dim = in_chans, patch, embed_dim
@@ -70,7 +72,8 @@ class ViT2D(nn.Module):
         self.mask_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         rates = [drop_path * i / max(1, depth - 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
-            Block(embed_dim, num_heads, mlp_ratio, r, attention) for r in rates
+            Block(embed_dim, num_heads, mlp_ratio, r, attention, layerscale=layerscale)
+            for r in rates
         )
         self.norm = nn.LayerNorm(embed_dim)
         self.apply(_init)
@@ -139,9 +142,10 @@ def build_vit2d(
     input_norm: str = "dataset",
     pos_embed: str = "learned",
     crop: int = 224,
+    layerscale: float | None = None,
 ) -> ViT2D:
-    """A named preset, any of its sizes overridden; a learned position table is sized for
-    ``crop`` x ``crop`` inputs (the global crop)."""
+    """A named preset, any of its sizes overridden (``layerscale`` None: the preset's); a
+    learned position table is sized for ``crop`` x ``crop`` inputs (the global crop)."""
     p = VIT2D_PRESETS[preset]
     size = patch or p.patch
     return ViT2D(
@@ -156,4 +160,5 @@ def build_vit2d(
         input_norm,
         pos_embed,
         max(1, crop // size),
+        p.layerscale if layerscale is None else layerscale,
     )

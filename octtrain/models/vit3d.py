@@ -58,6 +58,18 @@ class DropPath(nn.Module):
         return x * keep / (1 - self.p)
 
 
+class LayerScale(nn.Module):
+    """A learned per-channel gain on a residual branch, starting at ``init`` (CaiT; DINOv2's
+    ``layers/layer_scale.py``: 1e-5), so each block starts close to the identity."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma.to(x.dtype)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention; ``kind`` and ``block`` pick the kernel (models/attention.py)."""
 
@@ -80,7 +92,8 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block."""
+    """Pre-norm transformer block; with ``layerscale`` > 0 each branch is scaled by a
+    ``LayerScale`` (``ls1``, ``ls2``: DINOv2's names) before drop path and the residual add."""
 
     def __init__(
         self,
@@ -90,6 +103,7 @@ class Block(nn.Module):
         drop_path: float,
         attention: str = "auto",
         attention_block: int = 1024,
+        layerscale: float = 0.0,
     ) -> None:
         super().__init__()
         hidden = int(dim * mlp_ratio)
@@ -98,10 +112,13 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.drop_path = DropPath(drop_path)
+        # Without LayerScale no parameter is added: the state dict keeps its keys.
+        self.ls1: nn.Module = LayerScale(dim, layerscale) if layerscale > 0 else nn.Identity()
+        self.ls2: nn.Module = LayerScale(dim, layerscale) if layerscale > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))  # type: ignore[no-any-return]
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))  # type: ignore[no-any-return]
 
 
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, checkpointing: bool) -> torch.Tensor:

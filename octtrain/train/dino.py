@@ -5,17 +5,20 @@ What is DINO's own: the student (2D ViT + DINO head + iBOT head) and its EMA tea
 mode, no drop path, momentum on DINOv2's cosine); the centres of the teacher's logits (EMA over
 replicas) and the teacher temperature warm-up; the step (multi-crop views built on the device
 from uint8, the iBOT tokens gathered through the batch's fixed-size index list, the three
-losses, AdamW with the scheduled lr times DINOv2's per-layer scales and weight decay, the
-prototypes at lr 0 for the first steps, grad norm before clipping, then the EMA and centre
-updates; no host read between logged steps: ``docs/dinov2-recipe.md``); and the pictures:
-the last block's attention and the patch features, read through the student's wrapper (DDP or
-FSDP) at the first image step.
+losses, AdamW with the scheduled lr (its peak scaled to the global batch by
+``optim.scaling_rule``) times DINOv2's per-layer scales and weight decay, the prototypes at lr 0
+for a share of the run, grad norm before clipping, each module clipped on its own norm, then the
+EMA and centre updates; no host read between logged steps: ``docs/dinov2-recipe.md``); and the
+pictures: the last block's attention and the patch features, read through the student's wrapper
+(DDP or FSDP) at the first image step.
 Everything else (run folder, resume, checkpoints, watchdog, data wait, non-finite and collapse
 guards) is the skeleton's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from octstage.manifest import Manifest
-from octtrain.config.dino import DinoConfig
+from octtrain.config.dino import DinoConfig, checkpoint_config, layerscale_hint
 from octtrain.config.loader import to_dict
 from octtrain.data.cellpainting import (
     CellPaintingDataset,
@@ -61,7 +64,7 @@ from octtrain.models.dino_loss import (
     sinkhorn_knopp,
     update_center,
 )
-from octtrain.models.inputs import legacy_hint, legacy_model
+from octtrain.models.inputs import legacy_hint
 from octtrain.models.jepa import ema_update
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
@@ -71,6 +74,7 @@ from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, moni
 from octtrain.train.loop import Trainer
 from octtrain.train.optim import dino_optimizer, set_hyperparameters
 
+log = logging.getLogger("octtrain")
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on the CPU
 FULL_IN = StateDictOptions(full_state_dict=True)
 
@@ -95,11 +99,12 @@ def collapse_entropies(probs: torch.Tensor) -> dict[str, float]:
 
 
 def teacher_temperature(step: int, cfg: DinoConfig) -> float:
-    """The configured teacher temperature warm-up (``schedules.teacher_temperature``)."""
+    """The configured teacher temperature warm-up (``schedules.teacher_temperature``), its
+    length a share of the schedule's steps or a number of steps."""
     d = cfg.dino
     return schedules.teacher_temperature(
         step,
-        warmup_steps=d.warmup_teacher_temp_steps,
+        warmup_steps=d.teacher_temp_warmup(cfg.schedule.total_steps or cfg.max_steps),
         start=d.warmup_teacher_temp,
         end=d.teacher_temp,
     )
@@ -125,6 +130,28 @@ class DinoJob:
         self.global_batch = cfg.data.batch_size
         self.schedule_steps = cfg.schedule.total_steps or cfg.max_steps
         self.local_batch = hosts.local_batch(cfg.data.batch_size, backend)
+        # The peak lr at the global batch (DINOv2's scaling rule), said once.
+        self.optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(self.global_batch))
+        if backend.is_main:
+            log.info(
+                "peak lr %.4g: optim.lr %.4g, optim.scaling_rule %s, global batch %d (%d "
+                "process(es))",
+                self.optim.lr,
+                cfg.optim.lr,
+                cfg.optim.scaling_rule,
+                self.global_batch,
+                backend.process_count,
+            )
+        # The prototypes stay fixed for this many steps (a share of the run, or steps).
+        self.frozen_steps = cfg.dino.frozen_last_layer(self.schedule_steps)
+        with backend.autocast():
+            mixed = torch.is_autocast_enabled(backend.device.type)
+        if backend.device.type == "cuda" and mixed:
+            # The heads' prototypes run in float32 (models/dino.py: cosines divided by 0.04):
+            # as TF32 on tensor cores (fp16's 10 input bits, float32 sums and output), not at
+            # plain float32's fraction of the speed (~2.6 TFLOP a ViT-S/8 step). Under bf16
+            # autocast the other float32 products are validation's and KoLeo's.
+            torch.set_float32_matmul_precision("high")
         if not train:
             raise DataError(f"the manifest has no fields in split {cfg.data.train_split!r}")
         channels = {int(c) for c in np.unique(field_shapes(train)[:, 0])}
@@ -152,7 +179,7 @@ class DinoJob:
         self.teacher = make_teacher(self.raw)
         self.teacher_forward: nn.Module = self.teacher  # compiled in start() with ``compile``
         self.depth = len(self.raw.backbone.blocks)
-        self.optimizer = dino_optimizer(self.raw, cfg.optim, self.depth)
+        self.optimizer = dino_optimizer(self.raw, self.optim, self.depth)
         self._trainable()
         # FSDP only across processes (one process has nothing to shard over).
         self.fsdp = cfg.parallel == "fsdp" and backend.process_count > 1
@@ -223,15 +250,19 @@ class DinoJob:
     def load_state(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "dino":
             raise CheckpointError(f"not a DINO checkpoint (kind {state.get('kind')!r})")
-        saved, current = dict(state["config"]), to_dict(self.cfg)
-        saved["model"] = legacy_model(saved.get("model", {}))
+        # Filled and resolved as this version builds it: a checkpoint from before an option
+        # compares as what it was trained with (no LayerScale, no share of the run).
+        try:
+            saved, current = to_dict(checkpoint_config(state["config"])), to_dict(self.cfg)
+        except ConfigError as exc:
+            raise CheckpointError(f"the checkpoint's config does not build here: {exc}") from None
         for section in ("model", "dino"):
             if saved.get(section) != current[section]:
                 old, new = saved.get(section) or {}, current[section]
                 diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
                 raise CheckpointError(
                     f"the checkpoint's {section} config differs from this run's (checkpoint, "
-                    f"run): {diff}" + legacy_hint(diff)
+                    f"run): {diff}" + legacy_hint(diff) + layerscale_hint(diff)
                 )
         self.raw.load_state_dict(state["student"])
         self.teacher.load_state_dict(state["teacher"])
@@ -249,11 +280,19 @@ class DinoJob:
             for block in model.backbone.blocks:
                 fully_shard(block)
             fully_shard(model, reshard_after_forward=True)  # the root too: the EMA needs shards
-        self.optimizer = dino_optimizer(self.raw, self.cfg.optim, self.depth)
+        self.optimizer = dino_optimizer(self.raw, self.optim, self.depth)
         self._trainable()
 
     def _trainable(self) -> None:
         self.params = [p for p in self.raw.parameters() if p.requires_grad]
+        # What is clipped on its own norm: each of the student's modules, or all at once.
+        if self.cfg.optim.grad_clip_scope == "global":
+            self.clip_groups = [self.params]
+        else:
+            modules = (self.raw.backbone, self.raw.dino_head, self.raw.ibot_head)
+            self.clip_groups = [
+                [p for p in m.parameters() if p.requires_grad] for m in modules if m is not None
+            ]
 
     def _will_save(self, unit: int) -> bool:
         """Whether the skeleton saves after ``unit`` (its rule in ``loop._unit_end``)."""
@@ -304,7 +343,7 @@ class DinoJob:
         cfg, total = self.cfg, self.schedule_steps
         s = cfg.schedule
         return {
-            **schedules.ema_pretraining(step, cfg.optim, s, total),
+            **schedules.ema_pretraining(step, self.optim, s, total),
             "train/ema_momentum": schedules.ema_cosine(
                 step, total_steps=total, start=s.ema_start, end=s.ema_end
             ),
@@ -314,7 +353,7 @@ class DinoJob:
     def train_step(self, batch: dict[str, Any], step: int) -> StepResult:
         d = self.cfg.dino
         hyper = self.hyperparameters(step)
-        frozen = step < d.freeze_last_layer_steps  # the prototypes: DINOv2's first epoch
+        frozen = step < self.frozen_steps  # the prototypes: DINOv2's first epoch of 100
         set_hyperparameters(self.optimizer, hyper["train/lr"], hyper["train/weight_decay"], frozen)
         global_views, local_views, masks = to_views(batch, self.channel_stats)
         mask_index, mask_weight = batch["mask_index"], batch["mask_weight"]
@@ -342,12 +381,7 @@ class DinoJob:
         )
         loss, parts = obj.loss, obj.parts
         loss.backward()  # type: ignore[no-untyped-call]
-        grads = [p.grad for p in self.params if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping, before zeroing
-        if isinstance(grad_norm, DTensor):  # FSDP: the norm over every shard
-            grad_norm = grad_norm.full_tensor()
-        if self.cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
+        grad_norm = self._clip()
         self.optimizer.step()
         ema_update(self.teacher, self.raw, hyper["train/ema_momentum"])
         self._update_centers(obj.dino_mean, obj.ibot_total)
@@ -360,6 +394,24 @@ class DinoJob:
         # Read by the skeleton one step later: the alarm for targets that carry no image.
         monitors = target_entropies(obj.probs)
         return StepResult(loss.detach(), grad_norm.detach(), rows, host, monitors)
+
+    def _clip(self) -> torch.Tensor:
+        """Clip to ``optim.grad_clip`` each module's gradients (DINOv2: the backbone, the DINO
+        head and the iBOT head, each on its own norm) or the student's at once
+        (``optim.grad_clip_scope``); the whole student's norm before clipping, for the log."""
+        norms: list[torch.Tensor] = []
+        for params in self.clip_groups:
+            grads = [p.grad for p in params if p.grad is not None]
+            if not grads:
+                continue
+            norm = torch.nn.utils.get_total_norm(grads)  # before clipping, before zeroing
+            if isinstance(norm, DTensor):  # FSDP: the norm over every shard
+                norm = norm.full_tensor()
+            if self.cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, self.cfg.optim.grad_clip, norm)
+            norms.append(norm)
+        total: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms))
+        return total
 
     def _sinkhorn_targets(
         self,

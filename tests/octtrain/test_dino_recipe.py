@@ -18,7 +18,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.data.cellpainting import CellPaintingDataset, to_views
-from octtrain.models.dino import DinoStudent, build_student, make_teacher, teacher_outputs
+from octtrain.embed.encoders import dino_teacher
+from octtrain.errors import CheckpointError, ConfigError
+from octtrain.models.dino import (
+    DinoHead,
+    DinoStudent,
+    build_student,
+    make_teacher,
+    teacher_outputs,
+)
 from octtrain.models.dino_loss import dino_loss, ibot_loss, koleo_loss, sinkhorn_knopp
 from octtrain.models.vit3d import DropPath
 from octtrain.runtime.backend import make_backend
@@ -126,23 +134,41 @@ def test_the_ema_momentum_is_a_cosine_not_a_ramp(
     assert job.hyperparameters(100)["train/ema_momentum"] == pytest.approx(0.99)
 
 
-def test_the_teacher_temperature_warms_up_from_0_04_to_0_07(
+def test_the_teacher_temperature_warms_up_from_0_04_to_0_07_over_30_percent_of_the_run(
     cell_cache: tuple[Path, list[CellField]], tmp_path: Path
 ) -> None:
-    warm = ["dino.teacher_temp=0.07", "dino.warmup_teacher_temp_steps=60"]  # DINOv2's shape
-    job, _ = _job(cell_cache, tmp_path, ["train.max_steps=200", *warm])
+    # DINOv2: 0.04 -> 0.07 over 30 of 100 epochs; here 30% of a 200-step run, 60 steps.
+    warm = ["dino.teacher_temp=0.07", "dino.warmup_teacher_temp_steps=null"]
+    share = ["dino.warmup_teacher_temp_share=0.3"]
+    job, _ = _job(cell_cache, tmp_path, ["train.max_steps=200", *warm, *share])
     temps = [job.hyperparameters(s)["train/teacher_temp"] for s in (0, 30, 60, 199)]
     assert temps == pytest.approx([0.04, 0.055, 0.07, 0.07])
+    # The schedule's length when it is not the run's (schedule.total_steps): 30% of 100.
+    job, _ = _job(cell_cache, tmp_path, ["schedule.total_steps=100", *warm, *share])
+    assert job.hyperparameters(15)["train/teacher_temp"] == pytest.approx(0.055)
+
+
+def test_a_share_and_a_step_count_of_the_same_schedule_are_refused_together() -> None:
+    for name in ("warmup_teacher_temp", "freeze_last_layer"):
+        both = [f"dino.{name}_share=0.1", f"dino.{name}_steps=5"]
+        with pytest.raises(ConfigError, match=f"{name}_share 0.1 and {name}_steps 5"):
+            load_config(DinoConfig, DINO_TINY, both)
+    # Neither: DINOv2's shares.
+    d = DinoConfig().dino
+    assert (d.warmup_teacher_temp_share, d.freeze_last_layer_share) == (0.3, 0.01)
+    assert (d.teacher_temp_warmup(12000), d.frozen_last_layer(12000)) == (3600, 120)
 
 
 # --- the prototypes and the learning rates -------------------------------------------------------
 
 
-def test_the_last_layers_stay_fixed_for_the_configured_steps_then_learn(
+def test_the_last_layers_stay_fixed_for_the_first_percent_of_the_run_then_learn(
     cell_cache: tuple[Path, list[CellField]], tmp_path: Path
 ) -> None:
-    overrides = ["dino.freeze_last_layer_steps=2", "schedule.warmup_steps=0"]
+    # dino-tiny.yaml's share, 0.01 (DINOv2: 1 of 100 epochs): 2 steps of a 200-step run.
+    overrides = ["train.max_steps=200", "schedule.warmup_steps=0"]
     job, batch = _job(cell_cache, tmp_path, overrides)
+    assert job.cfg.dino.freeze_last_layer_share == 0.01
     params = job.raw.named_parameters()
     last = [n for n, p in params if ".last_layer." in n and p.requires_grad]
     assert len(last) == 2  # the DINO and iBOT heads' prototypes (their directions)
@@ -204,14 +230,63 @@ def _first_moments(job: DinoJob) -> float:
 def test_the_optimizer_steps_with_gradients_clipped_to_optim_grad_clip(
     cell_cache: tuple[Path, list[CellField]], tmp_path: Path
 ) -> None:
-    clipped, batch = _job(cell_cache, tmp_path, ["optim.grad_clip=0.001"])
+    scope = "optim.grad_clip_scope=global"  # the whole student on one norm
+    clipped, batch = _job(cell_cache, tmp_path, ["optim.grad_clip=0.001", scope])
     beta1 = clipped.cfg.optim.betas[0]
     result = clipped.train_step(batch, 0)
     assert float(result.grad_norm) > 0.01  # logged before clipping: the raw norm
     assert _first_moments(clipped) == pytest.approx((1 - beta1) * 0.001, rel=1e-3)
-    free, batch = _job(cell_cache, tmp_path / "free", ["optim.grad_clip=0"])
+    free, batch = _job(cell_cache, tmp_path / "free", ["optim.grad_clip=0", scope])
     result = free.train_step(batch, 0)
     assert _first_moments(free) == pytest.approx((1 - beta1) * float(result.grad_norm), rel=1e-3)
+
+
+def _module_norms(job: DinoJob) -> list[float]:
+    """The gradient norms of the backbone, the DINO head and the iBOT head, as they are now."""
+    modules = (job.raw.backbone, job.raw.dino_head, job.raw.ibot_head)
+    return [
+        float(
+            torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in m.parameters() if p.grad is not None])
+            )
+        )
+        for m in modules
+        if m is not None
+    ]
+
+
+def test_each_module_s_gradients_are_clipped_on_their_own_norm(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    # DINOv2's train.py: ``for v in model.student.values(): v.clip_grad_norm_(clip_grad)``.
+    job, batch = _job(cell_cache, tmp_path, ["optim.grad_clip=1e-6"])
+    assert job.cfg.optim.grad_clip_scope == "module"  # the default
+    result = job.train_step(batch, 0)
+    assert _module_norms(job) == pytest.approx([1e-6] * 3, rel=1e-3)  # each at the clip
+    assert float(result.grad_norm) > 1e-3  # logged: the whole student's norm before clipping
+    job, batch = _job(
+        cell_cache, tmp_path / "g", ["optim.grad_clip=1e-6", "optim.grad_clip_scope=global"]
+    )
+    job.train_step(batch, 0)
+    norms = _module_norms(job)
+    assert math.hypot(*norms) == pytest.approx(1e-6, rel=1e-3)  # one norm for the three
+    assert min(norms) < 0.5e-6  # the largest module's norm leaves the heads a sliver
+
+
+def test_the_peak_lr_follows_the_global_batch_by_the_square_root_rule(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # DINOv2's utils/config.py: lr = base_lr * sqrt(batch_size_per_gpu * global_size / 1024).
+    peak = ["optim.lr=1e-3", "data.batch_size=16", "schedule.warmup_steps=2"]
+    expected = {"sqrt_wrt_1024": 1e-3 * (16 / 1024) ** 0.5, "linear_wrt_256": 1e-3 * 16 / 256}
+    expected["none"] = 1e-3
+    for rule, lr in expected.items():
+        caplog.clear()
+        with caplog.at_level("INFO", logger="octtrain"):
+            job, _ = _job(cell_cache, tmp_path / rule, [*peak, f"optim.scaling_rule={rule}"])
+        assert job.hyperparameters(1)["train/lr"] == pytest.approx(lr)  # the warm-up's end
+        said = [r.getMessage() for r in caplog.records if "scaling_rule" in r.getMessage()]
+        assert len(said) == 1 and f"scaling_rule {rule}, global batch 16" in said[0]
 
 
 def test_the_ibot_centre_moves_to_the_masked_tokens_mean_not_the_padding_s(
@@ -226,6 +301,63 @@ def test_the_ibot_centre_moves_to_the_masked_tokens_mean_not_the_padding_s(
     job.train_step(batch, 0)
     expected = (1 - m) * t_masked.float()[valid].mean(dim=0)  # from a centre of zeros
     torch.testing.assert_close(job.ibot_center, expected, rtol=1e-4, atol=1e-5)
+
+
+# --- LayerScale and the heads' precision ---------------------------------------------------------
+
+
+def test_the_vit_s_blocks_start_near_the_identity_through_layerscale_at_1e_5() -> None:
+    # DINOv2: ssl_default_config's student.layerscale 1.0e-05, layers/layer_scale.py's gamma.
+    cfg = load_config(DinoConfig, CONFIGS / "dino-vits8.yaml", ["model.depth=1"])
+    assert cfg.model.layerscale == 1e-5
+    torch.manual_seed(0)
+    block = build_student(cfg, 5).backbone.blocks[0]
+    for gamma in (block.ls1.gamma, block.ls2.gamma):
+        assert torch.equal(gamma.detach(), torch.full((384,), 1e-5))
+    x = torch.randn(2, 17, 384)
+    with torch.no_grad():
+        assert float((block(x) - x).norm() / x.norm()) < 1e-4  # each branch at 1e-5 of its output
+    small = load_config(DinoConfig, DINO_TINY, ["model.preset=small"]).model.layerscale
+    assert (small, load_config(DinoConfig, DINO_TINY, []).model.layerscale) == (1e-5, 0.0)
+
+
+def _old_checkpoint(job: DinoJob) -> dict[str, Any]:
+    """``job``'s state as a checkpoint from before LayerScale: no gamma, no ``layerscale`` key."""
+    state = job.state(0)
+    del state["config"]["model"]["layerscale"]
+    for key in ("student", "teacher"):
+        state[key] = {k: v for k, v in state[key].items() if ".ls" not in k}
+    return state
+
+
+def test_a_checkpoint_from_before_layerscale_still_embeds_and_resumes_only_without_it(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    small = ["model.preset=small"]  # LayerScale by default
+    job, _ = _job(cell_cache, tmp_path, [*small, "model.layerscale=0"])
+    state = _old_checkpoint(job)
+    cfg, backbone = dino_teacher(state, "old.pt")  # octtrain embed / profile: as before
+    assert cfg.model.layerscale == 0 and not any(".ls" in k for k in backbone.state_dict())
+    job, _ = _job(cell_cache, tmp_path / "new", small)
+    assert "backbone.blocks.0.ls1.gamma" in job.raw.state_dict()
+    with pytest.raises(CheckpointError, match=r"layerscale.*model.layerscale=0 to resume"):
+        job.load_state(state)
+    job, _ = _job(cell_cache, tmp_path / "again", [*small, "model.layerscale=0"])
+    job.load_state(state)
+
+
+def test_the_heads_logits_are_float32_under_bf16_autocast() -> None:
+    """At a teacher temperature of 0.04 a bf16 cosine near 0.9 (steps of 2^-8) moves the
+    target's logit by up to 0.05; the normalised bottleneck and the prototypes run in float32."""
+    torch.manual_seed(0)
+    head = DinoHead(48, 64, hidden=64, bottleneck=32)
+    x = torch.randn(8, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = head(x)
+        bottleneck = head.mlp(x)
+    assert logits.dtype == torch.float32
+    expected = head.last_layer(torch.nn.functional.normalize(bottleneck.float(), dim=-1))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
 
 
 # --- crops ---------------------------------------------------------------------------------------
