@@ -572,6 +572,17 @@ EDITS: list[Edit] = [
         ),
         "the Cell Painting twin is written into any folder (a document's, an OCT twin)",
     ),
+    Edit(
+        "cp-unlabelled-refused",
+        "octstage/cellpainting/build.py",
+        "    if unlabelled.count and not allow_unlabelled:\n",
+        "    if False:\n",
+        (
+            OS + "test_jump_release.py::"
+            "test_fields_the_metadata_does_not_list_are_refused_unless_asked_for_by_name",
+        ),
+        "fields the JUMP metadata does not list are built with no perturbation, exit 0",
+    ),
     # --- doctor, pod agreement, exit codes ------------------------------------------------------
     Edit(
         "doctor-empty-cache",

@@ -177,6 +177,31 @@ def test_bad_metadata_stops_before_anything_and_leaves_the_cache_alone(
     assert {p: p.read_bytes() for p in cache.rglob("*") if p.is_file()} == before
 
 
+def test_fields_the_metadata_does_not_list_are_refused_unless_asked_for_by_name(
+    copy: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, meta, spec = copy
+    well = meta / TABLES["well"]
+    rows = gzip.decompress(well.read_bytes()).decode().splitlines(keepends=True)
+    # One plate absent from the metadata altogether, and one well of the other plate.
+    kept = [r for r in rows if ",BR00117035," not in r and ",APTJUM002,A02," not in r]
+    well.write_bytes(gzip.compress("".join(kept).encode()))
+    cache = tmp_path / "cache"
+    args = ["build-cache", "--kind", "cellpainting", "--source", str(root), "--out", str(cache),
+            "--map-prefix", spec[0], "--metadata", str(meta)]  # fmt: skip
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "7 field(s) of the load-data tables have no perturbation" in err, err
+    assert "2021_04_26_Batch1/BR00117035/" in err and "plate BR00117035 (absent from" in err
+    assert "plate APTJUM002 well A02 (the plate is listed, this well is not)" in err
+    assert "--allow-unlabelled" in err and not cache.exists()  # before any image is read
+    assert main([*args, "--select-plate", "BR00117035", "--allow-unlabelled"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "6 field(s) the metadata does not list built with an empty perturbation" in err
+    m = mf.load(cache / "manifest.json")
+    assert m.header.counts["unlabelled"] == 6 and {f.perturbation for f in m.fields} == {""}
+
+
 def test_selection_by_source_batch_plate_and_type(
     copy: tuple[Path, Path, list[str]], tmp_path: Path
 ) -> None:
