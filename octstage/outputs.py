@@ -149,25 +149,44 @@ def claim_run_folder(
 # --- caches (build-cache) ----------------------------------------------------------------------
 
 
-def _identity(manifest: Path) -> tuple[str, str, list[str]] | None:
-    """(kind, dataset, zarr paths) of the manifest file, or None when it is not a readable one."""
+def _identity(manifest: Path) -> tuple[str, str, list[str], int] | None:
+    """(kind, dataset, zarr paths, item count) of the manifest file, or None when it is not a
+    readable one. The columnar form's header lists no item (they are in its table; the count is
+    in its counts)."""
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
         kind = str(data.get("kind", "oct"))
         items = data.get("fields" if kind == "cellpainting" else "volumes", [])
-        return kind, str(data["header"]["dataset"]), [str(i["zarr_path"]) for i in items]
+        paths = [str(i["zarr_path"]) for i in items]
+        counts = data["header"].get("counts", {})
+        count = len(paths) or int(counts.get("fields" if kind == "cellpainting" else "volumes", 0))
+        return kind, str(data["header"]["dataset"]), paths, count
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
+def _same_dataset(a: str, b: str) -> bool:
+    """Whether two ``dataset`` values name one source: URLs as written (a trailing ``/`` aside),
+    local folders by their real path (``src``, ``./src`` and ``/data/src`` are one folder)."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def check_cache_folder(
-    folder: Path | None, manifests: Iterable[Path], kind: str, refuse: Refuse
+    folder: Path | None,
+    manifests: Iterable[Path],
+    kind: str,
+    refuse: Refuse,
+    dataset: str | None = None,
 ) -> None:
     """Refuse to build a ``kind`` cache where another cache lives. A manifest file the build
-    would write (``manifests``) is this cache's when it is of ``kind`` and lists no item or at
-    least one item that is in the local cache ``folder`` (a rebuild brings it up to date in
-    place, as build-cache always did, even from a moved source); it is another cache's when it
-    is of the other kind, is no manifest at all, or none of its items is in ``folder``. A
+    would write (``manifests``) is this cache's when it is of ``kind``, was built from this
+    build's source ``dataset`` (when given) and lists no item or at least one item that is in
+    the local cache ``folder`` (a rebuild brings it up to date in place, as build-cache always
+    did); it is another cache's when it is of the other kind, of another dataset (a cache
+    staged or built there from elsewhere: its items are all present, yet this build would
+    replace its manifest), is no manifest at all, or none of its items is in ``folder``. A
     ``folder`` holding the other kind's arrays is refused too."""
     for path in manifests:
         if not path.exists():
@@ -180,17 +199,25 @@ def check_cache_folder(
                 f"{path}: exists and is not a readable manifest; build-cache would replace it: "
                 "move it away or name another file"
             )
-        old_kind, dataset, items = found
+        old_kind, old_dataset, items, count = found
         if old_kind != kind:
             raise refuse(
-                f"{path}: holds the manifest of a {old_kind} cache of {dataset!r} "
-                f"({len(items)} items); this build writes a {kind} cache: choose another "
+                f"{path}: holds the manifest of a {old_kind} cache of {old_dataset!r} "
+                f"({count} items); this build writes a {kind} cache: choose another "
                 "--out / --manifest"
+            )
+        if dataset is not None and not _same_dataset(old_dataset, dataset):
+            raise refuse(
+                f"{path}: holds the manifest of another cache ({kind}, of {old_dataset!r}, "
+                f"{count} items); this build reads {dataset!r} and would replace it: choose "
+                f"another --out / --manifest (if {dataset!r} is that dataset moved, move "
+                f"{path.name} and any {path.stem}{ITEMS_SUFFIX} aside first: the arrays are "
+                "kept and reused by their keys)"
             )
         if folder is not None and items and not any((folder / p).exists() for p in items):
             raise refuse(
-                f"{path}: holds the manifest of another cache ({kind}, of {dataset!r}, "
-                f"{len(items)} items, none of them in {folder}); building here would replace "
+                f"{path}: holds the manifest of another cache ({kind}, of {old_dataset!r}, "
+                f"{count} items, none of them in {folder}); building here would replace "
                 "it: choose another --out / --manifest"
             )
     if folder is None or not folder.is_dir():

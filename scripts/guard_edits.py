@@ -583,6 +583,61 @@ EDITS: list[Edit] = [
         ),
         "fields the JUMP metadata does not list are built with no perturbation, exit 0",
     ),
+    Edit(
+        "build-over-other-dataset",
+        "octstage/outputs.py",
+        "        if dataset is not None and not _same_dataset(old_dataset, dataset):\n",
+        "        if False:\n",
+        (
+            BI + "test_octstage_caches.py::"
+            "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
+        ),
+        "build-cache replaces the manifest of a staged cache of another dataset",
+    ),
+    Edit(
+        "json-manifest-stale-table",
+        "octstage/manifest/serial.py",
+        "        p.with_name(items_name(p)).unlink(missing_ok=True)\n",
+        "        pass\n",
+        (
+            BI + "test_octstage_caches.py::"
+            "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
+        ),
+        "a JSON manifest written over a columnar one leaves the old item table beside it",
+    ),
+    Edit(
+        "bench-le-out-cache",
+        "bench/bench_label_efficiency.py",
+        "    if out is not None and out.is_dir() and holds_cache(out):\n",
+        "    if False:\n",
+        (
+            "tests/test_bench_label_efficiency.py::"
+            "test_an_out_that_is_a_cache_or_a_file_is_refused_before_any_work",
+        ),
+        "the label-efficiency bench writes its run folders into a cache",
+    ),
+    Edit(
+        "bench-le-positive-counts",
+        "bench/bench_label_efficiency.py",
+        "    if value < 1:\n",
+        "    if False:\n",
+        (
+            "tests/test_bench_label_efficiency.py::"
+            "test_counts_and_fractions_that_would_train_nothing_are_refused_up_front",
+        ),
+        "--seeds 0 / --steps 0 silently become the defaults (3 seeds, 30000 steps)",
+    ),
+    Edit(
+        "bench-le-fractions",
+        "bench/bench_label_efficiency.py",
+        "    if bad:\n",
+        "    if False:\n",
+        (
+            "tests/test_bench_label_efficiency.py::"
+            "test_counts_and_fractions_that_would_train_nothing_are_refused_up_front",
+        ),
+        "--fractions 0 is taken (a subset of nobody)",
+    ),
     # --- doctor, pod agreement, exit codes ------------------------------------------------------
     Edit(
         "doctor-empty-cache",

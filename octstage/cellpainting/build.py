@@ -276,7 +276,7 @@ def build(
     cache = open_cache(out)
     # Never over another cache (an OCT one, or another source's): its manifest would be replaced.
     written = [p for p in (manifest_path, cache.local and cache.local / "manifest.json") if p]
-    check_cache_folder(cache.local, written, "cellpainting", CellPaintingError)
+    check_cache_folder(cache.local, written, "cellpainting", CellPaintingError, storage.url)
 
     @functools.lru_cache(maxsize=1)
     def table_plates(name: str) -> dict[str, list[layout.FieldRow]]:

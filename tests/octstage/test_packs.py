@@ -155,7 +155,13 @@ def test_a_packed_cache_builds_verifies_stages_and_trains(
     assert all(by_id[f.item_id].intensity == f.intensity for f in m.fields)
     # A re-run keeps every pack (their attributes, not their data).
     root, info = twin
-    report2, built2 = build(s3_twin, str(cache), metadata=str(root.parent / info.metadata), pack=4)
+    report2, built2 = build(
+        s3_twin,
+        str(cache),
+        metadata=str(root.parent / info.metadata),
+        pack=4,
+        manifest_form="table",
+    )
     m2 = built2.load()
     assert report2.kept == n and report2.written == 0
     assert [f.checksum for f in m2.fields] == [f.checksum for f in m.fields]
