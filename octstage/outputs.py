@@ -88,12 +88,37 @@ def _indexed_checkpoints(folder: Path) -> int:
 
 
 def _trained(path: Path, checkpoints: Path) -> list[str]:
-    """What says a run trained in the run folder ``path`` (checkpoints, logged metrics)."""
+    """What says a run trained in the run folder ``path`` (checkpoints, a logged step)."""
     found = sorted(p.name for p in checkpoints.glob("step_*.pt"))[:3]
-    metrics = path / "metrics.jsonl"
-    if metrics.is_file() and metrics.stat().st_size > 0:
+    if _logged_a_step(path / "metrics.jsonl"):
         found.append("metrics.jsonl")
     return found
+
+
+def _never_trained(path: Path, ckpts: Path, checkpoints: str | None) -> bool:
+    """Whether the run in ``path`` stopped before its first step (nothing to resume or lose)."""
+    local = "://" not in str(checkpoints)
+    return local and not _trained(path, ckpts) and not _indexed_checkpoints(ckpts)
+
+
+def _logged_a_step(metrics: Path) -> bool:
+    """Whether ``metrics`` logs a training step. A run that failed before its first step logs
+    only events (its summary): it trained nothing, and must not block a re-run in its folder.
+    A run that trained logs a step in its first lines, so this reads little of a long file."""
+    try:
+        with metrics.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    return True  # not ours to judge: a run may have written it
+                if not isinstance(row, dict) or "step" in row:
+                    return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return False
 
 
 def claim_run_folder(
@@ -107,7 +132,9 @@ def claim_run_folder(
     resumes (and then only when the index of its checkpoints, ``checkpoints`` or else
     ``path/checkpoints``, lists one to resume from, or it never trained: restarting at step 1
     would overwrite its checkpoints and append to its metrics) or ``overwrite`` asks for a new
-    run there (the old one is moved aside first). A ``checkpoints`` URL is not looked into."""
+    run there (the old one is moved aside first). A run that stopped before its first step
+    (its metrics log only its summary) never trained; the refusal says so. A ``checkpoints``
+    URL is not looked into."""
     if resume and overwrite:
         raise refuse("train.overwrite=true and checkpoint.resume contradict each other: choose one")
     if path.exists() and not path.is_dir():
@@ -131,6 +158,14 @@ def claim_run_folder(
                     "file with checkpoint.resume=<step_*.pt>, or start a new run there with "
                     "train.overwrite=true (the old run is moved aside)"
                 )
+        elif not overwrite and _never_trained(path, ckpts, checkpoints):
+            # Still refused: another run may be starting there now (a second launch).
+            raise refuse(
+                f"train.run_dir {str(path)!r} already holds a run that never trained (no "
+                "checkpoint, no logged step: it stopped before its first step); run again there "
+                "with checkpoint.resume=auto (it starts afresh, as there is nothing to resume), or "
+                "with train.overwrite=true to move it aside first"
+            )
         elif not overwrite:
             raise refuse(
                 f"train.run_dir {str(path)!r} already holds a run; continue it with "

@@ -29,6 +29,10 @@ COMPILED_STEP_TEST = (
 OS = "tests/octstage/"
 BI = "tests/badinput/"
 EMBED_CP = OT + "test_embed_cellpainting.py::"
+CKPT_KINDS = "test_a_checkpoint_of_another_job_is_refused_naming_file_kind_and_what_to_pass"
+STOPPED_AT_0 = (
+    "test_a_run_that_stopped_before_its_first_step_is_run_again_with_resume_auto_announced"
+)
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
 
 EDITS: list[Edit] = [
@@ -637,6 +641,81 @@ EDITS: list[Edit] = [
             "test_counts_and_fractions_that_would_train_nothing_are_refused_up_front",
         ),
         "--fractions 0 is taken (a subset of nobody)",
+    ),
+    Edit(
+        "ckpt-kind-pretrain-resume",
+        "octtrain/train/pretrain.py",
+        '        ckpt.require_kind(state, "resume", ("pretrain",), ckpt.ANOTHER_JOB)\n',
+        "",
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "pretrain resume=auto into a fine-tuning run's folder: KeyError 'encoder' traceback",
+    ),
+    Edit(
+        "ckpt-kind-finetune-resume",
+        "octtrain/train/finetune.py",
+        '        ckpt.require_kind(state, "resume", ("finetune",), ckpt.ANOTHER_JOB)\n',
+        "",
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "finetune resume from a pretraining folder names no file and no kind",
+    ),
+    Edit(
+        "ckpt-kind-init",
+        "octtrain/train/finetune.py",
+        '    ckpt.require_kind(state, f"--init {init}", ("pretrain",), INIT_WANTS)\n',
+        "",
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "--init with a fine-tuning checkpoint lists its keys, not what --init wants",
+    ),
+    Edit(
+        "ckpt-kind-evaluate",
+        "octtrain/eval/oct/evaluate.py",
+        '        ("finetune",),\n',
+        '        ("finetune", "pretrain"),\n',
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "evaluate of a pretraining checkpoint names no file and no kind",
+    ),
+    Edit(
+        "ckpt-file-not-folder",
+        "octtrain/runtime/checkpoint.py",
+        '    if not name.endswith(".pt") and not ("://" not in url and Path(url).is_file()):\n',
+        '    if not name.endswith(".pt"):\n',
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "--init <a file> reads <file>/index.json: 'Not a directory'",
+    ),
+    Edit(
+        "run-summary-not-a-step",
+        "octstage/outputs.py",
+        '                if not isinstance(row, dict) or "step" in row:\n',
+        "                if True:\n",
+        (OT + "test_checkpoint_kinds.py::" + STOPPED_AT_0,),
+        "a run that failed before its first step blocks resume=auto in its folder",
+    ),
+    Edit(
+        "resume-auto-fresh-said",
+        "octtrain/train/loop.py",
+        '            if self.s.checkpoint.resume == "auto":\n',
+        "            if False:\n",
+        (OT + "test_checkpoint_kinds.py::" + STOPPED_AT_0,),
+        "resume=auto on a folder without checkpoints starts fresh without a word",
+    ),
+    Edit(
+        "probe-train-split-caveat",
+        "octtrain/eval/oct/probe_run.py",
+        '    if split == "train":\n',
+        '    if split == "nothing":\n',
+        (OT + "test_probe_command.py::test_probe_writes_both_reports_and_reuses_its_features",),
+        "probe --split train reports the split the probes were fitted on without a caveat",
+    ),
+    Edit(
+        "arrayread-short-preadv",
+        "octtrain/data/arrayread.py",
+        "            if os.preadv(fd, [run.data], start) != end - start:\n",
+        "            if os.preadv(fd, [run.data], start) < 0:\n",
+        (
+            OT + "test_arrayread.py::"
+            "test_a_short_read_is_named_as_an_object_cut_short_never_decoded_from_stale_bytes",
+        ),
+        "a short preadv is accepted: stale bytes decoded (with crc32c: the wrong cause)",
     ),
     # --- doctor, pod agreement, exit codes ------------------------------------------------------
     Edit(

@@ -225,8 +225,7 @@ class DinoJob:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != "dino":
-            raise CheckpointError(f"not a DINO checkpoint (kind {state.get('kind')!r})")
+        ckpt.require_kind(state, "resume", ("dino",), ckpt.ANOTHER_JOB)
         saved, current = dict(state["config"]), to_dict(self.cfg)
         saved["model"] = legacy_model(saved.get("model", {}))
         for section in ("model", "dino"):
