@@ -717,6 +717,126 @@ EDITS: list[Edit] = [
         ),
         "a short preadv is accepted: stale bytes decoded (with crc32c: the wrong cause)",
     ),
+    Edit(
+        "cp-field-shape-vs-manifest",
+        "octtrain/data/cellpainting.py",
+        "        if tuple(array.shape) != tuple(f.shape):\n",
+        "        if False:\n",
+        (
+            OT + "test_cellpainting_data.py::"
+            "test_a_stored_shape_other_than_the_manifests_is_a_data_error",
+        ),
+        "a Cell Painting field stored at another shape than the manifest's is cropped as it is",
+    ),
+    Edit(
+        "stage-replace-symlinked-folder",
+        "octstage/outputs.py",
+        "            if child.is_symlink():\n",
+        "            if False:\n",
+        (
+            OS + "test_outputs.py::"
+            "test_stage_replace_removes_a_linked_folder_the_new_manifest_does_not_list",
+        ),
+        "stage --replace keeps a symlinked folder the new manifest does not list",
+    ),
+    Edit(
+        "map-prefix-longest-first",
+        "octstage/cellpainting/layout.py",
+        "        return cls(tuple(sorted(pairs, key=lambda p: -len(p[0]))))",
+        "        return cls(tuple(pairs))",
+        (
+            OS + "test_jump_release.py::"
+            "test_the_longest_matching_prefix_maps_a_url_whatever_the_order_given",
+        ),
+        "--map-prefix applied in the order given, not the longest prefix first",
+    ),
+    Edit(
+        "parquet-empty-cell-none",
+        "octstage/cellpainting/layout.py",
+        '{k: "" if v is None else str(v) for k, v in row.items()}',
+        "{k: str(v) for k, v in row.items()}",
+        (
+            OS + "test_jump_release.py::"
+            "test_an_empty_parquet_cell_reads_as_empty_never_as_the_text_none",
+        ),
+        "empty Parquet cells read as the text 'None' (into ids and paths)",
+    ),
+    Edit(
+        "item-table-schema",
+        "octstage/manifest/columnar.py",
+        "    if not (schema.equals(expected) or schema.equals(older)):\n",
+        "    if False:\n",
+        (
+            OS + "test_manifest_columnar.py::"
+            "test_an_item_table_of_another_schema_is_refused_naming_its_columns",
+        ),
+        "an item table of other columns or types is read as items",
+    ),
+    Edit(
+        "trainer-first-step-allowance",
+        "octtrain/train/loop.py",
+        "            t.first_step_allowance_s,\n",
+        "            0.0,\n",
+        (
+            OT + "test_guards.py::"
+            "test_the_first_step_gets_train_first_step_allowance_s_before_it_is_a_stall",
+        ),
+        "the Trainer gives the watchdog no first-step allowance (a slow first compile: a stall)",
+    ),
+    Edit(
+        "pack-member-checksum",
+        "octstage/cellpainting/packstore.py",
+        "    if actual != member[2]:\n",
+        "    if False:\n",
+        (
+            OS + "test_packs.py::"
+            "test_members_swapped_in_a_pack_with_valid_crc32c_are_a_checksum_mismatch",
+        ),
+        "a pack's members never checked against the manifest checksum (swapped members pass)",
+    ),
+    Edit(
+        "witness-eye-none-skipped",
+        "octstage/dataset/witness.py",
+        "    if row.laterality != eye:\n",
+        "    if eye is not None and row.laterality != eye:\n",
+        (OS + "test_audit_tsv.py::test_a_header_naming_no_eye_is_witnessed_by_its_file_name",),
+        "the release row's eye is not checked when the file names none",
+    ),
+    Edit(
+        "audit-eye-from-name",
+        "octstage/audit/core.py",
+        "            laterality=header.laterality or path.laterality,\n",
+        "            laterality=header.laterality,\n",
+        (OS + "test_audit_tsv.py::test_a_header_naming_no_eye_is_witnessed_by_its_file_name",),
+        "a header naming no eye is compared as None, not by its file name's eye",
+    ),
+    Edit(
+        "config-from-checkout",
+        "octtrain/config/loader.py",
+        "    if in_repo.is_file():\n",
+        "    if False:\n",
+        (OT + "test_config.py::test_a_config_named_from_the_checkout_is_found_from_any_folder",),
+        "--config configs/... from another folder: not found",
+    ),
+    Edit(
+        "verify-extra-way-out",
+        "octstage/cache/verify.py",
+        "    if report.extra:\n",
+        "    if False:\n",
+        (
+            BI + "test_octstage_stage_verify.py::"
+            "test_verify_names_the_way_out_of_extra_arrays_and_it_works",
+        ),
+        "verify reports extra arrays without the way out",
+    ),
+    Edit(
+        "pretrain-short-run-said",
+        "octtrain/config/pretrain.py",
+        "        if self.total_steps is not None or self.warmup_steps <= max_steps:\n",
+        "        if True:\n",
+        (OT + "test_config.py::test_a_run_shorter_than_its_warmup_is_said_with_the_way_out",),
+        "pretrain with warmup_steps above max_steps (lr peaks at a share of its target) unsaid",
+    ),
     # --- doctor, pod agreement, exit codes ------------------------------------------------------
     Edit(
         "doctor-empty-cache",

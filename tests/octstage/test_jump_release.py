@@ -147,6 +147,35 @@ def test_an_unreadable_table_names_its_file() -> None:
         layout.PrefixMap.parse(["nope"])
 
 
+def test_the_longest_matching_prefix_maps_a_url_whatever_the_order_given() -> None:
+    # A bucket mapped onto one copy and one of its folders onto another: the folder's files
+    # come from the second copy even when the bucket's mapping is given first.
+    specs = ["s3://cpg/=/data/all/", "s3://cpg/cpg0016-jump/source_4/=/ssd/source_4/"]
+    for order in (specs, specs[::-1]):
+        prefixes = layout.PrefixMap.parse(order)
+        assert prefixes.apply("s3://cpg/cpg0016-jump/source_4/a.tif") == "/ssd/source_4/a.tif"
+        assert prefixes.apply("s3://cpg/cpg0016-jump/source_2/b.tif") == (
+            "/data/all/cpg0016-jump/source_2/b.tif"
+        )
+        assert prefixes.apply("gs://other/c.tif") == "gs://other/c.tif"
+
+
+def test_an_empty_parquet_cell_reads_as_empty_never_as_the_text_none() -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    table = {"Metadata_Plate": ["P1", None], "FileName_OrigDNA": [None, "a.tif"]}
+    pq.write_table(pa.table(table), buffer)
+    rows = list(layout.iter_table(buffer.getvalue(), "t.parquet"))
+    assert rows == [
+        {"Metadata_Plate": "P1", "FileName_OrigDNA": ""},
+        {"Metadata_Plate": "", "FileName_OrigDNA": "a.tif"},
+    ]
+
+
 def _rewrite_gz(path: Path, old: str, new: str) -> None:
     path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).replace(
         old.encode(), new.encode(), 1)))  # fmt: skip

@@ -2,7 +2,7 @@
 instead (resuming another job's run folder, ``--init`` with a fine-tuning checkpoint or a file
 that is no checkpoint, ``evaluate`` of a pretraining checkpoint), and leaves the run it found as
 it was; ``checkpoint.resume=auto`` says when it starts fresh, and a run that stopped before its
-first step does not block a re-run in its folder."""
+first step does not block a re-run in its folder; a run shorter than its warmup is said."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_a_run_that_stopped_before_its_first_step_is_run_again_with_resume_auto_
     (folder / "config.yaml").write_text("# the failed run\n")
     (folder / "metrics.jsonl").write_text('{"event": "summary", "best_unit": null}\n')
     base = ["pretrain", "--config", PRETRAIN_TINY, "--manifest", manifest, *FAST]
-    base += [f"train.run_dir={folder}", "train.max_steps=2", "schedule.warmup_steps=1"]
+    base += [f"train.run_dir={folder}", "train.max_steps=2"]  # tiny.yaml warms up over 5
     assert run(*base) == 2
     assert "never trained" in caplog.text and "checkpoint.resume=auto" in caplog.text
     caplog.clear()
@@ -97,3 +97,5 @@ def test_a_run_that_stopped_before_its_first_step_is_run_again_with_resume_auto_
         caplog.text
     )
     assert (folder / "checkpoints" / "step_00000002.pt").is_file()
+    # A run shorter than its warmup is said (a smoke run of a real config is one).
+    assert "schedule.warmup_steps (5) exceeds train.max_steps (2)" in caplog.text
