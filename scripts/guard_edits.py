@@ -837,6 +837,14 @@ EDITS: list[Edit] = [
         (OT + "test_config.py::test_a_run_shorter_than_its_warmup_is_said_with_the_way_out",),
         "pretrain with warmup_steps above max_steps (lr peaks at a share of its target) unsaid",
     ),
+    Edit(
+        "ckpt-kind-probe",
+        "octtrain/embed/encoders.py",
+        '        ("pretrain", "finetune"),\n',
+        '        ("pretrain", "finetune", "dino"),\n',
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "probe of a DINO checkpoint names no kind and not `octtrain profile`",
+    ),
     # --- doctor, pod agreement, exit codes ------------------------------------------------------
     Edit(
         "doctor-empty-cache",

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from octtrain import cli
 from octtrain.train.job import RunResult
@@ -37,6 +38,8 @@ def test_a_checkpoint_of_another_job_is_refused_naming_file_kind_and_what_to_pas
     before = {p: p.read_bytes() for p in (ft / "config.yaml", pre / "config.yaml")}
     notes = tmp_path / "notes.txt"
     notes.write_text("not a checkpoint\n")
+    dino = tmp_path / "dino.pt"  # what a DINO run's checkpoint says it is (its weights aside)
+    torch.save({"kind": "dino", "config": {}, "schedule": {"step": 3}}, dino)
     pretrain = ["pretrain", "--config", PRETRAIN_TINY, "--manifest", manifest, *FAST]
     finetune = ["finetune", "--config", FINETUNE_TINY, "--manifest", manifest, *FAST]
     fresh = f"train.run_dir={tmp_path / 'new'}"
@@ -60,6 +63,14 @@ def test_a_checkpoint_of_another_job_is_refused_naming_file_kind_and_what_to_pas
         (
             [*finetune, fresh, "--init", notes],
             [f"{notes}: not a readable checkpoint", "--init wants the V-JEPA pretraining"],
+        ),
+        (
+            [*finetune, fresh, "--init", dino],
+            [f"--init {dino}: a DINO pretraining checkpoint", "--init wants the V-JEPA"],
+        ),
+        (
+            ["probe", "--checkpoint", dino, "--manifest", manifest, "--out", tmp_path / "probe"],
+            [f"{dino}: a DINO pretraining checkpoint", "`octtrain profile`"],
         ),
         (
             ["evaluate", "--checkpoint", tiny_pretrained, "--manifest", manifest,
