@@ -103,7 +103,7 @@ def _never_trained(path: Path, ckpts: Path, checkpoints: str | None) -> bool:
 
 def _logged_a_step(metrics: Path) -> bool:
     """Whether ``metrics`` logs a training step. A run that failed before its first step logs
-    only events (its summary): it trained nothing, and must not block a re-run in its folder.
+    only events (its summary): it trained nothing, so resume=auto may start afresh there.
     A run that trained logs a step in its first lines, so this reads little of a long file."""
     try:
         with metrics.open(encoding="utf-8") as fh:

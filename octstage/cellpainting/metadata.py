@@ -136,7 +136,7 @@ class Unlabelled:
     and the first few named per table, so a refusal says where to look (a plate absent from the
     metadata altogether, or one well of a listed plate)."""
 
-    SHOWN = 3
+    SHOWN = 3  # fields named per table, and tables named
 
     def __init__(self, wells: Wells) -> None:
         self._wells = wells
@@ -161,7 +161,10 @@ class Unlabelled:
 
     def refusal(self, metadata: str) -> str:
         """The message that refuses them, naming the tables, plates and wells and the way out."""
-        where = "; ".join(f"{table}: {', '.join(said)}" for table, said in self.named.items())
+        tables = list(self.named.items())
+        where = "; ".join(f"{table}: {', '.join(said)}" for table, said in tables[: self.SHOWN])
+        if len(tables) > self.SHOWN:  # a source of 2,000 plates: one table each
+            where += f"; and {len(tables) - self.SHOWN} more table(s)"
         return (
             f"{self.count} field(s) of the load-data tables have no perturbation in --metadata "
             f"{metadata}: {where}. Their perturbation would be empty: check that the metadata "

@@ -44,9 +44,9 @@ KINDS = {
 
 # The way out when a run folder being resumed holds another job's run.
 ANOTHER_JOB = (
-    "the folder holds the run of another job; resume a run of this job there, or start a new "
-    "run with another train.run_dir (or there with train.overwrite=true: the old run is moved "
-    "aside)"
+    "the folder holds the run of another job: to resume, name the folder of a run of this job; "
+    "for a new run, name another train.run_dir (or this one with train.overwrite=true: the old "
+    "run is moved aside)"
 )
 
 
