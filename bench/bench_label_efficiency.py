@@ -92,6 +92,7 @@ from octstage import manifest as mf
 from octstage.dataset.ids import DEVICES
 from octstage.dataset.synth_lesions import NUM_CLASSES
 from octstage.errors import OctstageError
+from octstage.outputs import holds_cache
 from octtrain.errors import OcttrainError
 from octtrain.eval.common.bootstrap import bootstrap
 from octtrain.eval.oct.breakdown import INTERVAL_METRICS, scalar_metrics
@@ -298,26 +299,54 @@ def unseen_device(
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _positive(text: str) -> int:
+    """A count of 1 or more: 0 would read as "the default" further down (``args.steps or ...``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be 1 or more")
+    return value
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    """Labelled shares of the training set, each in (0, 1]: a share of 0 trains on nobody."""
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not comma-separated numbers") from None
+    bad = [f"{v:g}" for v in values if not 0 < v <= 1]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad)}: each fraction must be in (0, 1]")
+    return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, every value checked before any work (a refusal exits 2, one line)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--quick",
         action="store_true",
         help="small data, few steps (checks the plumbing, not the claim)",
     )
     parser.add_argument(
-        "--seeds", type=int, default=None, help="seeds of subsets and training (default 3)"
+        "--seeds", type=_positive, default=None, help="seeds of subsets and training (default 3)"
     )
     parser.add_argument("--data-seed", type=int, default=0, help="seed of the rendered twin")
-    parser.add_argument("--steps", type=int, default=None, help="pretraining steps (default 30000)")
-    parser.add_argument("--train", type=int, default=None, help="training participants/class")
-    parser.add_argument("--finetune-steps", type=int, default=None, help="per fine-tuning run")
+    parser.add_argument(
+        "--steps", type=_positive, default=None, help="pretraining steps (default 30000)"
+    )
+    parser.add_argument("--train", type=_positive, default=None, help="training participants/class")
+    parser.add_argument(
+        "--finetune-steps", type=_positive, default=None, help="per fine-tuning run"
+    )
     parser.add_argument(
         "--cross-device", action="store_true", help="hold each device out, and an unseen one"
     )
     parser.add_argument(
         "--fractions",
-        type=lambda text: tuple(float(x) for x in text.split(",")),
+        type=_fractions,
         default=FRACTIONS,
         help="labelled fractions, comma-separated (default 0.01,0.1,0.25,1)",
     )
@@ -341,12 +370,26 @@ def main() -> None:
         help="with --acquisition: the target encoder sees another intensity look of the view",
     )
     parser.add_argument("--out", type=Path, default=None, help="keep the run folder here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cross_device and 1.0 not in args.fractions:
         parser.error("--cross-device compares with the 100% runs: --fractions must include 1")
-    if args.out is not None and (args.out / "cache").exists():
+    out: Path | None = args.out
+    if out is not None and out.exists() and not out.is_dir():
+        parser.error(f"--out {out}: exists and is not a folder; name a folder to write into")
+    if out is not None and out.is_dir() and holds_cache(out):
+        # the bench writes its twin, run folders and report among the cache's files
+        parser.error(
+            f"--out {out}: holds a cache ({', '.join(holds_cache(out))}); the bench would write "
+            "its twin, run folders and report among its files: name a new folder"
+        )
+    if out is not None and (out / "cache").exists():
         # its twin would be rewritten and its run folders refused halfway through
-        parser.error(f"--out {args.out}: holds an earlier run (cache/); give it a new folder")
+        parser.error(f"--out {out}: holds an earlier run (cache/); give it a new folder")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)  # 2 shared cores: see configs/*/tiny.yaml
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-label-eff-") as tmp:

@@ -88,12 +88,37 @@ def _indexed_checkpoints(folder: Path) -> int:
 
 
 def _trained(path: Path, checkpoints: Path) -> list[str]:
-    """What says a run trained in the run folder ``path`` (checkpoints, logged metrics)."""
+    """What says a run trained in the run folder ``path`` (checkpoints, a logged step)."""
     found = sorted(p.name for p in checkpoints.glob("step_*.pt"))[:3]
-    metrics = path / "metrics.jsonl"
-    if metrics.is_file() and metrics.stat().st_size > 0:
+    if _logged_a_step(path / "metrics.jsonl"):
         found.append("metrics.jsonl")
     return found
+
+
+def _never_trained(path: Path, ckpts: Path, checkpoints: str | None) -> bool:
+    """Whether the run in ``path`` stopped before its first step (nothing to resume or lose)."""
+    local = "://" not in str(checkpoints)
+    return local and not _trained(path, ckpts) and not _indexed_checkpoints(ckpts)
+
+
+def _logged_a_step(metrics: Path) -> bool:
+    """Whether ``metrics`` logs a training step. A run that failed before its first step logs
+    only events (its summary): it trained nothing, so resume=auto may start afresh there.
+    A run that trained logs a step in its first lines, so this reads little of a long file."""
+    try:
+        with metrics.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    return True  # not ours to judge: a run may have written it
+                if not isinstance(row, dict) or "step" in row:
+                    return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return False
 
 
 def claim_run_folder(
@@ -107,7 +132,9 @@ def claim_run_folder(
     resumes (and then only when the index of its checkpoints, ``checkpoints`` or else
     ``path/checkpoints``, lists one to resume from, or it never trained: restarting at step 1
     would overwrite its checkpoints and append to its metrics) or ``overwrite`` asks for a new
-    run there (the old one is moved aside first). A ``checkpoints`` URL is not looked into."""
+    run there (the old one is moved aside first). A run that stopped before its first step
+    (its metrics log only its summary) never trained; the refusal says so. A ``checkpoints``
+    URL is not looked into."""
     if resume and overwrite:
         raise refuse("train.overwrite=true and checkpoint.resume contradict each other: choose one")
     if path.exists() and not path.is_dir():
@@ -131,6 +158,14 @@ def claim_run_folder(
                     "file with checkpoint.resume=<step_*.pt>, or start a new run there with "
                     "train.overwrite=true (the old run is moved aside)"
                 )
+        elif not overwrite and _never_trained(path, ckpts, checkpoints):
+            # Still refused: another run may be starting there now (a second launch).
+            raise refuse(
+                f"train.run_dir {str(path)!r} already holds a run that never trained (no "
+                "checkpoint, no logged step: it stopped before its first step); run again there "
+                "with checkpoint.resume=auto (it starts afresh, as there is nothing to resume), or "
+                "with train.overwrite=true to move it aside first"
+            )
         elif not overwrite:
             raise refuse(
                 f"train.run_dir {str(path)!r} already holds a run; continue it with "
@@ -149,25 +184,44 @@ def claim_run_folder(
 # --- caches (build-cache) ----------------------------------------------------------------------
 
 
-def _identity(manifest: Path) -> tuple[str, str, list[str]] | None:
-    """(kind, dataset, zarr paths) of the manifest file, or None when it is not a readable one."""
+def _identity(manifest: Path) -> tuple[str, str, list[str], int] | None:
+    """(kind, dataset, zarr paths, item count) of the manifest file, or None when it is not a
+    readable one. The columnar form's header lists no item (they are in its table; the count is
+    in its counts)."""
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
         kind = str(data.get("kind", "oct"))
         items = data.get("fields" if kind == "cellpainting" else "volumes", [])
-        return kind, str(data["header"]["dataset"]), [str(i["zarr_path"]) for i in items]
+        paths = [str(i["zarr_path"]) for i in items]
+        counts = data["header"].get("counts", {})
+        count = len(paths) or int(counts.get("fields" if kind == "cellpainting" else "volumes", 0))
+        return kind, str(data["header"]["dataset"]), paths, count
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
+def _same_dataset(a: str, b: str) -> bool:
+    """Whether two ``dataset`` values name one source: URLs as written (a trailing ``/`` aside),
+    local folders by their real path (``src``, ``./src`` and ``/data/src`` are one folder)."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def check_cache_folder(
-    folder: Path | None, manifests: Iterable[Path], kind: str, refuse: Refuse
+    folder: Path | None,
+    manifests: Iterable[Path],
+    kind: str,
+    refuse: Refuse,
+    dataset: str | None = None,
 ) -> None:
     """Refuse to build a ``kind`` cache where another cache lives. A manifest file the build
-    would write (``manifests``) is this cache's when it is of ``kind`` and lists no item or at
-    least one item that is in the local cache ``folder`` (a rebuild brings it up to date in
-    place, as build-cache always did, even from a moved source); it is another cache's when it
-    is of the other kind, is no manifest at all, or none of its items is in ``folder``. A
+    would write (``manifests``) is this cache's when it is of ``kind``, was built from this
+    build's source ``dataset`` (when given) and lists no item or at least one item that is in
+    the local cache ``folder`` (a rebuild brings it up to date in place, as build-cache always
+    did); it is another cache's when it is of the other kind, of another dataset (a cache
+    staged or built there from elsewhere: its items are all present, yet this build would
+    replace its manifest), is no manifest at all, or none of its items is in ``folder``. A
     ``folder`` holding the other kind's arrays is refused too."""
     for path in manifests:
         if not path.exists():
@@ -180,17 +234,25 @@ def check_cache_folder(
                 f"{path}: exists and is not a readable manifest; build-cache would replace it: "
                 "move it away or name another file"
             )
-        old_kind, dataset, items = found
+        old_kind, old_dataset, items, count = found
         if old_kind != kind:
             raise refuse(
-                f"{path}: holds the manifest of a {old_kind} cache of {dataset!r} "
-                f"({len(items)} items); this build writes a {kind} cache: choose another "
+                f"{path}: holds the manifest of a {old_kind} cache of {old_dataset!r} "
+                f"({count} items); this build writes a {kind} cache: choose another "
                 "--out / --manifest"
+            )
+        if dataset is not None and not _same_dataset(old_dataset, dataset):
+            raise refuse(
+                f"{path}: holds the manifest of another cache ({kind}, of {old_dataset!r}, "
+                f"{count} items); this build reads {dataset!r} and would replace it: choose "
+                f"another --out / --manifest (if {dataset!r} is that dataset moved, move "
+                f"{path.name} and any {path.stem}{ITEMS_SUFFIX} aside first: the arrays are "
+                "kept and reused by their keys)"
             )
         if folder is not None and items and not any((folder / p).exists() for p in items):
             raise refuse(
-                f"{path}: holds the manifest of another cache ({kind}, of {dataset!r}, "
-                f"{len(items)} items, none of them in {folder}); building here would replace "
+                f"{path}: holds the manifest of another cache ({kind}, of {old_dataset!r}, "
+                f"{count} items, none of them in {folder}); building here would replace "
                 "it: choose another --out / --manifest"
             )
     if folder is None or not folder.is_dir():

@@ -73,6 +73,11 @@ def overrides_of(args: argparse.Namespace) -> list[str]:
     return extra + list(args.overrides)
 
 
+def _say_short_run(warning: str | None) -> None:
+    if warning:
+        log.warning("%s", warning)
+
+
 def _pretrain(args: argparse.Namespace) -> int:
     from octtrain.config.dino import DinoConfig, job_of
     from octtrain.config.loader import load_config
@@ -82,11 +87,13 @@ def _pretrain(args: argparse.Namespace) -> int:
     # The step module (and torch) only once the config is valid: a refusal stays instant.
     if job_of(args.config, overrides) == "dino":
         dino_cfg = load_config(DinoConfig, args.config, overrides)
+        _say_short_run(dino_cfg.schedule.short_run(dino_cfg.max_steps))
         from octtrain.train.dino import run_dino
 
         result = run_dino(dino_cfg)
     else:
         cfg = load_config(PretrainConfig, args.config, overrides)
+        _say_short_run(cfg.schedule.short_run(cfg.max_steps))
         from octtrain.train.pretrain import run_pretrain
 
         result = run_pretrain(cfg)

@@ -30,6 +30,10 @@ OS = "tests/octstage/"
 BI = "tests/badinput/"
 EMBED_CP = OT + "test_embed_cellpainting.py::"
 RECIPE = "test_dino_recipe.py::"
+CKPT_KINDS = "test_a_checkpoint_of_another_job_is_refused_naming_file_kind_and_what_to_pass"
+STOPPED_AT_0 = (
+    "test_a_run_that_stopped_before_its_first_step_is_run_again_with_resume_auto_announced"
+)
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
 
 EDITS: list[Edit] = [
@@ -442,25 +446,25 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "retrieval-draws-flat",
-        "octtrain/eval/cellpainting/retrieval.py",
-        "out.append([(int(k), rng.integers(0, sizes[k], size=sizes[k])) for k in picks])",
-        "out.append([(int(k), np.arange(sizes[k])) for k in picks])",
-        (OT + "test_retrieval.py", OT + "test_bootstrap.py"),
+        "octtrain/eval/cellpainting/resample.py",
+        "picked.append(pool[rng.integers(0, len(pool), size=len(pool))].astype(np.int64))",
+        "picked.append(pool.astype(np.int64))",
+        (OT + "test_resample.py",),
         "the bootstrap resamples perturbations but not their wells",
     ),
     Edit(
         "retrieval-paired-unchecked",
-        "octtrain/eval/cellpainting/retrieval.py",
-        "    if _keys(a) != _keys(b):\n",
+        "octtrain/eval/cellpainting/scores.py",
+        "    if sa.shape != sb.shape:\n",
         "    if False:\n",
-        (OT + "test_retrieval.py",),
-        "a paired difference of two encoders' APs over different wells is not refused",
+        (OT + "test_resample.py",),
+        "a paired difference of two encoders' scores over different draws is not refused",
     ),
     Edit(
         "retrieval-activity-vs-all",
         "octtrain/eval/cellpainting/retrieval.py",
-        'aps: dict[str, pd.DataFrame | None] = {"activity": _aps(meta, profiles, ["is_control"])}',
-        'aps: dict[str, pd.DataFrame | None] = {"activity": _aps(meta, profiles, [])}',
+        '"activity": _aps(meta, profiles, ["plate"], ["is_control"])',
+        '"activity": _aps(meta, profiles, ["plate"], [])',
         (OT + "test_retrieval.py",),
         "activity mAP ranks replicates against every well, not against controls",
     ),
@@ -737,6 +741,275 @@ EDITS: list[Edit] = [
             "test_synth_of_the_twin_writes_only_into_an_empty_folder_or_its_own_twin",
         ),
         "the Cell Painting twin is written into any folder (a document's, an OCT twin)",
+    ),
+    Edit(
+        "cp-unlabelled-refused",
+        "octstage/cellpainting/build.py",
+        "    if unlabelled.count and not allow_unlabelled:\n",
+        "    if False:\n",
+        (
+            OS + "test_jump_release.py::"
+            "test_fields_the_metadata_does_not_list_are_refused_unless_asked_for_by_name",
+        ),
+        "fields the JUMP metadata does not list are built with no perturbation, exit 0",
+    ),
+    Edit(
+        "build-over-other-dataset",
+        "octstage/outputs.py",
+        "        if dataset is not None and not _same_dataset(old_dataset, dataset):\n",
+        "        if False:\n",
+        (
+            BI + "test_octstage_caches.py::"
+            "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
+        ),
+        "build-cache replaces the manifest of a staged cache of another dataset",
+    ),
+    Edit(
+        "json-manifest-stale-table",
+        "octstage/manifest/serial.py",
+        "        p.with_name(items_name(p)).unlink(missing_ok=True)\n",
+        "        pass\n",
+        (
+            BI + "test_octstage_caches.py::"
+            "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
+        ),
+        "a JSON manifest written over a columnar one leaves the old item table beside it",
+    ),
+    Edit(
+        "bench-le-out-cache",
+        "bench/bench_label_efficiency.py",
+        "    if out is not None and out.is_dir() and holds_cache(out):\n",
+        "    if False:\n",
+        (
+            "tests/test_bench_label_efficiency.py::"
+            "test_an_out_that_is_a_cache_or_a_file_is_refused_before_any_work",
+        ),
+        "the label-efficiency bench writes its run folders into a cache",
+    ),
+    Edit(
+        "bench-le-positive-counts",
+        "bench/bench_label_efficiency.py",
+        "    if value < 1:\n",
+        "    if False:\n",
+        (
+            "tests/test_bench_label_efficiency.py::"
+            "test_counts_and_fractions_that_would_train_nothing_are_refused_up_front",
+        ),
+        "--seeds 0 / --steps 0 silently become the defaults (3 seeds, 30000 steps)",
+    ),
+    Edit(
+        "bench-le-fractions",
+        "bench/bench_label_efficiency.py",
+        "    if bad:\n",
+        "    if False:\n",
+        (
+            "tests/test_bench_label_efficiency.py::"
+            "test_counts_and_fractions_that_would_train_nothing_are_refused_up_front",
+        ),
+        "--fractions 0 is taken (a subset of nobody)",
+    ),
+    Edit(
+        "ckpt-kind-pretrain-resume",
+        "octtrain/train/pretrain.py",
+        '        ckpt.require_kind(state, "resume", ("pretrain",), ckpt.ANOTHER_JOB)\n',
+        "",
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "pretrain resume=auto into a fine-tuning run's folder: KeyError 'encoder' traceback",
+    ),
+    Edit(
+        "ckpt-kind-finetune-resume",
+        "octtrain/train/finetune.py",
+        '        ckpt.require_kind(state, "resume", ("finetune",), ckpt.ANOTHER_JOB)\n',
+        "",
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "finetune resume from a pretraining folder names no file and no kind",
+    ),
+    Edit(
+        "ckpt-kind-init",
+        "octtrain/train/finetune.py",
+        '    ckpt.require_kind(state, f"--init {init}", ("pretrain",), INIT_WANTS)\n',
+        "",
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "--init with a fine-tuning checkpoint lists its keys, not what --init wants",
+    ),
+    Edit(
+        "ckpt-kind-evaluate",
+        "octtrain/eval/oct/evaluate.py",
+        '        ("finetune",),\n',
+        '        ("finetune", "pretrain"),\n',
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "evaluate of a pretraining checkpoint names no file and no kind",
+    ),
+    Edit(
+        "ckpt-file-not-folder",
+        "octtrain/runtime/checkpoint.py",
+        '    if not name.endswith(".pt") and not ("://" not in url and Path(url).is_file()):\n',
+        '    if not name.endswith(".pt"):\n',
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "--init <a file> reads <file>/index.json: 'Not a directory'",
+    ),
+    Edit(
+        "run-summary-not-a-step",
+        "octstage/outputs.py",
+        '                if not isinstance(row, dict) or "step" in row:\n',
+        "                if True:\n",
+        (OT + "test_checkpoint_kinds.py::" + STOPPED_AT_0,),
+        "a run that failed before its first step blocks resume=auto in its folder",
+    ),
+    Edit(
+        "resume-auto-fresh-said",
+        "octtrain/train/loop.py",
+        '            if self.s.checkpoint.resume == "auto":\n',
+        "            if False:\n",
+        (OT + "test_checkpoint_kinds.py::" + STOPPED_AT_0,),
+        "resume=auto on a folder without checkpoints starts fresh without a word",
+    ),
+    Edit(
+        "probe-train-split-caveat",
+        "octtrain/eval/oct/probe_run.py",
+        '    if split == "train":\n',
+        '    if split == "nothing":\n',
+        (OT + "test_probe_command.py::test_probe_writes_both_reports_and_reuses_its_features",),
+        "probe --split train reports the split the probes were fitted on without a caveat",
+    ),
+    Edit(
+        "arrayread-short-preadv",
+        "octtrain/data/arrayread.py",
+        "            if os.preadv(fd, [run.data], start) != end - start:\n",
+        "            if os.preadv(fd, [run.data], start) < 0:\n",
+        (
+            OT + "test_arrayread.py::"
+            "test_a_short_read_is_named_as_an_object_cut_short_never_decoded_from_stale_bytes",
+        ),
+        "a short preadv is accepted: stale bytes decoded (with crc32c: the wrong cause)",
+    ),
+    Edit(
+        "cp-field-shape-vs-manifest",
+        "octtrain/data/cellpainting.py",
+        "        if tuple(array.shape) != tuple(f.shape):\n",
+        "        if False:\n",
+        (
+            OT + "test_cellpainting_data.py::"
+            "test_a_stored_shape_other_than_the_manifests_is_a_data_error",
+        ),
+        "a Cell Painting field stored at another shape than the manifest's is cropped as it is",
+    ),
+    Edit(
+        "stage-replace-symlinked-folder",
+        "octstage/outputs.py",
+        "            if child.is_symlink():\n",
+        "            if False:\n",
+        (
+            OS + "test_outputs.py::"
+            "test_stage_replace_removes_a_linked_folder_the_new_manifest_does_not_list",
+        ),
+        "stage --replace keeps a symlinked folder the new manifest does not list",
+    ),
+    Edit(
+        "map-prefix-longest-first",
+        "octstage/cellpainting/layout.py",
+        "        return cls(tuple(sorted(pairs, key=lambda p: -len(p[0]))))",
+        "        return cls(tuple(pairs))",
+        (
+            OS + "test_jump_release.py::"
+            "test_the_longest_matching_prefix_maps_a_url_whatever_the_order_given",
+        ),
+        "--map-prefix applied in the order given, not the longest prefix first",
+    ),
+    Edit(
+        "parquet-empty-cell-none",
+        "octstage/cellpainting/layout.py",
+        '{k: "" if v is None else str(v) for k, v in row.items()}',
+        "{k: str(v) for k, v in row.items()}",
+        (
+            OS + "test_jump_release.py::"
+            "test_an_empty_parquet_cell_reads_as_empty_never_as_the_text_none",
+        ),
+        "empty Parquet cells read as the text 'None' (into ids and paths)",
+    ),
+    Edit(
+        "item-table-schema",
+        "octstage/manifest/columnar.py",
+        "    if not (schema.equals(expected) or schema.equals(older)):\n",
+        "    if False:\n",
+        (
+            OS + "test_manifest_columnar.py::"
+            "test_an_item_table_of_another_schema_is_refused_naming_its_columns",
+        ),
+        "an item table of other columns or types is read as items",
+    ),
+    Edit(
+        "trainer-first-step-allowance",
+        "octtrain/train/loop.py",
+        "            t.first_step_allowance_s,\n",
+        "            0.0,\n",
+        (
+            OT + "test_guards.py::"
+            "test_the_first_step_gets_train_first_step_allowance_s_before_it_is_a_stall",
+        ),
+        "the Trainer gives the watchdog no first-step allowance (a slow first compile: a stall)",
+    ),
+    Edit(
+        "pack-member-checksum",
+        "octstage/cellpainting/packstore.py",
+        "    if actual != member[2]:\n",
+        "    if False:\n",
+        (
+            OS + "test_packs.py::"
+            "test_members_swapped_in_a_pack_with_valid_crc32c_are_a_checksum_mismatch",
+        ),
+        "a pack's members never checked against the manifest checksum (swapped members pass)",
+    ),
+    Edit(
+        "witness-eye-none-skipped",
+        "octstage/dataset/witness.py",
+        "    if row.laterality != eye:\n",
+        "    if eye is not None and row.laterality != eye:\n",
+        (OS + "test_audit_tsv.py::test_a_header_naming_no_eye_is_witnessed_by_its_file_name",),
+        "the release row's eye is not checked when the file names none",
+    ),
+    Edit(
+        "audit-eye-from-name",
+        "octstage/audit/core.py",
+        "            laterality=header.laterality or path.laterality,\n",
+        "            laterality=header.laterality,\n",
+        (OS + "test_audit_tsv.py::test_a_header_naming_no_eye_is_witnessed_by_its_file_name",),
+        "a header naming no eye is compared as None, not by its file name's eye",
+    ),
+    Edit(
+        "config-from-checkout",
+        "octtrain/config/loader.py",
+        "    if in_repo.is_file():\n",
+        "    if False:\n",
+        (OT + "test_config.py::test_a_config_named_from_the_checkout_is_found_from_any_folder",),
+        "--config configs/... from another folder: not found",
+    ),
+    Edit(
+        "verify-extra-way-out",
+        "octstage/cache/verify.py",
+        "    if report.extra:\n",
+        "    if False:\n",
+        (
+            BI + "test_octstage_stage_verify.py::"
+            "test_verify_names_the_way_out_of_extra_arrays_and_it_works",
+        ),
+        "verify reports extra arrays without the way out",
+    ),
+    Edit(
+        "pretrain-short-run-said",
+        "octtrain/config/pretrain.py",
+        "        if self.total_steps is not None or self.warmup_steps <= max_steps:\n",
+        "        if True:\n",
+        (OT + "test_config.py::test_a_run_shorter_than_its_warmup_is_said_with_the_way_out",),
+        "pretrain with warmup_steps above max_steps (lr peaks at a share of its target) unsaid",
+    ),
+    Edit(
+        "ckpt-kind-probe",
+        "octtrain/embed/encoders.py",
+        '        ("pretrain", "finetune"),\n',
+        '        ("pretrain", "finetune", "dino"),\n',
+        (OT + "test_checkpoint_kinds.py::" + CKPT_KINDS,),
+        "probe of a DINO checkpoint names no kind and not `octtrain profile`",
     ),
     # --- doctor, pod agreement, exit codes ------------------------------------------------------
     Edit(

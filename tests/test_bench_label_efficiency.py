@@ -1,5 +1,6 @@
-"""The label-efficiency bench's pure parts: its nested label subsets and its verdict lines
-against issue 26's targets (the bench's runs themselves are 30 min: ``--quick`` checks them)."""
+"""The label-efficiency bench's pure parts: its command line (what it refuses up front), its
+nested label subsets and its verdict lines against issue 26's targets (the bench's runs
+themselves are 30 min: ``--quick`` checks them)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_label_efficiency import parse_args
 from device_looks import UNSEEN
 from label_efficiency_data import subsets
 from label_efficiency_report import ARMS, table, verdict
@@ -93,3 +97,38 @@ def test_the_table_has_a_row_per_arm_and_the_unseen_device() -> None:
         rows = [line for line in text.splitlines() if line.startswith(f"| {arm} | 0.")]
         assert len(rows) == 2  # balanced accuracy and macro AUROC
     assert "unseen device" in text and "(-0.050)" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--fractions", "0"], "each fraction must be in (0, 1]"),
+        (["--fractions", "0.1,1.5"], "1.5: each fraction must be in (0, 1]"),
+        (["--seeds", "0"], "--seeds: 0: must be 1 or more"),
+        (["--steps", "0"], "--steps: 0: must be 1 or more"),
+        (["--finetune-steps", "-1"], "--finetune-steps: -1: must be 1 or more"),
+    ],
+)
+def test_counts_and_fractions_that_would_train_nothing_are_refused_up_front(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(args)
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_cache_or_a_file_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "manifest.json").write_text("{}")
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    for out, said in ((cache, "holds a cache (manifest.json)"), (afile, "is not a folder")):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["--out", str(out)])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2 and f"--out {out}: " in err and said in err, err
+    assert sorted(p.name for p in cache.iterdir()) == ["manifest.json"]
+    assert parse_args(["--out", str(tmp_path / "new"), "--seeds", "2"]).seeds == 2

@@ -325,6 +325,20 @@ def run_verify(
     return 0 if report.ok else 1
 
 
+def extra_way_out(report: VerifyReport) -> str:
+    """What extra arrays are and how to be rid of them: build-cache keeps an earlier build's
+    arrays (another --shape, a source file replaced and restored) so that going back reuses
+    them; nothing reads them, but they take space and make verify report problems."""
+    items = "fields" if report.kind == "cellpainting" else "volumes"
+    return (
+        f"extra: {len(report.extra)} {items} the manifest does not list, most likely of an earlier "
+        "build (another --shape, a source file replaced since): build-cache keeps them so a "
+        "rebuild at those settings reuses them, and no command reads them. To drop them, copy "
+        f"the cache without them (`octstage stage {report.cache} NEW_FOLDER` copies only what "
+        "the manifest lists) or delete the folders named above"
+    )
+
+
 def _print(report: VerifyReport) -> None:
     table = Table(title=f"verify {report.manifest}", show_header=False)
     table.add_row("cache", report.cache)
@@ -351,4 +365,6 @@ def _print(report: VerifyReport) -> None:
         console.print(line, markup=False, highlight=False)
     if len(lines) > 50:
         console.print(f"... {len(lines) - 50} more problems (--json lists them all)")
+    if report.extra:
+        console.print(extra_way_out(report), markup=False, highlight=False)
     console.print("[green]OK" if report.ok else "[red]PROBLEMS")

@@ -180,7 +180,7 @@ def _run(
         storage = open_storage(source)
         # Never over another cache: its manifest would be replaced by this one's.
         written = [p for p in (manifest, cache.local and cache.local / MANIFEST) if p]
-        check_cache_folder(cache.local, written, "oct", OctstageError)
+        check_cache_folder(cache.local, written, "oct", OctstageError, source)
         tsv = read_manifest_tsv(storage)  # the release's index: regions, and a fourth witness
         clinical, concept_rows = read_concepts(storage, concepts) if concepts else ({}, ())
         if from_tsv and tsv is None:

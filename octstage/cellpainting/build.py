@@ -62,6 +62,7 @@ from octstage.cellpainting.metadata import (
     PERTURBATION_TYPES,
     TABLES,
     Perturbation,
+    Unlabelled,
     load_release,
     load_single,
 )
@@ -213,9 +214,12 @@ def build(
     anonymous: bool = False,
     manifest_form: str = "json",
     pack: int = 0,
+    allow_unlabelled: bool = False,
 ) -> tuple[BuildReport, Built]:
     """Build the cache at ``out`` (a folder or a bucket URL) from the root ``source`` (a URL
-    or a Storage); ``anonymous``: read ``s3://`` without credentials (the public bucket)."""
+    or a Storage); ``anonymous``: read ``s3://`` without credentials (the public bucket).
+    Fields the ``metadata`` does not list (their plate, or their well) are refused unless
+    ``allow_unlabelled``: then they are built with an empty perturbation and counted."""
     started = time.monotonic()
     # Pixel buffers each their own mapping, returned when freed: else glibc's moving threshold
     # puts them in its heap, which fragments, and the peak grows with the plate (``heap``).
@@ -249,21 +253,30 @@ def build(
     plate_tables: dict[str, list[str]] = {}
     plate_fields: dict[str, int] = {}
     ids = _ItemIds()
+    unlabelled = Unlabelled(perturbations)
     for name in names:
         for r in table_rows(name):
             ids.add(r.item_id)
+            if metadata:
+                unlabelled.add(name, r.plate, r.well)
             if plate_fields.setdefault(r.plate, 0) == 0 or plate_tables[r.plate][-1] != name:
                 plate_tables.setdefault(r.plate, []).append(name)
             plate_fields[r.plate] += 1
     ids.check(lambda: (r.item_id for n in names for r in table_rows(n)))
     if not plate_fields:
         raise CellPaintingError(f"no field of {len(names)} load-data table(s) is selected")
+    # Before any image is read: tables that disagree would build fields that silently carry
+    # no perturbation (an empty class list, and verify would say OK).
+    if unlabelled.count and not allow_unlabelled:
+        raise CellPaintingError(unlabelled.refusal(str(metadata)))
     splits = plate_splits(list(plate_fields), config.val_share, config.test_share)
-    report = BuildReport(fields=sum(plate_fields.values()), plates=len(plate_fields))
+    report = BuildReport(
+        fields=sum(plate_fields.values()), plates=len(plate_fields), unlabelled=unlabelled.count
+    )
     cache = open_cache(out)
     # Never over another cache (an OCT one, or another source's): its manifest would be replaced.
     written = [p for p in (manifest_path, cache.local and cache.local / "manifest.json") if p]
-    check_cache_folder(cache.local, written, "cellpainting", CellPaintingError)
+    check_cache_folder(cache.local, written, "cellpainting", CellPaintingError, storage.url)
 
     @functools.lru_cache(maxsize=1)
     def table_plates(name: str) -> dict[str, list[layout.FieldRow]]:
@@ -299,6 +312,8 @@ def build(
             "load_data": names,
             "metadata": metadata or "",
             "select": {k: list(v) for k, v in asdict(select).items() if v},
+            # Only when asked: the config hash of every other build stays as it was.
+            **({"allow_unlabelled": True} if allow_unlabelled else {}),
         }
         header = mf.Header(
             dataset=storage.url,
@@ -312,6 +327,7 @@ def build(
             counts={
                 **spool.tally.counts(len(rejected)),
                 "environment": len(report.environment),
+                **({"unlabelled": unlabelled.count} if unlabelled.count else {}),
             },
         )
         head = mf.Manifest(header, spool.classes, (), rejected, kind="cellpainting")
@@ -387,6 +403,7 @@ def run_build_cellpainting(
     anonymous: bool = False,
     manifest_form: str = "json",
     pack: int = 0,
+    allow_unlabelled: bool = False,
 ) -> int:
     """CLI: build, print a summary; exit 0 / 1 / 3 (see ``exit_code``)."""
     report, built = build(
@@ -403,6 +420,7 @@ def run_build_cellpainting(
         anonymous,
         manifest_form,
         pack,
+        allow_unlabelled,
     )
     if json_out:
         mf.atomic_write_text(json_out, json.dumps(asdict(report), indent=1) + "\n")
@@ -412,6 +430,11 @@ def run_build_cellpainting(
         f"{len(report.rejected)} rejected, {len(report.environment)} environment failures, "
         f"{report.seconds:.1f} s"
     )
+    if report.unlabelled:
+        console.print(
+            f"[yellow]{report.unlabelled} field(s) the metadata does not list built with an "
+            "empty perturbation (--allow-unlabelled)"
+        )
     for r in report.rejected[:20]:
         console.print(f"[yellow]rejected[/yellow] {r['source']}: {r['reason']}")
     for r in report.environment[:20]:

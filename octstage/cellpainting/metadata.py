@@ -129,3 +129,46 @@ def load_single(rows: list[dict[str, str]], where: str) -> Wells:
             )
         out[_key(row, where, n)] = Perturbation(row["Metadata_JCP2022"].strip(), kind)
     return out
+
+
+class Unlabelled:
+    """Fields of the load-data tables whose plate and well the metadata does not list: counted,
+    and the first few named per table, so a refusal says where to look (a plate absent from the
+    metadata altogether, or one well of a listed plate)."""
+
+    SHOWN = 3  # fields named per table, and tables named
+
+    def __init__(self, wells: Wells) -> None:
+        self._wells = wells
+        self._plates = {plate for plate, _ in wells}
+        self.count = 0
+        self.named: dict[str, list[str]] = {}  # table -> its first few, described
+
+    def add(self, table: str, plate: str, well: str) -> bool:
+        """Count the field when the metadata does not list its plate and well; whether it did."""
+        if (plate, well) in self._wells:
+            return False
+        self.count += 1
+        named = self.named.setdefault(table, [])
+        said = (
+            f"plate {plate} well {well} (the plate is listed, this well is not)"
+            if plate in self._plates
+            else f"plate {plate} (absent from the metadata)"
+        )
+        if len(named) < self.SHOWN and said not in named:
+            named.append(said)
+        return True
+
+    def refusal(self, metadata: str) -> str:
+        """The message that refuses them, naming the tables, plates and wells and the way out."""
+        tables = list(self.named.items())
+        where = "; ".join(f"{table}: {', '.join(said)}" for table, said in tables[: self.SHOWN])
+        if len(tables) > self.SHOWN:  # a source of 2,000 plates: one table each
+            where += f"; and {len(tables) - self.SHOWN} more table(s)"
+        return (
+            f"{self.count} field(s) of the load-data tables have no perturbation in --metadata "
+            f"{metadata}: {where}. Their perturbation would be empty: check that the metadata "
+            "is the release's for these plates (well.csv.gz lists every plate and well), "
+            "narrow the build with --select-plate, or pass --allow-unlabelled to build them "
+            "with an empty perturbation (counted in the summary and the manifest's counts)"
+        )

@@ -83,6 +83,7 @@ class BuildReport:
     environment: list[dict[str, str]] = field(default_factory=list)  # retry these: exit 3
     plates_left_out: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    unlabelled: int = 0  # fields the metadata does not list, built with --allow-unlabelled
 
 
 def _read(storage: Storage, name: str, retries: int) -> bytes:

@@ -88,6 +88,7 @@ _KIND_ONLY = {
         "map_prefix",
         "anonymous",
         "pack",
+        "allow_unlabelled",
     ),
 }
 
@@ -126,6 +127,7 @@ def build(a: argparse.Namespace) -> int:
             manifest_path=Path(a.manifest) if a.manifest else None,
             manifest_form=a.manifest_form,
             pack=a.pack or 1,
+            allow_unlabelled=a.allow_unlabelled,
         )
     if not a.labels:
         raise OctstageError("--labels (participants.tsv) is required for --kind oct")

@@ -223,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"cellpainting: build only {what}; repeat for more",
         )
     s.add_argument(
+        "--allow-unlabelled",
+        action="store_true",
+        help="cellpainting: build the fields whose plate or well --metadata does not list, "
+        "with an empty perturbation (counted in the summary and the manifest); without it they "
+        "are refused, naming the table, plate and well",
+    )
+    s.add_argument(
         "--map-prefix",
         action="append",
         metavar="FROM=TO",

@@ -130,10 +130,14 @@ def generate(
     out: Path, participants: int = 60, seed: int = 0, full_size: bool = False, traps: bool = True
 ) -> SynthInfo:
     """Write the dataset into ``out`` (new, empty, or made by synth before: then replaced)."""
-    if participants < 1 or (traps and participants < MIN_PARTICIPANTS_WITH_TRAPS):
+    if participants < 1:
+        raise ConfigError(f"synth needs at least 1 participant (got {participants})")
+    if traps and participants < MIN_PARTICIPANTS_WITH_TRAPS:
         raise ConfigError(
-            f"synth needs at least {MIN_PARTICIPANTS_WITH_TRAPS if traps else 1} participants "
-            f"(got {participants}); the planted traps use participants 1..14"
+            f"synth with its planted traps needs at least {MIN_PARTICIPANTS_WITH_TRAPS} "
+            f"participants (got {participants}): the traps use participants 1..14; pass "
+            f"--no-traps for a clean dataset of {participants}, or --participants "
+            f"{MIN_PARTICIPANTS_WITH_TRAPS} or more"
         )
     _prepare(out)
     rng = np.random.default_rng([seed, 0])

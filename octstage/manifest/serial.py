@@ -255,6 +255,9 @@ def write(
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
+        # The columnar form's table of an earlier manifest at this path is nobody's now: left
+        # beside the new JSON manifest it would read as part of the cache (stage copies it).
+        p.with_name(items_name(p)).unlink(missing_ok=True)
         return
     info = write_items(p.with_name(items_name(p)), manifest.kind, items())
     atomic_write_text(p, json.dumps(to_header(manifest, info), indent=1, sort_keys=False) + "\n")

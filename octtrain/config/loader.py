@@ -9,6 +9,8 @@ itself when built (``__post_init__``), so a bad value fails before any work star
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 import types
 import typing
@@ -18,6 +20,10 @@ from typing import Any, TypeVar
 import yaml
 
 from octtrain.errors import ConfigError
+
+log = logging.getLogger("octtrain")
+# The checkout's root: ``--config configs/...`` names a file under it, from any folder.
+REPO = Path(__file__).resolve().parents[2]
 
 T = TypeVar("T")
 
@@ -123,12 +129,37 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {exc}") from None
 
 
+def config_path(yaml_path: str | os.PathLike[str]) -> Path:
+    """``yaml_path`` as given, or, when it is relative and not in the current folder, the same
+    path under the checkout (``configs/pretrain/tiny.yaml`` from any folder), said in the log.
+    A path found in neither is refused, naming both places looked in."""
+    path = Path(yaml_path)
+    if path.is_absolute() or path.exists():
+        return path
+    in_repo = REPO / path
+    if in_repo.is_file():
+        _said_where(path, in_repo)
+        return in_repo
+    raise ConfigError(
+        f"{path}: no such config file (looked in the current folder, {Path.cwd()}, and in the "
+        f"checkout, {REPO}); name it by a path from here or from the checkout's root"
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _said_where(path: Path, found: Path) -> None:
+    """Say once where a config was found (a command reads its config more than once)."""
+    log.info("config %s: not in the current folder; read %s", path, found)
+
+
 def read_values(yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> dict[str, Any]:
-    """The plain data of ``yaml_path`` (None: empty) with the dotted overrides applied."""
+    """The plain data of ``yaml_path`` (None: empty; a relative path missing here is looked
+    for in the checkout: ``config_path``) with the dotted overrides applied."""
     data: dict[str, Any] = {}
     if yaml_path is not None:
+        yaml_path = config_path(yaml_path)
         try:
-            text = Path(yaml_path).read_text(encoding="utf-8")
+            text = yaml_path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{yaml_path}: cannot read config: {exc.strerror or exc}") from None
         try:
@@ -145,6 +176,7 @@ def read_values(yaml_path: str | os.PathLike[str] | None, overrides: list[str]) 
 
 def load_config(cls: type[T], yaml_path: str | os.PathLike[str] | None, overrides: list[str]) -> T:
     """Read ``yaml_path`` (None: defaults only), apply dotted overrides, build and validate."""
+    yaml_path = None if yaml_path is None else config_path(yaml_path)
     data = read_values(yaml_path, overrides)
     try:
         return from_dict(cls, data)

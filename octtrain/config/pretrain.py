@@ -93,6 +93,20 @@ class ScheduleConfig:
             "need 0 <= ema_start <= ema_end < 1 (at 1 the target stops learning)",
         )
 
+    def short_run(self, max_steps: int) -> str | None:
+        """What a run of ``max_steps`` shorter than the warmup gets (said by ``pretrain``), or
+        None. Warned, not refused: every smoke run of a real config (``train.max_steps=2``) is
+        one, and ``schedule.total_steps`` marks a run that starts a longer schedule."""
+        if self.total_steps is not None or self.warmup_steps <= max_steps:
+            return None
+        share = max_steps / self.warmup_steps
+        return (
+            f"schedule.warmup_steps ({self.warmup_steps}) exceeds train.max_steps ({max_steps}): "
+            f"the learning rate peaks at {share:.0%} of optim.lr in this run and never decays; "
+            f"set schedule.warmup_steps to {max_steps} or less for a run of this length, or "
+            "schedule.total_steps if it starts a longer schedule"
+        )
+
 
 @dataclass(frozen=True)
 class PretrainConfig:

@@ -24,6 +24,7 @@ from octtrain.models.classifier import classifier_from_state, encoder_from_state
 from octtrain.models.dino import build_student
 from octtrain.models.inputs import legacy_model
 from octtrain.models.vit2d import ViT2D
+from octtrain.runtime import checkpoint as ckpt
 
 ENCODERS = ("target", "context")
 # The data kind each checkpoint kind was trained on.
@@ -63,6 +64,13 @@ def load_encoder(
     """(encoder, input shape, its attention heads, a name) from a pretraining checkpoint
     (``which``: target or context encoder) or a finetuning one (its encoder, whatever
     ``which`` says)."""
+    ckpt.require_kind(
+        state,
+        url,
+        ("pretrain", "finetune"),
+        "the OCT probe reads a V-JEPA encoder: pass a checkpoint of `octtrain pretrain` (V-JEPA) "
+        "or `octtrain finetune`; a DINO checkpoint is scored by `octtrain profile`",
+    )
     if state.get("kind") == "finetune":
         model, _ = classifier_from_state(state)
         cfg = from_dict(ModelConfig, legacy_model(state["config"]["model"]))

@@ -35,6 +35,32 @@ from octtrain.config.sections import CheckpointConfig
 from octtrain.errors import CheckpointError, ConfigError
 
 INDEX = "index.json"
+# What each job's checkpoint is, as a refusal names the kind it found.
+KINDS = {
+    "pretrain": "a V-JEPA pretraining checkpoint (octtrain pretrain)",
+    "dino": "a DINO pretraining checkpoint (octtrain pretrain, job: dino)",
+    "finetune": "a fine-tuning checkpoint (octtrain finetune)",
+}
+
+# The way out when a run folder being resumed holds another job's run.
+ANOTHER_JOB = (
+    "the folder holds the run of another job: to resume, name the folder of a run of this job; "
+    "for a new run, name another train.run_dir (or this one with train.overwrite=true: the old "
+    "run is moved aside)"
+)
+
+
+def require_kind(state: dict[str, Any], where: str, wanted: tuple[str, ...], instead: str) -> None:
+    """Refuse a checkpoint of another kind than ``wanted``, naming the file (``where``), the
+    kind found, the kind needed and what to pass instead (``instead``): a checkpoint of another
+    job would otherwise fail on a missing key (``KeyError: 'encoder'``) or load wrong weights."""
+    kind = state.get("kind")
+    if kind in wanted:
+        return
+    found = KINDS.get(str(kind), f"a checkpoint of kind {kind!r}, not one of octtrain's jobs")
+    need = " or ".join(KINDS[k] for k in wanted)
+    raise CheckpointError(f"{where}: {found}; this needs {need}: {instead}")
+
 
 log = logging.getLogger("octtrain")
 
@@ -257,7 +283,8 @@ def load_checkpoint(url: str) -> dict[str, Any]:
     """A checkpoint's state (tensors on CPU). ``url`` is a checkpoint file, or a checkpoint
     folder, meaning its latest checkpoint."""
     folder, name = _split(url)
-    if not name.endswith(".pt"):
+    # A local file is read as a checkpoint whatever its name (never as a folder's index.json).
+    if not name.endswith(".pt") and not ("://" not in url and Path(url).is_file()):
         latest = CheckpointManager(url, keep_last=1, keep_best=False).latest()
         if latest is None:
             raise CheckpointError(f"{url}: no checkpoint found (no {INDEX} or it is empty)")

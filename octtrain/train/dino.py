@@ -248,8 +248,7 @@ class DinoJob:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != "dino":
-            raise CheckpointError(f"not a DINO checkpoint (kind {state.get('kind')!r})")
+        ckpt.require_kind(state, "resume", ("dino",), ckpt.ANOTHER_JOB)
         # Filled and resolved as this version builds it: a checkpoint from before an option
         # compares as what it was trained with (no LayerScale, no share of the run).
         try:

@@ -47,7 +47,7 @@ from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.samplers import balanced_probabilities
 from octtrain.data.select import Selection, prepare
 from octtrain.data.splits import check_splits, class_weights
-from octtrain.errors import ConfigError, DataError
+from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.common import metrics as mt
 from octtrain.eval.common.validation import predict
 from octtrain.eval.oct import regression as rg
@@ -78,6 +78,14 @@ def settings(cfg: FinetuneConfig) -> Settings:
     return Settings.of(cfg, cfg.early_stopping.patience, cfg.early_stopping.min_delta)
 
 
+# What --init takes (said when it names something else).
+INIT_WANTS = (
+    "--init wants the V-JEPA pretraining checkpoint the encoder starts from: a step_*.pt "
+    "file of `octtrain pretrain`, or its run's checkpoints/ folder (its latest); "
+    "init_encoder=random needs none"
+)
+
+
 def initial_encoder(
     cfg: FinetuneConfig, manifest: Manifest, init: str | None, backend: Backend
 ) -> tuple[ViT3D, FinetuneConfig, dict[str, Any]]:
@@ -96,7 +104,11 @@ def initial_encoder(
         return encoder, cfg, {"url": None, "encoder": "random", "step": 0}
     if init is None:
         raise ConfigError(f"init_encoder={cfg.init_encoder!r} needs --init CHECKPOINT")
-    state = hosts.load_once(init, backend)
+    try:
+        state = hosts.load_once(init, backend)
+    except CheckpointError as exc:
+        raise CheckpointError(f"--init: {exc} ({INIT_WANTS})") from None
+    ckpt.require_kind(state, f"--init {init}", ("pretrain",), INIT_WANTS)
     encoder, model_cfg, info = encoder_from_state(state, init, cfg.model, cfg.init_encoder)
     return encoder, dataclasses.replace(cfg, model=model_cfg), info
 
@@ -221,8 +233,7 @@ class FinetuneJob:
         return {} if results is None else mt.to_jsonable(results["volume"], self.classes)
 
     def load_state(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != "finetune":
-            raise DataError("resume: not a finetuning checkpoint (kind != 'finetune')")
+        ckpt.require_kind(state, "resume", ("finetune",), ckpt.ANOTHER_JOB)
         # The saved optimizer has the groups of the last epoch trained (0-based epoch - 1):
         # thaw first only if that epoch was unfrozen; before_step thaws at the next epoch start.
         if not frozen_at(self.cfg, int(state["epoch"]) - 1):

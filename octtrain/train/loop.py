@@ -112,8 +112,6 @@ class Trainer:
         # A refusal here is process 0's alone: the others would wait for it in their first
         # collective until the stall exit; agreeing now stops every host with its message.
         hosts.agree(backend, refused, "setting up the run folder")
-        if self.run_dir is not None:
-            write_run_info(self.run_dir, settings.config_yaml, code_version())
         # Other processes know the run folder only when it is explicit (train.run_dir).
         known = self.run_dir or (Path(settings.train.run_dir) if settings.train.run_dir else None)
         self.ckpt_dir = ckpt.checkpoint_dir(settings.checkpoint, known)
@@ -144,6 +142,10 @@ class Trainer:
         """Resume as ``checkpoint.resume`` says, identically on every process."""
         url = hosts.decide_resume(self.s.checkpoint, self.ckpt_dir, self.backend)
         if url is None:
+            if self.s.checkpoint.resume == "auto":
+                log.info(
+                    "checkpoint.resume=auto: no checkpoint in %s; starting fresh", self.ckpt_dir
+                )
             return
         state = hosts.load_once(url, self.backend)
         try:
@@ -198,6 +200,10 @@ class Trainer:
         prefetcher: Prefetcher | None = None
         try:
             self.resume()
+            # After the resume: a checkpoint of another job's run refused there leaves that
+            # run's config.yaml as it was.
+            if self.run_dir is not None:
+                write_run_info(self.run_dir, self.s.config_yaml, code_version())
             prefetcher = Prefetcher(self.job.start(self.start_step))
             batches = iter(self.backend.wrap_loader(prefetcher))
             watchdog.start()

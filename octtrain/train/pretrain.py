@@ -166,6 +166,7 @@ class PretrainJob:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
+        ckpt.require_kind(state, "resume", ("pretrain",), ckpt.ANOTHER_JOB)
         saved = legacy_model(state["config"]["model"])
         current = to_dict(self.cfg)["model"]
         if saved != current:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from octstage import manifest as mf
+from octstage.dataset.synth import SynthInfo
 from tests.badinput.conftest import Ran, assert_clean, tiny_build
 
 CLI = Callable[..., Ran]
@@ -54,6 +55,31 @@ def test_build_cache_over_another_cache_is_refused(
     assert not (a / "fields").exists()
     # the same cache built again is brought up to date in place, as always
     assert octstage_cli(*tiny_build(source, labels, a)).code in (0, 1)
+
+
+def test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table(
+    octstage_cli: CLI, tiny_source: SynthInfo, source: Path, tmp_path: Path
+) -> None:
+    labels = source / "participants.tsv"
+    built, staged = tmp_path / "built", tmp_path / "staged"
+    args = tiny_build(tiny_source.root, labels, built)
+    assert octstage_cli(*args, "--manifest-form", "table").code in (0, 1)
+    assert octstage_cli("stage", built, staged).code == 0
+
+    def files() -> dict[Path, bytes]:  # the build's lock file aside
+        return {p: p.read_bytes() for p in staged.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+    before = files()
+    # Another dataset (here a copy elsewhere) into the staged cache: every item of the staged
+    # manifest is present, yet its manifest and item table would be replaced.
+    ran = octstage_cli(*tiny_build(source, labels, staged))
+    assert_clean(ran, 2, staged / "manifest.json", "another cache", str(tiny_source.root),
+                 f"this build reads '{source}'", "manifest.items.parquet aside")  # fmt: skip
+    assert files() == before
+    # The same cache rebuilt in the JSON form: no item table is left beside the new manifest.
+    assert octstage_cli(*args).code in (0, 1)
+    assert not (built / "manifest.items.parquet").exists()
+    assert mf.load(built / "manifest.json").volumes
 
 
 def test_a_cell_painting_build_that_keeps_nothing_exits_2_and_verify_refuses_it(

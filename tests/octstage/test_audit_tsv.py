@@ -6,6 +6,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +70,27 @@ def test_a_row_naming_the_other_eye_excludes_the_file(
     (bad,) = [f for f in report.excluded if f.name not in synth_info.excluded]
     assert (bad.name, bad.kind) == (name, "tsv_laterality_disagrees")
     assert f"manifest.tsv:{row.line}" in (bad.reason or "")
+
+
+def test_a_header_naming_no_eye_is_witnessed_by_its_file_name(
+    synth_info: SynthInfo, records: list[FileRecord], tsv: dict[str, TsvRow]
+) -> None:
+    # The header names no eye: the file name's eye is the one the row must agree with, and a
+    # row naming the other eye still excludes the file (the witness is not skipped).
+    name = _good_file(synth_info)
+    no_eye = _with_header(records, name, laterality=None)
+    assert not [f for f in _audit(synth_info, no_eye, tsv).excluded if f.name == name]
+    row = tsv[name]
+    tsv[name] = dataclasses.replace(row, laterality="L" if row.laterality == "R" else "R")
+    (bad,) = [f for f in _audit(synth_info, no_eye, tsv).excluded if f.name == name]
+    assert bad.kind == "tsv_laterality_disagrees" and f"manifest.tsv:{row.line}" in (
+        bad.reason or ""
+    )
+    verdict = check_row(
+        tsv[name], device=name.split("/")[2], participant_id=row.participant_id,
+        laterality=None, shape=row.shape,
+    )  # fmt: skip
+    assert verdict is not None and verdict[0] == "tsv_laterality_disagrees"
 
 
 def test_a_row_naming_another_participant_excludes_and_attributes(
@@ -200,12 +222,13 @@ def test_a_selected_value_no_file_has_is_refused_naming_what_exists(
     assert "Traceback" not in err and not out.exists()
 
 
-def _with_header_model(records: list[FileRecord], name: str, model: str) -> list[FileRecord]:
+def _with_header(records: list[FileRecord], name: str, **changes: Any) -> list[FileRecord]:
+    """The records with file ``name``'s header changed (``model=...``, ``laterality=None``)."""
     out = []
     for r in records:
         if r.name == name:
             assert r.header is not None
-            r = dataclasses.replace(r, header=dataclasses.replace(r.header, model=model))
+            r = dataclasses.replace(r, header=dataclasses.replace(r.header, **changes))
         out.append(r)
     return out
 
@@ -217,7 +240,7 @@ def test_a_header_model_other_than_the_folder_and_row_excludes_the_file(
     # sees it (the test above trips the folder's check first).
     name = _good_file(synth_info)
     other = "Cirrus HD-OCT 5000" if tsv[name].model != "Cirrus" else "Spectralis"
-    report = _audit(synth_info, _with_header_model(records, name, other), tsv)
+    report = _audit(synth_info, _with_header(records, name, model=other), tsv)
     (bad,) = [f for f in report.excluded if f.name not in synth_info.excluded]
     assert (bad.name, bad.kind) == (name, "tsv_device_disagrees")
     assert f"the header says {other!r}" in (bad.reason or "")
@@ -231,7 +254,7 @@ def test_a_row_and_header_naming_another_device_than_the_folder_exclude_the_file
     name = _good_file(synth_info)
     other = "Cirrus" if tsv[name].model != "Cirrus" else "Triton"
     tsv[name] = dataclasses.replace(tsv[name], model=other)
-    report = _audit(synth_info, _with_header_model(records, name, other), tsv)
+    report = _audit(synth_info, _with_header(records, name, model=other), tsv)
     (bad,) = [f for f in report.excluded if f.name not in synth_info.excluded]
     assert (bad.name, bad.kind) == (name, "tsv_device_disagrees")
     assert "the file lies under" in (bad.reason or "")

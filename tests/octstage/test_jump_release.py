@@ -147,6 +147,35 @@ def test_an_unreadable_table_names_its_file() -> None:
         layout.PrefixMap.parse(["nope"])
 
 
+def test_the_longest_matching_prefix_maps_a_url_whatever_the_order_given() -> None:
+    # A bucket mapped onto one copy and one of its folders onto another: the folder's files
+    # come from the second copy even when the bucket's mapping is given first.
+    specs = ["s3://cpg/=/data/all/", "s3://cpg/cpg0016-jump/source_4/=/ssd/source_4/"]
+    for order in (specs, specs[::-1]):
+        prefixes = layout.PrefixMap.parse(order)
+        assert prefixes.apply("s3://cpg/cpg0016-jump/source_4/a.tif") == "/ssd/source_4/a.tif"
+        assert prefixes.apply("s3://cpg/cpg0016-jump/source_2/b.tif") == (
+            "/data/all/cpg0016-jump/source_2/b.tif"
+        )
+        assert prefixes.apply("gs://other/c.tif") == "gs://other/c.tif"
+
+
+def test_an_empty_parquet_cell_reads_as_empty_never_as_the_text_none() -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    table = {"Metadata_Plate": ["P1", None], "FileName_OrigDNA": [None, "a.tif"]}
+    pq.write_table(pa.table(table), buffer)
+    rows = list(layout.iter_table(buffer.getvalue(), "t.parquet"))
+    assert rows == [
+        {"Metadata_Plate": "P1", "FileName_OrigDNA": ""},
+        {"Metadata_Plate": "", "FileName_OrigDNA": "a.tif"},
+    ]
+
+
 def _rewrite_gz(path: Path, old: str, new: str) -> None:
     path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).replace(
         old.encode(), new.encode(), 1)))  # fmt: skip
@@ -175,6 +204,31 @@ def test_bad_metadata_stops_before_anything_and_leaves_the_cache_alone(
     err = capsys.readouterr().err.replace("\n", "")
     assert "perturbation_control.csv: row 3: column Metadata_pert_type: 'positive'" in err
     assert {p: p.read_bytes() for p in cache.rglob("*") if p.is_file()} == before
+
+
+def test_fields_the_metadata_does_not_list_are_refused_unless_asked_for_by_name(
+    copy: tuple[Path, Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, meta, spec = copy
+    well = meta / TABLES["well"]
+    rows = gzip.decompress(well.read_bytes()).decode().splitlines(keepends=True)
+    # One plate absent from the metadata altogether, and one well of the other plate.
+    kept = [r for r in rows if ",BR00117035," not in r and ",APTJUM002,A02," not in r]
+    well.write_bytes(gzip.compress("".join(kept).encode()))
+    cache = tmp_path / "cache"
+    args = ["build-cache", "--kind", "cellpainting", "--source", str(root), "--out", str(cache),
+            "--map-prefix", spec[0], "--metadata", str(meta)]  # fmt: skip
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "7 field(s) of the load-data tables have no perturbation" in err, err
+    assert "2021_04_26_Batch1/BR00117035/" in err and "plate BR00117035 (absent from" in err
+    assert "plate APTJUM002 well A02 (the plate is listed, this well is not)" in err
+    assert "--allow-unlabelled" in err and not cache.exists()  # before any image is read
+    assert main([*args, "--select-plate", "BR00117035", "--allow-unlabelled"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "6 field(s) the metadata does not list built with an empty perturbation" in err
+    m = mf.load(cache / "manifest.json")
+    assert m.header.counts["unlabelled"] == 6 and {f.perturbation for f in m.fields} == {""}
 
 
 def test_selection_by_source_batch_plate_and_type(

@@ -225,3 +225,32 @@ def test_a_folder_cache_streams_its_manifest(
     monkeypatch.setattr(manifest, "header_bytes", whole)
     CacheStore(str(tmp_path)).write_manifest(m, None, form, lambda: manifest.item_rows(m))
     assert manifest.load(tmp_path / "manifest.json") == m
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["label as text", "a column more", "a column less"],
+)
+def test_an_item_table_of_another_schema_is_refused_naming_its_columns(
+    tmp_path: Path, change: str
+) -> None:
+    """A table of the header's size and row count whose columns or types are not the kind's
+    (a table of another tool, or of a newer octstage) is refused, never read as items."""
+    import pyarrow as pa
+
+    path = tmp_path / "manifest.json"
+    manifest.write(make_manifest(oct_volumes()), path, "table")
+    table = pq.read_table(path.with_name("manifest.items.parquet"))
+    if change == "label as text":
+        at = table.schema.get_field_index("label")
+        table = table.set_column(at, "label", table["label"].cast(pa.string()))
+    elif change == "a column more":
+        table = table.append_column("extra", pa.array(["x"] * table.num_rows))
+    else:
+        table = table.drop_columns(["checksum"])
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    data = sink.getvalue().to_pybytes()
+    info = {"bytes": len(data), "rows": table.num_rows}
+    with pytest.raises(ManifestError, match=r"here: item table columns .* differ from a 'oct'"):
+        manifest.columnar.read_items(data, "oct", "here", info)

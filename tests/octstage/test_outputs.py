@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from octstage.outputs import check_cache_folder, claim_run_folder, replace_report
+from octstage.outputs import (
+    check_cache_folder,
+    claim_run_folder,
+    remove_unlisted,
+    replace_report,
+)
 
 
 class Refused(Exception):
@@ -174,3 +179,24 @@ def test_a_run_folder_that_is_a_file_is_refused_as_such(tmp_path: Path) -> None:
     with pytest.raises(Refused, match="exists and is not a folder"):
         claim_run_folder(tmp_path / "run", resume=True, overwrite=False, refuse=Refused)
     assert (tmp_path / "run").read_text() == "mine"
+
+
+def test_stage_replace_removes_a_linked_folder_the_new_manifest_does_not_list(
+    tmp_path: Path,
+) -> None:
+    """``stage --replace`` clears what the new cache does not name; a symlinked folder among
+    the volumes goes as a link (unlinked), and what it points at is never walked or touched."""
+    dst, elsewhere = tmp_path / "dst", tmp_path / "elsewhere"
+    kept = dst / "volumes" / "1001" / "a.ome.zarr"
+    kept.mkdir(parents=True)
+    (kept / "zarr.json").write_text("{}")
+    (dst / "manifest.json").write_text("{}")
+    (dst / "volumes" / "2002").mkdir()
+    (dst / "volumes" / "2002" / "old.bin").write_bytes(b"old")
+    elsewhere.mkdir()
+    (elsewhere / "yours.txt").write_text("mine")
+    (dst / "volumes" / "3003").symlink_to(elsewhere, target_is_directory=True)
+    assert remove_unlisted(dst, ["volumes/1001/a.ome.zarr"]) == 2  # old.bin and the link
+    assert sorted(p.name for p in (dst / "volumes").iterdir()) == ["1001"]
+    assert (kept / "zarr.json").read_text() == "{}" and (dst / "manifest.json").exists()
+    assert (elsewhere / "yours.txt").read_text() == "mine"

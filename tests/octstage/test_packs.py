@@ -92,6 +92,27 @@ def test_a_pack_of_fields_of_different_sizes_reads_each_field_back(tmp_path: Pat
     assert {k: again.stored(k) for k in keys} == records
 
 
+def test_members_swapped_in_a_pack_with_valid_crc32c_are_a_checksum_mismatch(
+    tmp_path: Path,
+) -> None:
+    """Every chunk's crc32c holds (the pack is whole), but the manifest's rows name each
+    member's place the other way round (another build's pack, members swapped): each member's
+    values are checked against its manifest checksum, so stage and verify name the change."""
+    cache = CacheStore(str(tmp_path))
+    fields = _fields(np.random.default_rng(3), [(5, 64, 64), (5, 64, 64)])
+    writer = PackWriter(cache, "P1", 64, 2, 8)
+    writer.plan(["a", "b"])
+    a, b = (writer.write(k, k, f, "ABCDE") for k, f in zip("ab", fields, strict=True))
+    writer.close()
+    members = [(int(r.pack_index or 0), tuple(r.shape), r.checksum) for r in (a, b)]
+    packstore.check_pack(tmp_path, a.zarr_path, members)  # as written: whole
+    swapped = [(m[0], m[1], other[2]) for m, other in zip(members, members[::-1], strict=True)]
+    with pytest.raises(
+        VerificationError, match=rf"{a.zarr_path}: field {members[0][0]}: checksum .* != manifest"
+    ):
+        packstore.check_pack(tmp_path, a.zarr_path, swapped)
+
+
 def test_a_field_outside_its_pack_is_a_data_error_naming_it(tmp_path: Path) -> None:
     cache = CacheStore(str(tmp_path))
     writer = PackWriter(cache, "P1", 64, 3, 8)
@@ -155,7 +176,13 @@ def test_a_packed_cache_builds_verifies_stages_and_trains(
     assert all(by_id[f.item_id].intensity == f.intensity for f in m.fields)
     # A re-run keeps every pack (their attributes, not their data).
     root, info = twin
-    report2, built2 = build(s3_twin, str(cache), metadata=str(root.parent / info.metadata), pack=4)
+    report2, built2 = build(
+        s3_twin,
+        str(cache),
+        metadata=str(root.parent / info.metadata),
+        pack=4,
+        manifest_form="table",
+    )
     m2 = built2.load()
     assert report2.kept == n and report2.written == 0
     assert [f.checksum for f in m2.fields] == [f.checksum for f in m.fields]

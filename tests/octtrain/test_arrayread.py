@@ -367,3 +367,25 @@ def test_a_checksum_before_the_compressor_is_not_read_here(tmp_path: Path) -> No
     codecs[1], codecs[2] = codecs[2], codecs[1]  # bytes, crc32c, blosc
     with pytest.raises(DataError, match=r"codecs \['bytes', 'crc32c', 'blosc'\] are not"):
         parse_layout(meta, "x")
+
+
+def test_a_short_read_is_named_as_an_object_cut_short_never_decoded_from_stale_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shard shrank between the index read and the data read (a copy over it, a network
+    file system): the system call returns fewer bytes than asked; the rest of the buffer holds
+    an earlier read's bytes, which must never be decoded (with crc32c: the wrong cause)."""
+    import os
+
+    path, data = volume(tmp_path)
+    array = open_array(path, "volume k1 at here")
+    np.testing.assert_array_equal(array.read(), data)  # the thread's buffers hold these bytes
+    real = os.preadv
+
+    def short(fd: int, buffers: list[memoryview], offset: int) -> int:
+        (buffer,) = buffers
+        return real(fd, [memoryview(buffer)[: len(buffer) // 2]], offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    with pytest.raises(DataError, match=r"volume k1 at here: data object c/0/0/0 was cut short"):
+        array.read()

@@ -202,6 +202,19 @@ def test_a_field_whose_shard_is_gone_is_a_data_error_not_zeros(tmp_path: Path) -
         ds[0]
 
 
+def test_a_stored_shape_other_than_the_manifests_is_a_data_error(
+    cell_cache: tuple[Path, list[CellField]],
+) -> None:
+    root, fields = cell_cache
+    c, h, w = fields[0].shape
+    listed = dataclasses.replace(fields[0], shape=(c, h, w + 8))  # a rebuild at another size
+    ds = CellPaintingDataset([listed], root, CROPS, 4)
+    said = rf"{listed.zarr_path}: shape \({c}, {h}, {w}\) differs from the manifest's"
+    for key in (0, (0, 1)):  # the deterministic item and the multi-crop one
+        with pytest.raises(DataError, match=said):
+            ds[key]
+
+
 def test_the_columnar_manifest_gives_the_same_items_without_a_list_of_fields(
     tmp_path: Path,
 ) -> None:

@@ -135,3 +135,33 @@ def test_a_section_the_yaml_names_keeps_the_parents_other_defaults(tmp_path: Pat
     assert cfg.schedule.ema_start == default.schedule.ema_start == 0.992
     assert (cfg.schedule.warmup_steps, cfg.schedule.ema_end) == (2, 0.999)
     assert cfg.train.max_steps == default.train.max_steps  # a section the YAML never names
+
+
+def test_a_config_named_from_the_checkout_is_found_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--config configs/pretrain/tiny.yaml`` from another folder: the checkout's file, said
+    in the log; a name found nowhere names both places looked in."""
+    from octtrain.config.loader import REPO
+
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level("INFO", logger="octtrain"):
+        cfg = load_config(PretrainConfig, "configs/pretrain/tiny.yaml", [])
+    assert cfg == load_config(PretrainConfig, REPO / "configs" / "pretrain" / "tiny.yaml", [])
+    assert f"read {REPO / 'configs' / 'pretrain' / 'tiny.yaml'}" in caplog.text
+    with pytest.raises(ConfigError, match=rf"looked in the current folder, {tmp_path}, and in"):
+        load_config(PretrainConfig, "configs/pretrain/nope.yaml", [])
+    # A file of that name here is the one read.
+    (tmp_path / "configs" / "pretrain").mkdir(parents=True)
+    (tmp_path / "configs" / "pretrain" / "tiny.yaml").write_text("train:\n  max_steps: 7\n")
+    assert load_config(PretrainConfig, "configs/pretrain/tiny.yaml", []).train.max_steps == 7
+
+
+def test_a_run_shorter_than_its_warmup_is_said_with_the_way_out() -> None:
+    from octtrain.config.pretrain import ScheduleConfig
+
+    said = ScheduleConfig(warmup_steps=100).short_run(3)
+    assert said is not None and "schedule.warmup_steps (100) exceeds train.max_steps (3)" in said
+    assert "peaks at 3% of optim.lr" in said and "schedule.total_steps" in said
+    assert ScheduleConfig(warmup_steps=3).short_run(3) is None
+    assert ScheduleConfig(warmup_steps=100, total_steps=1000).short_run(3) is None

@@ -200,6 +200,21 @@ def test_a_stall_reaches_the_console_and_the_log_with_its_phase(
     assert any("training stalled" in m and "compute" in m for m in caplog.messages)
 
 
+@pytest.mark.parametrize(("allowance", "stalled"), [(100.0, False), (0.0, True)])
+def test_the_first_step_gets_train_first_step_allowance_s_before_it_is_a_stall(
+    tmp_path: Path, allowance: float, stalled: bool
+) -> None:
+    """A first step of 150 s (a slow first XLA compile) with stall_timeout_s 100: a stall only
+    without the allowance the Trainer hands the watchdog (the pod presets give 1800 s)."""
+    run = tmp_path / "run"
+    train_cfg = TrainConfig(
+        max_steps=2, run_dir=str(run), stall_timeout_s=100, first_step_allowance_s=allowance
+    )
+    train(ScriptedJob(total_steps=2, stall_at=1, stall_s=150), settings(run, train=train_cfg))
+    alerts = [r["title"] for r in records(run) if r.get("event") == "alert"]
+    assert alerts == (["training stalled"] if stalled else [])
+
+
 @pytest.mark.parametrize(
     ("where", "says"),
     [

@@ -26,7 +26,10 @@ FAST = ["--lrs", "1e-3", "3e-3", "--epochs", "3", "--bootstrap", "100", "--devic
 
 
 def test_probe_writes_both_reports_and_reuses_its_features(
-    tiny_cache: tuple[Path, Path], tiny_pretrained: str, tmp_path: Path
+    tiny_cache: tuple[Path, Path],
+    tiny_pretrained: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     args = ["probe", "--checkpoint", tiny_pretrained, "--manifest", str(tiny_cache[0])]
     assert main([*args, "--out", str(tmp_path / "a"), *FAST]) == 0
@@ -45,10 +48,11 @@ def test_probe_writes_both_reports_and_reuses_its_features(
     assert features == ["test", "train", "val"]
 
     # Same checkpoint, same volumes: the features come from the cache, the numbers are equal.
-    def probe_again(out: str) -> ProbeResult:
+    def probe_again(out: str, split: str = "test") -> ProbeResult:
         return run_probe(
             tiny_pretrained,
             str(tiny_cache[0]),
+            split=split,
             out=str(tmp_path / out),
             feature_cache=str(tmp_path / "a" / "features"),
             device="cpu",
@@ -71,6 +75,13 @@ def test_probe_writes_both_reports_and_reuses_its_features(
     third = probe_again("c")
     assert third.features_cached == {"train": True, "val": False, "test": True}
     assert json.loads(third.summary_json.read_text())["probes"] == summary["probes"]
+    assert "caveat" not in summary
+
+    # The split the probes were fitted on: scored, with the caveat said and recorded.
+    caplog.clear()
+    fitted = json.loads(probe_again("d", split="train").summary_json.read_text())
+    said = "--split train scores the split the probes were fitted on"
+    assert fitted["caveat"].startswith(said) and caplog.text.count(said) == 2
 
 
 def test_probe_runs_on_a_finetuned_checkpoint_and_refuses_bad_input(

@@ -102,6 +102,14 @@ def run_evaluate(
     # Refused before the work, not after it (the report is written whole at the end).
     check_output_folder(Path(out) if out else default_out(url), ConfigError)
     state = ckpt.load_checkpoint(url)
+    ckpt.require_kind(
+        state,
+        url,
+        ("finetune",),
+        "evaluate scores a fine-tuned classifier: pass a checkpoint (or the checkpoints/ folder) "
+        "of `octtrain finetune`; a pretraining checkpoint is scored by `octtrain probe` (V-JEPA) "
+        "or `octtrain profile` (DINO)",
+    )
     # The volumes and the target the checkpoint was trained on (data.select, data.label).
     data_cfg = state["config"].get("data", {})
     label = from_dict(LabelConfig, data_cfg.get("label", {}), "data.label.")

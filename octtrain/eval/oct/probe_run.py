@@ -64,6 +64,22 @@ class ProbeResult:
     features_cached: dict[str, bool]  # split -> read from the cache
 
 
+def split_caveat(split: str) -> str | None:
+    """What a score on ``split`` is, when it is not held out: the probes are fitted on train and
+    their learning rate and epoch chosen on val, so either split's figures flatter them."""
+    if split == "train":
+        return (
+            "--split train scores the split the probes were fitted on: the figures say how well "
+            "they fit it, not how they generalise (--split test is held out)"
+        )
+    if split == "val":
+        return (
+            "--split val scores the split the probes' learning rate and epoch were chosen on: "
+            "the figures are optimistic (--split test is held out)"
+        )
+    return None
+
+
 def run_probe(
     checkpoint: str,
     manifest: str,
@@ -80,6 +96,9 @@ def run_probe(
 ) -> ProbeResult:
     settings = settings or ProbeSettings()
     spec = bootstrap or BootstrapSpec()
+    caveat = split_caveat(split)
+    if caveat:
+        log.warning("%s", caveat)
     url = resolve_checkpoint(checkpoint)
     folder = Path(out) if out else default_out(url) / "probe"
     features_dir = Path(feature_cache) if feature_cache else folder / "features"
@@ -156,7 +175,12 @@ def run_probe(
                     for name, i in overall.items()
                 },
             }
-        doc = {**header, "split": split, "probes": summary}
+        doc = {
+            **header,
+            "split": split,
+            "probes": summary,
+            **({"caveat": caveat} if caveat else {}),
+        }
         atomic_write_text(tmp / SUMMARY, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
     # The report (both probes' folders and probe.json) replaces an earlier one whole; the
@@ -166,6 +190,8 @@ def run_probe(
         log.info("the earlier probe report of this folder is now in %s", aside)
     summary_json = folder / SUMMARY
     console.print(_summary_table(split, scored, fits))
+    if caveat:
+        log.warning("%s", caveat)  # again under the table, where the figures are read
     log.info("wrote %s", summary_json)
     cached = {s: f.cached for s, f in feats.items()}
     return ProbeResult(folder, summary_json, scored, fits, cached)
