@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -84,12 +85,17 @@ class LineProgress:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+class Advance(Protocol):
+    """A counter's step: ``detail`` shown beside the count, ``count`` items finished."""
+
+    def __call__(self, detail: str = "", count: int = 1) -> None: ...
+
+
 @contextmanager
-def counter(
-    console: Console, label: str, total: int, seconds: float
-) -> Iterator[Callable[[str], None]]:
-    """Yields ``advance(detail)``, called once per finished item from any thread: a rich bar on a
-    terminal, else a plain line at most every ``seconds`` and always at the last item."""
+def counter(console: Console, label: str, total: int, seconds: float) -> Iterator[Advance]:
+    """Yields ``advance(detail, count=1)``, called per finished item (or ``count`` of them) from
+    any thread: a rich bar on a terminal, else a plain line at most every ``seconds`` and always
+    at the last item."""
     if console.is_terminal:
         with Progress(
             TextColumn(label),
@@ -103,8 +109,8 @@ def counter(
         ) as bar:
             job = bar.add_task("", total=total)
 
-            def step(detail: str = "") -> None:
-                bar.update(job, advance=1, description=detail)
+            def step(detail: str = "", count: int = 1) -> None:
+                bar.update(job, advance=count, description=detail)
 
             yield step
         return
@@ -112,10 +118,10 @@ def counter(
     lock = threading.Lock()  # items finish on pool threads: one count, lines in order
     done = 0
 
-    def line(detail: str = "") -> None:
+    def line(detail: str = "", count: int = 1) -> None:
         nonlocal done
         with lock:
-            done += 1
+            done += count
             lines.update(done, total, detail, final=done == total)
 
     yield line

@@ -17,7 +17,9 @@ export COLUMNS=${COLUMNS:-120}
 step() { printf '\n\033[1;36m== %s\033[0m\n' "$*"; }
 
 step "1/8 synthetic Cell Painting twin, laid out as the Cell Painting Gallery releases JUMP"
-octstage synth --kind cellpainting "$OUT/twin" --plates 2 --sites 3 --size 128
+# Three plates of two sites (the 144 fields two plates of three gave): an Opera Phenix, a CV8000
+# and source_3's Phenix, whose folders say "Measurement 1" with a space.
+octstage synth --kind cellpainting "$OUT/twin" --plates 3 --sites 2 --size 128
 
 step "2/8 start the S3 double (moto) on loopback and upload the twin"
 python -m tests.doubles serve --env-file "$OUT/doubles.env" --s3-bucket cellpainting-gallery &

@@ -4,16 +4,19 @@ Same seed, same bytes. ``generate(out)`` writes two trees:
 
 - ``out/cpg0016-jump/<source>/`` (upload it to ``s3://cellpainting-gallery/cpg0016-jump/``):
   ``plates`` plates dealt in turn to an Opera Phenix source (``source_4``), a CV8000 source
-  (``source_2``) and a Phenix source whose folders say ``Measurement 1`` (``source_3``), with the
-  image keys each microscope writes (``microscopes.py``) under ``images/<batch>/images/``; the
-  plate's illumination functions under ``images/<batch>/illum/<plate>/``; and per plate
+  (``source_10``, whose action and channel numbers differ), a Phenix source whose folders say
+  ``Measurement 1`` (``source_3``) and an ImageXpress source (``source_8``): every microscope
+  of the release, with the image keys each writes (``microscopes.py``) under
+  ``images/<batch>/images/``; the plate's illumination functions under
+  ``images/<batch>/illum/<plate>/``; and per plate
   ``workspace/load_data_csv/<batch>/<plate>/load_data_with_illum.parquet`` and ``.csv`` with the
   release's columns: ``Metadata_{Source,Batch,Plate,Well,Site}``, ``FileName_Orig<Ch>``,
   ``PathName_Orig<Ch>`` (``s3://`` folders), ``URL_Orig<Ch>`` (``s3://`` URLs, as jump-portrait
   reads them), ``FileName_Illum<Ch>``, ``PathName_Illum<Ch>``;
 - ``out/datasets/metadata/``: the jump-cellpainting ``datasets`` repository's tables for these
   plates: ``plate.csv.gz``, ``well.csv.gz`` (Source/Plate/Well/JCP2022), ``compound.csv.gz``,
-  ``orf.csv.gz``, ``crispr.csv.gz``, ``perturbation_control.csv``, ``microscope_config.csv``.
+  ``orf.csv.gz``, ``crispr.csv.gz``, ``perturbation_control.csv``, ``microscope_config.csv``
+  (the release's columns, ``Metadata_Source`` as ``source_4``).
 
 Each plate is a 4 x 6 block of wells (A01..D06) with ``sites`` fields per well, ``size`` x
 ``size`` pixels, five 16-bit TIFFs per field. Every perturbation of ``PHENOTYPES`` is in 4 wells
@@ -54,7 +57,7 @@ from octstage.cellpainting.cells import (
 )
 from octstage.cellpainting.layout import LOAD_DATA_ROOT, write_csv, write_parquet
 from octstage.cellpainting.metadata import DMSO, TABLES
-from octstage.cellpainting.microscopes import TWIN_MICROSCOPES, Microscope
+from octstage.cellpainting.microscopes import CV8000, PHENIX, TWIN_MICROSCOPES, Microscope
 from octstage.errors import ConfigError
 
 DATASET = "cpg0016-jump"
@@ -189,9 +192,12 @@ def plate_map(
 
 
 def plate_name(index: int) -> str:
-    """The twin's plate names, shaped like their sources' (BR00117035, APTJUM001, ...)."""
+    """The twin's plate names, shaped like their sources' (BR00117035, Dest210531-152149,
+    A1170383)."""
     scope = TWIN_MICROSCOPES[index % len(TWIN_MICROSCOPES)]
-    return f"BR{117035 + index:08d}" if scope.name == "Opera Phenix" else f"APTJUM{index + 1:03d}"
+    if scope.name == PHENIX:
+        return f"BR{117035 + index:08d}"
+    return f"Dest{210531 + index}-152149" if scope.name == CV8000 else f"A{1170383 + index}"
 
 
 def _tiff(image: np.ndarray) -> bytes:
@@ -256,15 +262,7 @@ def _write_metadata(
     ]
     _write(out / "plate.csv.gz", _gz_csv(plate_rows))
     scopes = {m.source: m for _, m in plates}
-    config: list[dict[str, object]] = [
-        {
-            "Metadata_Source": m.source.removeprefix("source_"),
-            "Metadata_Microscope_Name": m.name,
-            "Metadata_Sites_Per_Well": m.sites_per_well,
-            "Metadata_Pixel_Size_Microns": m.pixel_size_um,
-        }
-        for m in scopes.values()
-    ]
+    config = [m.config_row() for m in scopes.values()]
     _write(out / "microscope_config.csv", write_csv(config))
 
 

@@ -21,7 +21,7 @@ SYNTH_KIND_ONLY = {
     "oct": ("participants", "full_size"),
     "cellpainting": ("plates", "sites", "size", "compounds"),
 }
-SYNTH_DEFAULTS = {"participants": 60, "plates": 2, "sites": 3, "size": 128, "compounds": 0}
+SYNTH_DEFAULTS = {"participants": 60, "plates": 4, "sites": 3, "size": 128, "compounds": 0}
 
 
 def synth(a: argparse.Namespace) -> int:

@@ -120,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--plates",
         type=_at_least(1),
-        help="cellpainting: plates (24 wells each, 384 with --compounds; default 2)",
+        help="cellpainting: plates (24 wells each, 384 with --compounds), dealt in turn to the "
+        "release's microscopes: Phenix, CV8000, Phenix in 'Measurement 1', ImageXpress "
+        "(default 4: one each)",
     )
     s.add_argument("--sites", type=_at_least(1), help="cellpainting: fields per well (default 3)")
     s.add_argument(

@@ -63,6 +63,11 @@ class ItemTable(Sequence[T], Generic[T]):
         table = self._columns.table()
         return table if self._index is None else table.take(self._index)
 
+    @property
+    def names(self) -> list[str]:
+        """The table's column names (the kind's; an optional one a table predates reads null)."""
+        return self._columns.names
+
     def __len__(self) -> int:
         return self._columns.rows if self._index is None else len(self._index)
 

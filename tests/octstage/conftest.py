@@ -90,7 +90,7 @@ CP_PLATES, CP_SITES, CP_SIZE = 2, 1, 64
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TwinInfo]:
     """A small twin of the release (its planted truncated TIFF included) in a local folder:
-    returns the dataset root (``.../cpg0016-jump``, holding ``source_4/`` and ``source_2/``) and
+    returns the dataset root (``.../cpg0016-jump``, holding ``source_4/`` and ``source_10/``) and
     what it holds; its tables' URLs name a bucket of its own (``info.bucket``), where
     ``s3_twin`` uploads it, and its datasets metadata is ``root.parent / info.metadata``."""
     from octstage.cellpainting.synth import generate as generate_cp

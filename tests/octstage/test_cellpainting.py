@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import ssl
 from collections.abc import Iterator, Mapping
@@ -23,7 +24,7 @@ from octstage.cellpainting.build import build, exit_code, find_tables, plate_spl
 from octstage.cellpainting.metadata import DMSO
 from octstage.cellpainting.normalize import decode_tiff, histogram, plate_normalization, to_uint8
 from octstage.cellpainting.plate import CellPaintingConfig
-from octstage.cellpainting.synth import PHENOTYPES, TwinInfo
+from octstage.cellpainting.synth import PHENOTYPES, TwinInfo, generate
 from octstage.cli import main
 from octstage.errors import CellPaintingError
 from octstage.stage import run_stage
@@ -287,10 +288,48 @@ def test_synth_cli_writes_the_release_layout(tmp_path: Path) -> None:
     )
     assert phenix[0].startswith("source_4/images/2021_04_26_Batch1/images/BR00117035__2021-")
     assert "-Measurement1/Images/r01c01f01p01-ch5sk1fk1fl1.tiff" in phenix[0]  # DNA is ch5
-    assert cv8000[0] == (  # DNA is C01 on a CV8000 (channel_mapping.csv, source 2)
-        "source_2/images/20210607_Batch_2/images/P02_APTJUM002/"
-        "P02_APTJUM002_A01_T0001F001L01A01Z01C01.tif"
+    assert cv8000[0] == (  # DNA is C01 on a CV8000 (channel_mapping.csv, source 10)
+        "source_10/images/2021_05_31_U2OS_48_hr_run1/images/Dest210532-152149/"
+        "Dest210532-152149_A01_T0001F001L01A01Z01C01.tif"
     )
+
+
+def test_the_twin_has_every_microscope_of_the_release_and_each_builds_and_verifies(
+    tmp_path: Path,
+) -> None:
+    """A plate per microscope, each keyed as the release keys it: an Opera Phenix, a CV8000
+    whose action and channel numbers differ (source 10: AGP is ``A03Z01C04``), source 3's
+    Phenix in a ``Measurement 1`` folder and an ImageXpress; ``microscope_config.csv`` as
+    released. build-cache reads every plate (channels from the tables, never the names) and the
+    cache verifies."""
+    out = tmp_path / "twin"
+    info = generate(out, plates=4, sites=1, size=32, replicates=1, traps=False)
+    assert info.sources == ("source_4", "source_10", "source_3", "source_8")
+    root = out / info.dataset
+    keys = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.tif*"))
+    of = {s: [k for k in keys if k.startswith(f"{s}/")] for s in info.sources}
+    uuid = "[0-9A-F]{8}-[0-9A-F]{4}-4[0-9A-F]{3}-[89AB][0-9A-F]{3}-[0-9A-F]{12}"
+    imagexpress = rf"source_8/images/J1/images/(A\d+)/Images/HTS_[A-P]\d\d_s1_w[1-5]{uuid}\.tif"
+    assert of["source_8"] and all(re.fullmatch(imagexpress, k) for k in of["source_8"])
+    actions = {re.search(r"L01A(\d\d)Z01C(\d\d)\.tif$", k).groups() for k in of["source_10"]}  # type: ignore[union-attr]
+    assert actions == {("01", "01"), ("01", "02"), ("02", "03"), ("03", "04"), ("03", "05")}
+    assert of["source_3"] and all("-Measurement 1/Images/" in k for k in of["source_3"])
+    config = (out / info.metadata / "microscope_config.csv").read_text().splitlines()
+    assert config[0].split(",")[:3] == [
+        "Metadata_Source", "Metadata_Microscope_Name", "Metadata_Widefield_vs_Confocal"
+    ]  # fmt: skip
+    assert "source_8,ImageXpress Micro Confocal,Confocal,LED,0.75,0,0,3,9,E,0.7032" in config
+    assert [row.split(",")[0] for row in config[1:]] == list(info.sources)
+    prefixes = layout.PrefixMap.parse([f"s3://{info.bucket}/{info.dataset}/={root}/"])
+    cache = tmp_path / "cache"
+    m = build(str(root), cache, metadata=str(out / info.metadata), prefixes=prefixes)[1].load()
+    assert len(m.fields) == info.fields and not m.rejected
+    assert {f.source for f in m.fields} == set(info.sources)
+    for f in m.fields:  # DNA first, whatever the microscope numbers it
+        dna = f.sources[0].path
+        assert f.sources[0].channel == "DNA"
+        assert dna.endswith(("-ch5sk1fk1fl1.tiff", "Z01C01.tif")) or "_w5" in dna, dna
+    assert verify(cache / "manifest.json").ok
 
 
 def _table_rows(root: Path, table: str, prefixes: layout.PrefixMap) -> list[layout.FieldRow]:

@@ -4,9 +4,10 @@
   (``Metadata_*`` and the absolute ``URL_Orig<Channel>`` URLs) joined with ``well.csv.gz``, and
   GETs each image unsigned from ``cellpainting-gallery``: every field octstage stages from the S3
   double is fetched by it, pixel for pixel the source's.
-- cpgdata 0.6.0's key grammar (``key_parser.lark``) accepts every key of the twin, except the
-  CV8000 image keys, which it rejects exactly as it rejects the release's own source_2 keys
-  (the release stores them with no ``Images/`` level: the grammar's gap, not the twin's).
+- cpgdata 0.6.0's key grammar (``key_parser.lark``) accepts every key of the twin (a plate per
+  microscope: Phenix, CV8000, Phenix in ``Measurement 1``, ImageXpress), except the CV8000
+  image keys, which it rejects exactly as it rejects the release's own CV8000 keys (the release
+  stores them with no ``Images/`` level: the grammar's gap, not the twin's).
 
 jump-portrait and cpgdata are installed with --no-deps (``make test-slow``: pyproject's
 ``peers``). ``jump_portrait.fetch`` imports broad-babel, which downloads a name database from
@@ -49,7 +50,7 @@ def gallery(
     """The unmodified twin, uploaded to ``cellpainting-gallery`` as the demo uploads it, made
     public as the gallery is (policy; public-read ACLs because moto checks HEAD against them)."""
     out = tmp_path_factory.mktemp("gallery")
-    info = generate(out, plates=3, sites=2, size=48, seed=5, replicates=2)
+    info = generate(out, plates=4, sites=2, size=48, seed=5, replicates=2)  # every microscope
     client = s3_server.client()
     client.create_bucket(Bucket=BUCKET)
     statement = {
@@ -149,14 +150,16 @@ def test_cpgdata_parses_every_key_but_the_cv8000_images_as_it_does_the_release(
             key_parser.parse(key)
         except LarkError:
             rejected.append(key)
-    cv8000 = [k for k in keys if k.endswith(".tif") and "/source_2/images/" in k]
+    cv8000 = [k for k in keys if k.endswith(".tif") and "/source_10/images/" in k]
     assert cv8000 and sorted(rejected) == sorted(cv8000)
     with pytest.raises(LarkError):  # the release's own CV8000 keys: the same
         key_parser.parse(RELEASE_CV8000_KEY)
     # What it parses, it parses whole: source, batch, plate folder and file as the twin wrote.
     phenix = [k for k in keys if k.endswith(".tiff")]
     assert any("-Measurement 1/Images/" in k for k in phenix)  # source_3's spelling
-    for key in phenix:
+    imagexpress = [k for k in keys if "/Images/HTS_" in k]
+    assert imagexpress and all("/source_8/" in k for k in imagexpress)
+    for key in phenix + imagexpress:
         parts = {
             t.data: "".join(str(v) for v in t.scan_values(lambda _: True))
             for t in key_parser.parse(key).iter_subtrees()

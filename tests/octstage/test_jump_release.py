@@ -237,8 +237,8 @@ def test_selection_by_source_batch_plate_and_type(
     root, meta, spec = copy
     prefixes = _prefixes(spec)
     m = build(str(root), tmp_path / "a", metadata=str(meta), prefixes=prefixes,
-                 select=Selection(sources=("source_2",)))[1].load()  # fmt: skip
-    assert {f.source for f in m.fields} == {"source_2"}
+                 select=Selection(sources=("source_10",)))[1].load()  # fmt: skip
+    assert {f.source for f in m.fields} == {"source_10"}
     batch = m.fields[0].batch
     m = build(str(root), tmp_path / "b", prefixes=prefixes, select=Selection(batches=(batch,)))[
         1

@@ -17,8 +17,8 @@ import zarr
 
 from octstage import manifest as mf
 from octstage.cache.store import CacheStore
-from octstage.cache.verify import validate_schema, verify
-from octstage.cellpainting import packstore
+from octstage.cache.verify import Listed, check_packed, validate_schema, verify
+from octstage.cellpainting import packread, packstore
 from octstage.cellpainting.build import build
 from octstage.cellpainting.fieldwriter import PackWriter
 from octstage.cellpainting.synth import TwinInfo
@@ -77,6 +77,9 @@ def test_a_pack_of_fields_of_different_sizes_reads_each_field_back(tmp_path: Pat
         assert (np.asarray(pack[r.pack_index, :, :y, :x]) == field).all()
         item = open_item(tmp_path / rel / "0", f"field {k}", int(r.pack_index or 0), field.shape)
         assert (item.read() == field).all()
+        got = packread.fields(tmp_path / rel / "0", [(int(r.pack_index or 0), r.shape)])
+        (direct,) = got or [None]  # verify's read, tiles and all
+        assert direct is not None and (direct == field).all()
         assert (
             item.read((slice(None), slice(3, 70), slice(60, 90))) == field[:, 3:70, 60:90]
         ).all()
@@ -406,6 +409,34 @@ def test_a_healthy_pack_is_checked_a_run_of_members_at_a_time(
 
     monkeypatch.setattr(packstore, "read_member", one_by_one)
     packstore.check_pack(tmp_path, rel, members[::-1])  # any order: runs follow the places
+
+
+def test_verify_reads_a_packs_members_from_its_shard_and_leaves_damage_to_zarr(
+    tmp_path: Path,
+) -> None:
+    """zarr reads a shard's tiles at ~0.5 ms each: verify reads a healthy pack's members from the
+    shard itself (``packread``), never through zarr; a member whose tile fails its crc32c is
+    read through zarr alone, which words the damage, and the others still verify."""
+    rel, members, fields = _pack_of(tmp_path, 4)
+    items = [Listed(rel, shape, "uint8", checksum, i) for i, shape, checksum in members]
+
+    def no_zarr(_: str) -> zarr.Array:  # type: ignore[type-arg]
+        raise AssertionError("a healthy pack opened through zarr")
+
+    assert check_packed(tmp_path, items, no_zarr) == [None] * 4
+    direct = packread.fields(tmp_path / rel / "0", [(i, shape) for i, shape, _ in members])
+    assert direct is not None
+    assert all((v == fields[m[0]]).all() for m, v in zip(members, direct, strict=True))
+    flip_decodable(tmp_path / rel / "0")
+    opened = []
+
+    def opener(relpath: str) -> zarr.Array:  # type: ignore[type-arg]
+        opened.append(relpath)
+        return packstore.open_pack(tmp_path, relpath)
+
+    found = [f for f in check_packed(tmp_path, items, opener) if f is not None]
+    assert opened == [rel] and len(found) == 1, found
+    assert found[0][0] == "changed" and "crc32c" in found[0][1], found
 
 
 def test_member_values_in_runs_give_each_member_its_own_values(
