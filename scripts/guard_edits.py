@@ -30,6 +30,7 @@ OS = "tests/octstage/"
 BI = "tests/badinput/"
 EMBED_CP = OT + "test_embed_cellpainting.py::"
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
+POD_CTRL_C = OT + "test_pod.py::test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step"
 
 EDITS: list[Edit] = [
     # --- DINO: teacher, freeze, optimizer, masks ------------------------------------------------
@@ -623,6 +624,39 @@ EDITS: list[Edit] = [
             "[setup-1-setting up the job-4]",
         ),
         "the failing host raises the others' summary, not its own error",
+    ),
+    Edit(
+        "pod-ctrl-c-not-agreed",
+        "octtrain/runtime/interrupt.py",
+        "    if first and _AGREED.is_set():\n",
+        "    if False:\n",
+        (POD_CTRL_C + "[host-1]",),
+        "a Ctrl-C on one host of a pod ends that host alone; the others die on gloo's error",
+    ),
+    Edit(
+        "pod-ctrl-c-flag-not-carried",
+        "octtrain/runtime/hosts.py",
+        "    flags[1, me] = int(interrupt_pending())\n",
+        "",
+        (POD_CTRL_C + "[host-1]",),
+        "a Ctrl-C on one host of a pod is never carried to the others: the run goes on",
+    ),
+    Edit(
+        "watchdog-stopped-before-close",
+        "octtrain/train/loop.py",
+        "            try:\n                self.backend.close()\n            finally:\n"
+        "                watchdog.stop()\n",
+        "            watchdog.stop()\n            self.backend.close()\n",
+        (OT + "test_exit_paths.py::test_a_close_that_never_returns_ends_through_the_watchdog",),
+        "the watchdog stops before the backend's close: a close that never returns hangs",
+    ),
+    Edit(
+        "close-device-wait-unbounded",
+        "octtrain/runtime/handoff.py",
+        "    if run_within(call, timeout_s, what):\n        return\n",
+        "    call()\n    return\n",
+        (OT + "test_exit_paths.py::test_a_call_that_never_returns_at_close_exits_5_naming_it",),
+        "the device wait at close has no limit",
     ),
     Edit(
         "handoff-error-dropped",

@@ -96,7 +96,8 @@ class Tracker:
             )
 
     def _write(self, record: Mapping[str, Any]) -> None:
-        assert self._jsonl is not None
+        if self._jsonl is None:  # closed: the watchdog still alerts while the backend closes
+            return
         self._jsonl.write(json.dumps(record, default=_jsonable) + "\n")
         self._jsonl.flush()
 

@@ -39,11 +39,14 @@ import torch_xla.runtime as xr
 from torch import nn
 from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla://" for gloo)
 
-from octtrain.runtime.handoff import carry_errors, raise_carried, run_within
+from octtrain.runtime.handoff import carry_errors, raise_carried, run_within, within_or_exit
 
 MESH_AXIS = "data"
 AUTO_COMPILE_CACHE = "~/.cache/octtrain/xla"  # train.xla_cache_dir=auto on a TPU
 CLOSE_TIMEOUT_S = 30.0  # for each loader thread to stop at close (a batch in flight may finish)
+# For the device's pending work at close: the last step or a checkpoint's copy (seconds on a
+# TPU); past it the host's peers are gone and the program never ends (exit 5, named).
+DEVICE_WAIT_S = 300.0
 
 
 class BatchDimSharding:
@@ -231,7 +234,7 @@ class XlaBackend:
         for loader in self._loaders:
             run_within(loader.close, CLOSE_TIMEOUT_S, "torch_xla's loader thread")
         self._loaders.clear()
-        xm.wait_device_ops()
+        within_or_exit(xm.wait_device_ops, DEVICE_WAIT_S, "the device's pending work at close")
         if self._gloo_ready and dist.is_initialized():
             dist.destroy_process_group()
             self._gloo_ready = False

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -315,31 +316,86 @@ def test_a_host_stuck_in_its_data_ends_both_through_the_stall_exit(
     without torchrun, whose agent would kill the survivors itself (a pod has no such agent)."""
     out = tmp_path / "out"
     out.mkdir()
+    args = [str(out), "--config", str(PRETRAIN_TINY), "--manifest", str(tiny_cache[0])]
+    args += [f"train.run_dir={tmp_path}/run", "checkpoint.dir="]
+    args += ["train.max_steps=6", "train.stall_timeout_s=5", "train.stall_exit_s=15"]
+    procs = pod_processes(args, POD_FAIL="hang:1")
+    codes, stderr = ended(procs, STALL_TIMEOUT_S + 60)
+    assert codes == [5, 5], stderr
+    assert all("train.stall_exit_s=15 reached" in e for e in stderr)
+
+
+def pod_processes(args: list[str], **extra: str) -> list[subprocess.Popen[str]]:
+    """pod_fault_worker.py with ``args`` as 2 processes started without torchrun, whose agent
+    would end the others itself once one has ended (nothing does on a pod)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [sys.executable, str(FAULT_WORKER), str(out), "--config", str(PRETRAIN_TINY)]
-    args += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run", "checkpoint.dir="]
-    args += ["train.max_steps=6", "train.stall_timeout_s=5", "train.stall_exit_s=15"]
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    procs = [
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", **extra}
+    return [
         subprocess.Popen(
-            args,
-            env=env(**common, RANK=str(r), LOCAL_RANK=str(r), POD_FAIL="hang:1"),
+            [sys.executable, str(FAULT_WORKER), *args],
+            env=env(**common, RANK=str(r), LOCAL_RANK=str(r)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
         for r in (0, 1)
     ]
+
+
+def ended(procs: list[subprocess.Popen[str]], timeout: float) -> tuple[list[int], list[str]]:
+    """Each process's exit code and stderr, once all have ended (killed past ``timeout``)."""
     try:
-        codes = [p.wait(timeout=STALL_TIMEOUT_S + 60) for p in procs]
+        codes = [p.wait(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             p.kill()
-    stderr = [p.stderr.read() if p.stderr else "" for p in procs]
-    assert codes == [5, 5], stderr
-    assert all("train.stall_exit_s=15 reached" in e for e in stderr)
+    return codes, [p.stderr.read() if p.stderr else "" for p in procs]
+
+
+INTERRUPT_LIMIT_S = 30  # train.stall_exit_s in the Ctrl-C test: the watchdog's limit
+
+
+@pytest.mark.parametrize("hosts", [(1,), (0, 1)], ids=["host-1", "every-host"])
+def test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, hosts: tuple[int, ...]
+) -> None:
+    """Without the agreed flag the interrupted host ends alone and the other dies on gloo's
+    peer-closed error (exit 1), or waits in a collective until the watchdog's exit 5."""
+    out, run = tmp_path / "out", tmp_path / "run"
+    out.mkdir()
+    args = [str(out), "--config", str(PRETRAIN_TINY), "--manifest", str(tiny_cache[0])]
+    args += [f"train.run_dir={run}", "checkpoint.dir=", "train.max_steps=500"]
+    args += ["logging.log_every=1", "data.batch_size=8", "train.stall_timeout_s=10"]
+    procs = pod_processes([*args, f"train.stall_exit_s={INTERRUPT_LIMIT_S}"], POD_FAIL="none:9")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(steps(run)) < 3:
+        assert all(p.poll() is None for p in procs), "a host ended before the Ctrl-C"
+        time.sleep(0.2)
+    assert len(steps(run)) >= 3, "no third step within 2 minutes"
+    sent = time.monotonic()
+    for host in hosts:
+        procs[host].send_signal(signal.SIGINT)
+    codes, stderr = ended(procs, INTERRUPT_LIMIT_S + 30)
+    assert codes == [130, 130], [e[-2000:] for e in stderr]
+    assert time.monotonic() - sent < INTERRUPT_LIMIT_S  # never the watchdog's exit
+    found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(f["errors"][-1].startswith("interrupted") for f in found), found
+    # Both stopped at the same agreement (the same step's batch), each naming the hosts.
+    stops = [
+        re.findall(r"Ctrl-C on host\(s\) \[([\d, ]+)\]: every host stops here \((.*)\)", e)
+        for e in stderr
+    ]
+    assert stops[0] == stops[1] and len(stops[0]) == 1, stops
+    assert len(steps(run)) < 500
+
+
+def steps(run: Path) -> list[int]:
+    """The steps host 0 logged so far."""
+    path = run / "metrics.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.is_file() else []  # whole lines only
+    return [r["step"] for r in map(json.loads, lines) if "train/loss" in r]
 
 
 RANK_CLI = ROOT / "tests" / "octtrain" / "rank_cli.py"
