@@ -422,16 +422,17 @@ class DinoJob:
         """The EMA teacher judged as ``octtrain profile`` judges it, on the validation plates:
         its field embeddings, control-normalised well profiles, and their activity mAP (the
         score: higher is better), distinctiveness mAP and k-NN probes. Every process computes the
-        same figures (the split is small; under FSDP the teacher's forward is a collective)."""
+        same figures (the split is small; under FSDP the teacher's forward is a collective),
+        each batch of fields agreed (``agreed_batches``): a field one host cannot read stops
+        every host's validation at that batch with its message."""
         if not self.val_fields:
             return Evaluation({}, score=None)
         backbone = self.teacher.backbone
         mode = backbone.training  # the step's mode comes back after validation, whatever it was
         backbone.eval()
         try:
-            x = field_embeddings(
-                backbone, self.val_set, self.cfg.crops.global_size, self.backend.device
-            )
+            b = self.backend
+            x = field_embeddings(backbone, self.val_set, self.cfg.crops.global_size, b.device, b)
         finally:
             backbone.train(mode)
         metrics = profile_metrics(x, self.val_fields)

@@ -241,7 +241,8 @@ FAILURES = {  # point -> what the failing host's own message says
     ("point", "host", "kind", "code"),
     [
         ("data", 1, "loading the batch of step 3", 4),  # a data error, on every host
-        ("validation", 1, "in validation", 2),  # validation failed (continue_on_failure=false)
+        # validation failed (continue_on_failure=false), agreed at the batch that failed
+        ("validation", 1, "loading validation batch 1", 2),
         ("checkpoint", 0, "writing the checkpoint of step 2", 2),
         ("checkpoint-any", 0, "writing the checkpoint of step 2", 2),  # not a CheckpointError
         ("setup", 1, "setting up the job", 4),  # one host's manifest, before any step
