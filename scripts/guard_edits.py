@@ -670,6 +670,17 @@ EDITS: list[Edit] = [
         "a validation field one host cannot read ends that host alone (DINO)",
     ),
     Edit(
+        "resume-read-error-not-agreed",
+        "octtrain/runtime/hosts.py",
+        "        except Exception as exc:  # noqa: BLE001 - every host must learn of it, with",
+        "        except ArithmeticError as exc:  # noqa: BLE001 - every host must learn of it, with",
+        (
+            OT + "test_pod.py::test_a_failure_on_one_host_stops_both_with_its_message"
+            "[resume-read-0-reading {tmp}/ckpt/step_00000002.pt-2]",
+        ),
+        "a resume read error that is not a CheckpointError ends host 0 alone (a traceback)",
+    ),
+    Edit(
         "handoff-error-dropped",
         "octtrain/runtime/handoff.py",
         "            yield CarriedError(exc)",

@@ -181,35 +181,49 @@ def mean_over_replicas(backend: Backend, value: torch.Tensor) -> float:
 
 
 def decide_resume(cfg: CheckpointConfig, directory: str | None, backend: Backend) -> str | None:
-    """The checkpoint to resume from (or None), decided on process 0 and broadcast; a
-    ``CheckpointError`` there is raised on every process."""
-    url, error = None, None
-    if backend.is_main:
-        try:
-            url = ckpt.resume_url(cfg, directory)
-        except CheckpointError as exc:
-            error = str(exc)
-    decided: tuple[str | None, str | None] = backend.broadcast_object((url, error))
-    if decided[1] is not None:
-        raise CheckpointError(decided[1])
-    return decided[0]
+    """The checkpoint to resume from (or None), decided on process 0 and broadcast; any failure
+    there is raised on every process (``on_main``)."""
+    return on_main(
+        backend, "finding the checkpoint to resume from", ckpt.resume_url, cfg, directory
+    )
 
 
 def load_once(url: str, backend: Backend) -> dict[str, Any]:
     """Checkpoint ``url`` read on process 0 and broadcast, so every process resumes from the
-    same bytes even when only process 0 can read the folder."""
+    same bytes even when only process 0 can read the folder; any failure there is raised on
+    every process (``on_main``)."""
     if backend.process_count == 1:
-        return ckpt.load_checkpoint(url)
-    payload: bytes | str | None = None
+        state: dict[str, Any] = on_main(backend, f"reading {url}", ckpt.load_checkpoint, url)
+        return state
+    payload: bytes = on_main(backend, f"reading {url}", _checkpoint_bytes, url)
+    state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    return state
+
+
+def _checkpoint_bytes(url: str) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(ckpt.load_checkpoint(url), buffer)
+    return buffer.getvalue()
+
+
+def on_main(backend: Backend, where: str, read: Callable[..., T], *args: Any) -> T:
+    """``read(*args)`` on process 0, its result broadcast to every process. Any failure there (a
+    ``CheckpointError``, or a storage client's HTTP 401/5xx, an auth refresh error: the resume
+    side of what the checkpoint write agrees on) is raised on every process as a
+    ``CheckpointError``: process 0's own message (its traceback logged for what is not a
+    ``CheckpointError``), the others' ``host 0 failed <where>: <its message>``."""
+    result: T | None = None
+    error: str | None = None
     if backend.is_main:
         try:
-            buffer = io.BytesIO()
-            torch.save(ckpt.load_checkpoint(url), buffer)
-            payload = buffer.getvalue()
+            result = read(*args)
         except CheckpointError as exc:
-            payload = str(exc)  # every process must raise, not only process 0
-    payload = backend.broadcast_object(payload)
-    if not isinstance(payload, bytes):
-        raise CheckpointError(str(payload))
-    state: dict[str, Any] = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    return state
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - every host must learn of it, with its cause
+            log.error("%s failed:\n%s", where, traceback.format_exc())
+            error = f"{where}: {type(exc).__name__}: {exc}"
+    if backend.process_count > 1:
+        result, error = backend.broadcast_object((result, error))
+    if error is not None:
+        raise CheckpointError(error if backend.is_main else f"host 0 failed {where}: {error}")
+    return result  # type: ignore[return-value]  # None is a result too (no checkpoint)

@@ -9,6 +9,8 @@ would), ``validation`` (its validation loader raises from its ninth volume on), 
 ``setup`` (its manifest cannot be read: a ``DataError`` before the first step),
 ``finetune-setup`` (the same in ``octtrain finetune``; ``POD_JOB=finetune`` runs that command),
 ``hang`` (its ninth training volume never arrives, as a read from a dead mount),
+``resume-list`` and ``resume-read`` (finding the checkpoint to resume from, or reading it,
+raises a ``PermissionError`` as a storage client's HTTP 401 would: give ``checkpoint.resume``),
 ``dino-validation`` (DINO's validation cannot read that host's first validation field: run
 with a DINO config).
 ``{rank}`` in an argument becomes this process's rank. Writes ``<out>/rank<r>.json`` with the
@@ -32,6 +34,7 @@ from octtrain.cli import main
 from octtrain.data.dataset import ManifestDataset
 from octtrain.errors import CheckpointError, DataError
 from octtrain.eval.cellpainting import profile_run
+from octtrain.runtime import checkpoint
 from octtrain.runtime.checkpoint import CheckpointManager
 from octtrain.train import finetune, pretrain
 
@@ -57,6 +60,16 @@ def inject(point: str, rank: int) -> None:
             raise DataError(f"field 0: unreadable chunk in host {rank}'s copy of the plate")
 
         profile_run.field_tiles = unreadable_field  # type: ignore[assignment]
+        return
+    if point in ("resume-list", "resume-read"):
+
+        def expired(*args: Any, **kwargs: Any) -> Any:
+            raise PermissionError(
+                f"gs://bucket/ckpt: HTTP 401: the token has expired (host {rank})"
+            )
+
+        name = "resume_url" if point == "resume-list" else "load_checkpoint"
+        setattr(checkpoint, name, expired)
         return
     if point == "checkpoint-any":
 

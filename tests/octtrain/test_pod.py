@@ -232,6 +232,8 @@ FAILURES = {  # point -> what the failing host's own message says
     "validation": "unreadable chunk",
     "checkpoint": "no space left",
     "checkpoint-any": "PermissionError: ",
+    "resume-list": "PermissionError: gs://bucket/ckpt: HTTP 401",
+    "resume-read": "PermissionError: gs://bucket/ckpt: HTTP 401",
     "setup": "truncated JSON",
     "finetune-setup": "truncated JSON",
 }
@@ -246,6 +248,9 @@ FAILURES = {  # point -> what the failing host's own message says
         ("checkpoint", 0, "writing the checkpoint of step 2", 2),
         ("checkpoint-any", 0, "writing the checkpoint of step 2", 2),  # not a CheckpointError
         ("setup", 1, "setting up the job", 4),  # one host's manifest, before any step
+        # The resume side of the checkpoint write: not a CheckpointError, on process 0 alone.
+        ("resume-list", 0, "finding the checkpoint to resume from", 2),
+        ("resume-read", 0, "reading {tmp}/ckpt/step_00000002.pt", 2),
         ("finetune-setup", 1, "reading the manifest", 4),  # the same in finetune
     ],
 )
@@ -265,6 +270,10 @@ def test_a_failure_on_one_host_stops_both_with_its_message(
     else:
         args += ["train.max_steps=6", "validation.every=2", "validation.continue_on_failure=false"]
         args += ["checkpoint.every=2", f"checkpoint.dir={tmp_path}/host{{rank}}"]
+    if point.startswith("resume"):
+        resume = "auto" if point == "resume-list" else f"{tmp_path}/ckpt/step_00000002.pt"
+        args += [f"checkpoint.resume={resume}"]
+        kind = kind.replace("{tmp}", str(tmp_path))
     started = time.monotonic()
     torchrun(
         [*args, "data.batch_size=8"],
