@@ -109,6 +109,19 @@ def teacher_temperature(step: int, cfg: DinoConfig) -> float:
     )
 
 
+def refuse_multihost_xla(backend: Backend) -> None:
+    """ConfigError for DINO on XLA with more than one process: its step is not correct there
+    yet (docs/tpu-runbook.md, "DINO on XLA"), so it is refused before anything is built."""
+    if backend.kind == "xla" and backend.process_count > 1:
+        raise ConfigError(
+            f"job 'dino' on XLA with {backend.process_count} processes: not supported (the "
+            "iBOT mask positions, the centres and the position-embedding resize are per host "
+            "under multi-host SPMD; docs/tpu-runbook.md, DINO on XLA). Run DINO on torch CPU "
+            "or CUDA (one process, or several under torchrun with parallel=ddp or fsdp), or "
+            "on XLA with one process (one host's devices)"
+        )
+
+
 class DinoJob:
     """The DINOv2 student, its EMA teacher, the centres, the optimizer and one process's data."""
 
@@ -124,6 +137,7 @@ class DinoJob:
         backend: Backend,
         val: Sequence[ProfiledField] = (),
     ) -> None:
+        refuse_multihost_xla(backend)
         self.cfg, self.backend = cfg, backend
         self.total_steps = cfg.max_steps
         self.global_batch = cfg.data.batch_size
