@@ -692,6 +692,23 @@ EDITS: list[Edit] = [
         "DINO on multi-host XLA trains silently wrong (mask positions, centres) instead of refused",
     ),
     Edit(
+        "step-lines-on-host-0-only",
+        "octtrain/runtime/tracking.py",
+        "        if self.cfg.console:\n            line = format_console(step, metrics)\n",
+        "        if self.cfg.console and self.enabled:\n"
+        "            line = format_console(step, metrics)\n",
+        (OT + "test_pod.py::test_the_runbook_s_launch_and_checks_on_the_simulated_pod",),
+        "only host 0 logs step lines: the runbook's check of every host can never pass",
+    ),
+    Edit(
+        "pod-run-truncates-the-log",
+        "scripts/pod-run.sh",
+        """body="$(printf '%q ' "$@") >> $(printf""",
+        """body="$(printf '%q ' "$@") > $(printf""",
+        (OT + "test_pod.py::test_the_runbook_s_launch_and_checks_on_the_simulated_pod",),
+        "a new attempt under the same run name erases the failed attempt's cause and exit code",
+    ),
+    Edit(
         "handoff-error-dropped",
         "octtrain/runtime/handoff.py",
         "            yield CarriedError(exc)",

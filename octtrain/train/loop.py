@@ -131,6 +131,7 @@ class Trainer:
             config={**settings.config, "code_version": code_version()},
             job_type=job.kind,
             run_name=self.run_dir.name if self.run_dir else None,
+            host=backend.process_index if backend.process_count > 1 else None,
         )
         self.stopper = EarlyStopping(settings.patience, settings.min_delta)
         self.result = RunResult(self.run_dir, 0, None, None, None, None, None, False, 0, [])

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -442,3 +443,68 @@ def test_doctor_fails_on_every_host_when_one_host_s_manifest_differs(
     assert len(verdicts) == 2, proc.stderr[-3000:]  # both hosts exit 2 with the same verdict
     assert "manifest differs from host 0's on host(s) 1 (" in verdicts[0]
     assert "cache differs" in verdicts[0]
+
+
+POD_RUN, POD_STATUS = ROOT / "scripts" / "pod-run.sh", ROOT / "scripts" / "pod-status.sh"
+
+
+def test_the_runbook_s_launch_and_checks_on_the_simulated_pod(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each host launched by scripts/pod-run.sh in its own folder (its own disk), as the
+    runbook's step 7 does; then its step 8 check, scripts/pod-status.sh, on every host: a step
+    line on every host (each logs its own, tagged), the same last step and exit code. A second
+    attempt under the same run name (refused: the run folder holds a run) is appended, and the
+    first attempt's exit code stays in the log."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hosts = [tmp_path / f"host{r}" for r in (0, 1)]
+    sessions = [f"octtest-{os.getpid()}-{port}-{r}" for r in (0, 1)]
+    python = [sys.executable, "-m", "octtrain.cli", "pretrain", "--config", str(PRETRAIN_TINY)]
+    python += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run"]
+    python += ["train.max_steps=3", "logging.log_every=1", "checkpoint.dir=", "data.batch_size=8"]
+
+    def launch() -> None:
+        for r, host in enumerate(hosts):
+            host.mkdir(exist_ok=True)
+            pod = [f"RANK={r}", f"LOCAL_RANK={r}", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"]
+            pod += [f"MASTER_PORT={port}", f"PYTHONPATH={ROOT}", "WANDB_MODE=disabled"]
+            proc = subprocess.run(
+                ["bash", str(POD_RUN), "run-a", "env", *pod, "OMP_NUM_THREADS=1", *python],
+                cwd=host,
+                env=env(POD_SESSION=sessions[r]),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert proc.returncode == 0, proc.stderr
+
+    def statuses(attempts: int) -> list[subprocess.CompletedProcess[str]]:
+        deadline = time.monotonic() + 120
+        logs = [host / "logs" / f"run-a-{socket.gethostname()}.log" for host in hosts]
+        while time.monotonic() < deadline:
+            if all(log.read_text().count("\nexit code ") == attempts for log in logs):
+                break
+            time.sleep(0.5)
+        status = ["bash", str(POD_STATUS), "run-a"]
+        return [subprocess.run(status, cwd=h, capture_output=True, text=True) for h in hosts]
+
+    try:
+        launch()
+        first = statuses(1)
+        lines = [p.stdout.strip().split(" | ", 1)[1] for p in first]
+        assert lines == [f"host {r} | train step 3 | exit code 0" for r in (0, 1)], first
+        assert [p.returncode for p in first] == [0, 0]
+        launch()  # the same run name again: this attempt is refused, and appended
+        second = statuses(2)
+        assert [p.stdout.strip().split(" | ", 1)[1] for p in second] == [
+            "no step line | exit code 2"
+        ] * 2
+        assert [p.returncode for p in second] == [1, 1]
+        for host in hosts:
+            log = (host / "logs" / f"run-a-{socket.gethostname()}.log").read_text()
+            assert log.count("=== attempt ") == 2 and "exit code 0" in log  # nothing truncated
+    finally:
+        for session in sessions if shutil.which("tmux") else []:
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
