@@ -709,6 +709,14 @@ EDITS: list[Edit] = [
         "a new attempt under the same run name erases the failed attempt's cause and exit code",
     ),
     Edit(
+        "validation-loader-not-released",
+        "octtrain/eval/common/validation.py",
+        "        release(iterator)\n        for m, mode",
+        "        for m, mode",
+        (OT + "test_validation.py::test_failed_validations_leave_no_loader_workers_behind",),
+        "each failed validation leaves its loader (workers, device batches) until the GC runs",
+    ),
+    Edit(
         "handoff-error-dropped",
         "octtrain/runtime/handoff.py",
         "            yield CarriedError(exc)",

@@ -65,13 +65,20 @@ class TorchBackend:
         # their at-fork hooks ("Exception ignored"); forked while it is held, they keep it held.
         with ctrl_c_deferred():
             batches = iter(loader)
-        for batch in batches:
-            yield {
-                k: v.to(self.device, non_blocking=non_blocking)
-                if isinstance(v, torch.Tensor)
-                else v
-                for k, v in batch.items()
-            }
+        try:
+            for batch in batches:
+                yield {
+                    k: v.to(self.device, non_blocking=non_blocking)
+                    if isinstance(v, torch.Tensor)
+                    else v
+                    for k, v in batch.items()
+                }
+        finally:
+            # Closed early (a failed validation): its workers end now, not when the garbage
+            # collector reaches the iterator.
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
     def sync(self) -> None:
         pass

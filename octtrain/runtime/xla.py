@@ -119,13 +119,22 @@ class DeviceLoader:
             input_sharding=self.sharding,
         )
         self._registry.append(self._current)
-        return self._batches(self._current.per_device_loader(self.device))
+        return self._batches(self._current)
 
-    @staticmethod
-    def _batches(device_batches: Iterator[Any]) -> Iterator[dict[str, Any]]:
-        for item in device_batches:
-            batch: dict[str, Any] = raise_carried(item)
-            yield batch
+    def _batches(self, parallel: pl.ParallelLoader) -> Iterator[dict[str, Any]]:
+        try:
+            for item in parallel.per_device_loader(self.device):
+                batch: dict[str, Any] = raise_carried(item)
+                yield batch
+        finally:
+            # A pass closed before its end (a validation that failed on some host: every host
+            # stops at the same batch) releases its thread and the batches it holds on the
+            # device now, not at the backend's close (one loader per failed validation).
+            if parallel in self._registry:
+                run_within(parallel.close, CLOSE_TIMEOUT_S, "torch_xla's loader thread")
+                self._registry.remove(parallel)
+            if self._current is parallel:
+                self._current = None
 
 
 class XlaBackend:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from octtrain.config.sections import DataConfig
 from octtrain.data.loaders import PaddedShard, padded_loader, steps_per_process
 from octtrain.data.samplers import shard
 from octtrain.eval.common.validation import ValidationError, collect, predict
@@ -189,3 +192,29 @@ def test_spmd_a_host_failing_mid_validation_stops_every_host_at_that_batch(
     own = results[1]["error"]
     assert own == "validation failed on process 1: cannot read sample 7"
     assert results[0]["error"] == f"host 1 failed loading validation batch 2: {own}"
+
+
+def test_failed_validations_leave_no_loader_workers_behind() -> None:
+    """With continue_on_failure each failed validation used to leave its loader (workers here;
+    on XLA torch_xla's thread and the batches it holds on the device) until the garbage
+    collector found the failure's reference cycle: one more per failure. The collector is off
+    here, so only the explicit release counts."""
+    backend = TorchBackend("cpu")
+    data = Items(24)
+    cfg = DataConfig(num_workers=1, persistent_workers=False, pin_memory=False)
+
+    def failing(batch: dict[str, Any]) -> torch.Tensor:
+        raise RuntimeError("the forward ran out of memory")  # after the loader started
+
+    alive = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            loader = padded_loader(data, 24, 0, 1, batch_size=2, cfg=cfg)
+            with pytest.raises(ValidationError, match="ran out of memory"):
+                collect(failing, backend.wrap_loader(loader), backend, n=24, width=C)
+            alive.append(len(multiprocessing.active_children()))
+    finally:
+        gc.enable()
+    assert alive == [0, 0, 0]

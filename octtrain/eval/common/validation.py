@@ -101,11 +101,12 @@ def collect(
     modes = [m.training for m in models]
     for m in models:
         m.eval()
+    iterator: Iterator[dict[str, Any]] = iter(batches)
     if backend.process_count > 1:
-        batches = agreed_batches(batches, backend)
+        iterator = agreed_batches(iterator, backend)
     try:
         with torch.no_grad():
-            for batch in batches:
+            for batch in iterator:
                 check_interrupted()  # a Ctrl-C dropped while the loader started its workers
                 with backend.autocast():
                     rows = rows_fn(batch)
@@ -124,6 +125,7 @@ def collect(
         table.zero_()
         failure = ValidationError(f"validation failed on process {backend.process_index}: {exc}")
     finally:
+        release(iterator)
         for m, mode in zip(models, modes, strict=True):
             m.train(mode)
     reduced = backend.reduce_step_sum(table).cpu().double().numpy()
@@ -146,23 +148,37 @@ def agreed_batches(batches: Iterable[T], backend: Backend) -> Iterator[T]:
     fields on every host)."""
     iterator = iter(batches)
     number = 0
-    while True:
-        number += 1
-        failure: _Agreed | None = None
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return  # padded shards: every process runs out after the same batch
-        except Exception as exc:  # noqa: BLE001 - any loader failure must reach the others
-            log.error(
-                "validation batch %d failed to load on process %d:\n%s",
-                number,
-                backend.process_index,
-                traceback.format_exc(),
-            )
-            failure = _Agreed(f"validation failed on process {backend.process_index}: {exc}")
-        hosts.agree(backend, failure, f"loading validation batch {number}", kind=_Agreed)
-        yield batch
+    try:
+        while True:
+            number += 1
+            failure: _Agreed | None = None
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return  # padded shards: every process runs out after the same batch
+            except Exception as exc:  # noqa: BLE001 - any loader failure must reach the others
+                log.error(
+                    "validation batch %d failed to load on process %d:\n%s",
+                    number,
+                    backend.process_index,
+                    traceback.format_exc(),
+                )
+                failure = _Agreed(f"validation failed on process {backend.process_index}: {exc}")
+            hosts.agree(backend, failure, f"loading validation batch {number}", kind=_Agreed)
+            yield batch
+    finally:
+        release(iterator)
+
+
+def release(batches: Iterator[Any]) -> None:
+    """End a pass over ``batches`` now, wherever it stopped: close the generator, which
+    releases its loader (``Backend.wrap_loader``: the DataLoader's workers, torch_xla's loader
+    thread and the batches it holds on the device). A validation that failed must not leave
+    them waiting until the garbage collector finds the failure's reference cycle (a loader per
+    failed validation, ~4 batches on every device of a pod, until the run ends)."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
 
 
 def predict(
