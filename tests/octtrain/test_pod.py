@@ -350,6 +350,9 @@ def pod_processes(args: list[str], **extra: str) -> list[subprocess.Popen[str]]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            # SIGINT at its default, as at a terminal: a test run started in the background
+            # (cmd &) has it ignored, and Python keeps it ignored in the child.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         for r in (0, 1)
     ]
@@ -368,23 +371,36 @@ def ended(procs: list[subprocess.Popen[str]], timeout: float) -> tuple[list[int]
 INTERRUPT_LIMIT_S = 30  # train.stall_exit_s in the Ctrl-C test: the watchdog's limit
 
 
-@pytest.mark.parametrize("hosts", [(1,), (0, 1)], ids=["host-1", "every-host"])
+@pytest.mark.parametrize(
+    ("hosts", "moment"),
+    [((1,), "step"), ((0, 1), "step"), ((0, 1), "save")],
+    ids=["host-1", "every-host", "every-host-mid-save"],
+)
 def test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step(
-    tiny_cache: tuple[Path, Path], tmp_path: Path, hosts: tuple[int, ...]
+    tiny_cache: tuple[Path, Path], tmp_path: Path, hosts: tuple[int, ...], moment: str
 ) -> None:
     """Without the agreed flag the interrupted host ends alone and the other dies on gloo's
-    peer-closed error (exit 1), or waits in a collective until the watchdog's exit 5."""
-    out, run = tmp_path / "out", tmp_path / "run"
+    peer-closed error (exit 1), or waits in a collective until the watchdog's exit 5. Mid-save
+    (host 0 writing the checkpoint of step 4) the write is finished and kept on both sides of
+    the stop: every host stops after it, none writes another."""
+    out, run, ckpts, mark = tmp_path / "out", tmp_path / "run", tmp_path / "ckpt", tmp_path / "m"
     out.mkdir()
     args = [str(out), "--config", str(PRETRAIN_TINY), "--manifest", str(tiny_cache[0])]
-    args += [f"train.run_dir={run}", "checkpoint.dir=", "train.max_steps=500"]
+    args += [f"train.run_dir={run}", "train.max_steps=500", "checkpoint.every=4"]
+    args += [f"checkpoint.dir={ckpts}" if moment == "save" else "checkpoint.dir="]
     args += ["logging.log_every=1", "data.batch_size=8", "train.stall_timeout_s=10"]
-    procs = pod_processes([*args, f"train.stall_exit_s={INTERRUPT_LIMIT_S}"], POD_FAIL="none:9")
+    fail = "slow-save:0" if moment == "save" else "none:9"
+    args += [f"train.stall_exit_s={INTERRUPT_LIMIT_S}"]
+    procs = pod_processes(args, POD_FAIL=fail, POD_MARK=str(mark))
+
+    def ready() -> bool:  # mid-run: after step 3; mid-save: host 0 is writing step 4's
+        return mark.exists() if moment == "save" else len(steps(run)) >= 3
+
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(steps(run)) < 3:
+    while time.monotonic() < deadline and not ready():
         assert all(p.poll() is None for p in procs), "a host ended before the Ctrl-C"
         time.sleep(0.2)
-    assert len(steps(run)) >= 3, "no third step within 2 minutes"
+    assert ready(), f"not mid-{moment} within 2 minutes"
     sent = time.monotonic()
     for host in hosts:
         procs[host].send_signal(signal.SIGINT)
@@ -400,6 +416,9 @@ def test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step(
     ]
     assert stops[0] == stops[1] and len(stops[0]) == 1, stops
     assert len(steps(run)) < 500
+    if moment == "save":
+        assert stops[0][0][1] == "writing the checkpoint of step 4", stops
+        assert sorted(p.name for p in ckpts.glob("step_*.pt")) == ["step_00000004.pt"]
 
 
 def steps(run: Path) -> list[int]:

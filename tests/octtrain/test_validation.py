@@ -138,6 +138,9 @@ WORKER = textwrap.dedent(
         import signal
         from octtrain.runtime.interrupt import agreed_ctrl_c
 
+        # As at a terminal: under a background test run (cmd &) SIGINT arrives ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
         class CtrlC(Items):
             def __getitem__(self, i):
                 if i == self.broken:
