@@ -75,9 +75,10 @@ class TorchBackend:
                 }
         finally:
             # Closed early (a failed validation): its workers end now, not when the garbage
-            # collector reaches the iterator.
+            # collector reaches the iterator. Persistent workers stay: the loader keeps them
+            # (and this iterator) for its next pass.
             shutdown = getattr(batches, "_shutdown_workers", None)
-            if shutdown is not None:
+            if shutdown is not None and not getattr(loader, "persistent_workers", False):
                 shutdown()
 
     def sync(self) -> None:
