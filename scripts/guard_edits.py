@@ -646,6 +646,14 @@ EDITS: list[Edit] = [
         "a Ctrl-C on one host of a pod is never carried to the others: the run goes on",
     ),
     Edit(
+        "pod-ctrl-c-in-setup-not-agreed",
+        "octtrain/train/pretrain.py",
+        "        with agreed_ctrl_c(backend.process_count):\n",
+        "        with agreed_ctrl_c(1):  # one host: no agreement\n",
+        (POD_CTRL_C + "[host-1-mid-setup]",),
+        "a Ctrl-C on one host while the job is set up ends that host alone",
+    ),
+    Edit(
         "watchdog-stopped-before-close",
         "octtrain/train/loop.py",
         "            try:\n                self.backend.close()\n            finally:\n"

@@ -373,8 +373,8 @@ INTERRUPT_LIMIT_S = 30  # train.stall_exit_s in the Ctrl-C test: the watchdog's 
 
 @pytest.mark.parametrize(
     ("hosts", "moment"),
-    [((1,), "step"), ((0, 1), "step"), ((0, 1), "save")],
-    ids=["host-1", "every-host", "every-host-mid-save"],
+    [((1,), "step"), ((0, 1), "step"), ((0, 1), "save"), ((1,), "setup")],
+    ids=["host-1", "every-host", "every-host-mid-save", "host-1-mid-setup"],
 )
 def test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step(
     tiny_cache: tuple[Path, Path], tmp_path: Path, hosts: tuple[int, ...], moment: str
@@ -382,19 +382,20 @@ def test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step(
     """Without the agreed flag the interrupted host ends alone and the other dies on gloo's
     peer-closed error (exit 1), or waits in a collective until the watchdog's exit 5. Mid-save
     (host 0 writing the checkpoint of step 4) the write is finished and kept on both sides of
-    the stop: every host stops after it, none writes another."""
+    the stop: every host stops after it, none writes another. While host 1 reads its manifest
+    (setting up the job) host 0 waits for it in the setup's agreement: both stop there."""
     out, run, ckpts, mark = tmp_path / "out", tmp_path / "run", tmp_path / "ckpt", tmp_path / "m"
     out.mkdir()
     args = [str(out), "--config", str(PRETRAIN_TINY), "--manifest", str(tiny_cache[0])]
     args += [f"train.run_dir={run}", "train.max_steps=500", "checkpoint.every=4"]
     args += [f"checkpoint.dir={ckpts}" if moment == "save" else "checkpoint.dir="]
     args += ["logging.log_every=1", "data.batch_size=8", "train.stall_timeout_s=10"]
-    fail = "slow-save:0" if moment == "save" else "none:9"
+    fail = {"save": "slow-save:0", "setup": "slow-setup:1"}.get(moment, "none:9")
     args += [f"train.stall_exit_s={INTERRUPT_LIMIT_S}"]
     procs = pod_processes(args, POD_FAIL=fail, POD_MARK=str(mark))
 
-    def ready() -> bool:  # mid-run: after step 3; mid-save: host 0 is writing step 4's
-        return mark.exists() if moment == "save" else len(steps(run)) >= 3
+    def ready() -> bool:  # mid-step: after step 3; else once the slow part has begun
+        return len(steps(run)) >= 3 if moment == "step" else mark.exists()
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not ready():
@@ -416,6 +417,8 @@ def test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step(
     ]
     assert stops[0] == stops[1] and len(stops[0]) == 1, stops
     assert len(steps(run)) < 500
+    if moment == "setup":
+        assert stops[0][0][1] == "setting up the job" and not steps(run), stops
     if moment == "save":
         assert stops[0][0][1] == "writing the checkpoint of step 4", stops
         assert sorted(p.name for p in ckpts.glob("step_*.pt")) == ["step_00000004.pt"]
