@@ -364,8 +364,9 @@ def clear_manifest(dst: Path) -> None:
 @contextlib.contextmanager
 def ctrl_c_deferred() -> Iterator[None]:
     """Hold a Ctrl-C back until the block ends (a few renames; a loader's iterator being built),
-    then raise it: the folder shows the old report or the new one, never half of each. Off the
-    main thread, or with SIGINT ignored, it does nothing."""
+    then hand it to the handler it replaced (Python's raises it): the folder shows the old report
+    or the new one, never half of each. Off the main thread, or with SIGINT ignored, it does
+    nothing."""
     main = threading.current_thread() is threading.main_thread()
     if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # ignored: stays so
         yield
@@ -380,7 +381,10 @@ def ctrl_c_deferred() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if caught:
+    if caught and callable(previous):
+        # A handler that records the Ctrl-C for later (a pod's agreed stop) keeps doing so.
+        previous(signal.SIGINT, None)
+    elif caught:
         raise KeyboardInterrupt
 
 

@@ -38,6 +38,7 @@ PACK_DIRECT = (
     OS + "test_packs.py::test_verify_reads_a_packs_members_from_its_shard_and_leaves_damage_to_zarr"
 )
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
+POD_CTRL_C = OT + "test_pod.py::test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step"
 
 EDITS: list[Edit] = [
     # --- Cell Painting evaluation: what the normalisation took away, JUMP's recipes, intervals --
@@ -1065,6 +1066,109 @@ EDITS: list[Edit] = [
             "[setup-1-setting up the job-4]",
         ),
         "the failing host raises the others' summary, not its own error",
+    ),
+    Edit(
+        "pod-ctrl-c-not-agreed",
+        "octtrain/runtime/interrupt.py",
+        "    if first and _AGREED.is_set():\n",
+        "    if False:\n",
+        (POD_CTRL_C + "[host-1]",),
+        "a Ctrl-C on one host of a pod ends that host alone; the others die on gloo's error",
+    ),
+    Edit(
+        "pod-ctrl-c-flag-not-carried",
+        "octtrain/runtime/hosts.py",
+        "    flags[1, me] = int(interrupt_pending())\n",
+        "",
+        (
+            OT + "test_validation.py::"
+            "test_spmd_a_ctrl_c_on_one_host_mid_validation_stops_every_host_at_the_same_batch",
+            POD_CTRL_C + "[host-1]",
+        ),
+        "a Ctrl-C on one host of a pod is never carried to the others: the run goes on",
+    ),
+    Edit(
+        "pod-ctrl-c-in-setup-not-agreed",
+        "octtrain/train/pretrain.py",
+        "        with agreed_ctrl_c(backend.process_count):\n",
+        "        with agreed_ctrl_c(1):  # one host: no agreement\n",
+        (POD_CTRL_C + "[host-1-mid-setup]",),
+        "a Ctrl-C on one host while the job is set up ends that host alone",
+    ),
+    Edit(
+        "watchdog-stopped-before-close",
+        "octtrain/train/loop.py",
+        "            try:\n                self.backend.close()\n            finally:\n"
+        "                watchdog.stop()\n",
+        "            watchdog.stop()\n            self.backend.close()\n",
+        (OT + "test_exit_paths.py::test_a_close_that_never_returns_ends_through_the_watchdog",),
+        "the watchdog stops before the backend's close: a close that never returns hangs",
+    ),
+    Edit(
+        "close-device-wait-unbounded",
+        "octtrain/runtime/handoff.py",
+        "    if run_within(call, timeout_s, what):\n        return\n",
+        "    call()\n    return\n",
+        (OT + "test_exit_paths.py::test_a_call_that_never_returns_at_close_exits_5_naming_it",),
+        "the device wait at close has no limit",
+    ),
+    Edit(
+        "dino-validation-not-agreed",
+        "octtrain/eval/cellpainting/profile_run.py",
+        "    if backend is not None and backend.process_count > 1:\n",
+        "    if False:\n",
+        (
+            OT + "test_dino_distributed.py::"
+            "test_a_validation_field_one_host_cannot_read_stops_both_with_its_message",
+        ),
+        "a validation field one host cannot read ends that host alone (DINO)",
+    ),
+    Edit(
+        "resume-read-error-not-agreed",
+        "octtrain/runtime/hosts.py",
+        "        except Exception as exc:  # noqa: BLE001 - every host must learn",
+        "        except ArithmeticError as exc:  # noqa: BLE001 - every host must learn",
+        (
+            OT + "test_pod.py::test_a_failure_on_one_host_stops_both_with_its_message"
+            "[resume-read-0-reading {tmp}/ckpt/step_00000002.pt-2]",
+        ),
+        "a resume read error that is not a CheckpointError ends host 0 alone (a traceback)",
+    ),
+    Edit(
+        "dino-multihost-xla-not-refused",
+        "octtrain/train/dino.py",
+        '    if backend.kind == "xla" and backend.process_count > 1:\n',
+        "    if False:\n",
+        (
+            OT + "test_dino_job.py::"
+            "test_dino_on_xla_with_several_processes_is_refused_before_anything_is_built",
+        ),
+        "DINO on multi-host XLA trains silently wrong (mask positions, centres) instead of refused",
+    ),
+    Edit(
+        "step-lines-on-host-0-only",
+        "octtrain/runtime/tracking.py",
+        "        if self.cfg.console:\n            line = format_console(step, metrics)\n",
+        "        if self.cfg.console and self.enabled:\n"
+        "            line = format_console(step, metrics)\n",
+        (OT + "test_pod.py::test_the_runbook_s_launch_and_checks_on_the_simulated_pod",),
+        "only host 0 logs step lines: the runbook's check of every host can never pass",
+    ),
+    Edit(
+        "pod-run-truncates-the-log",
+        "scripts/pod-run.sh",
+        """body="$(printf '%q ' "$@") >> $(printf""",
+        """body="$(printf '%q ' "$@") > $(printf""",
+        (OT + "test_pod.py::test_the_runbook_s_launch_and_checks_on_the_simulated_pod",),
+        "a new attempt under the same run name erases the failed attempt's cause and exit code",
+    ),
+    Edit(
+        "validation-loader-not-released",
+        "octtrain/eval/common/validation.py",
+        "        release(iterator)\n        for m, mode",
+        "        for m, mode",
+        (OT + "test_validation.py::test_failed_validations_leave_no_loader_workers_behind",),
+        "each failed validation leaves its loader (workers, device batches) until the GC runs",
     ),
     Edit(
         "handoff-error-dropped",

@@ -9,14 +9,21 @@ and message, in the thread that consumes the batches.
 
 ``run_within`` runs a blocking call (torch_xla's ``ParallelLoader.close`` joins its thread with
 no timeout) with a time limit, so no exit path waits on a thread that will never end.
+``within_or_exit`` does the same for a call the process cannot end without (the device's
+pending work at close, ``xm.wait_device_ops``: a program whose peer hosts are gone never
+finishes, and a TPU pod has no coordination service to tear it down): past its limit the
+process exits with the watchdog's code, 5, naming what it waited for.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from octtrain import exitcodes
 
 log = logging.getLogger("octtrain")
 
@@ -65,3 +72,19 @@ def run_within(call: Callable[[], object], timeout_s: float, what: str) -> bool:
         )
         return False
     return True
+
+
+def within_or_exit(call: Callable[[], object], timeout_s: float, what: str) -> None:
+    """``call`` within ``timeout_s``, or the process ends now with exit code 5 (stalled) and an
+    error naming ``what``: an exit path must not wait forever on it (module docstring)."""
+    if run_within(call, timeout_s, what):
+        return
+    log.error(
+        "%s did not return within %g s: exiting with code %d (stalled). A host that stopped "
+        "or failed earlier leaves the device's programs waiting for it: its log says why.",
+        what,
+        timeout_s,
+        exitcodes.STALLED.code,
+    )
+    logging.shutdown()
+    os._exit(exitcodes.STALLED.code)

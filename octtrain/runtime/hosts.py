@@ -21,6 +21,12 @@
   host sum of one flag per process (and, only when one is set, of the first failing host's
   message), after which
   every process raises the same kind of error with that host's message, or all go on.
+* **Ctrl-C.** On a pod a Ctrl-C only sets a flag (``runtime/interrupt.py``), which ``agree``
+  carries with the failures: when any host was interrupted every host raises KeyboardInterrupt
+  at that same agreement (before the same step, validation batch or after the same checkpoint
+  write), so all exit 130 together and none waits for another in a collective. It outranks a
+  failure at that point: on the interrupted host a failure may be the Ctrl-C's own echo (a
+  loader worker it ended), and the operator asked for the stop.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from octtrain.errors import (
 )
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime.backend import Backend
+from octtrain.runtime.interrupt import interrupt_pending
 
 log = logging.getLogger("octtrain")
 
@@ -74,17 +81,25 @@ def agree(
     Call on every process at the same point, with this process's failure or None. The failing
     process raises its own error; the others raise ``kind`` (default: the failing one's class
     among ``AGREED_KINDS``) with ``host i failed <where>: <its message>``. Two host sums, the
-    second only when something failed: cheap enough for every step.
+    second only when something failed: cheap enough for every step. A Ctrl-C on any host
+    (``interrupt_pending``) makes every process raise KeyboardInterrupt here instead.
     """
     if backend.process_count == 1:
         if failure is not None:
             raise failure
         return
-    me, flags = backend.process_index, torch.zeros(backend.process_count, dtype=torch.int64)
+    me, flags = backend.process_index, torch.zeros(2, backend.process_count, dtype=torch.int64)
     if failure is not None:
-        flags[me] = 1 + max(i for i, k in enumerate(AGREED_KINDS) if isinstance(failure, k))
+        flags[0, me] = 1 + max(i for i, k in enumerate(AGREED_KINDS) if isinstance(failure, k))
+    flags[1, me] = int(interrupt_pending())
     flags = backend.reduce_host_sum(flags)
-    failed = [i for i, flag in enumerate(flags.tolist()) if flag]
+    interrupted = [i for i, flag in enumerate(flags[1].tolist()) if flag]
+    if interrupted:
+        if failure is not None:
+            log.warning("%s: this host's failure gives way to the Ctrl-C: %s", where, failure)
+        log.warning("Ctrl-C on host(s) %s: every host stops here (%s)", interrupted, where)
+        raise KeyboardInterrupt
+    failed = [i for i, flag in enumerate(flags[0].tolist()) if flag]
     if not failed:
         return
     first = failed[0]
@@ -96,7 +111,7 @@ def agree(
     if failure is not None:
         raise failure
     message = bytes(int(b) for b in text.tolist()).rstrip(b"\0").decode("utf-8", "replace")
-    raised = kind or AGREED_KINDS[int(flags[first]) - 1]
+    raised = kind or AGREED_KINDS[int(flags[0, first]) - 1]
     raise raised(f"host {first} failed {where}: {message}")
 
 
@@ -166,35 +181,49 @@ def mean_over_replicas(backend: Backend, value: torch.Tensor) -> float:
 
 
 def decide_resume(cfg: CheckpointConfig, directory: str | None, backend: Backend) -> str | None:
-    """The checkpoint to resume from (or None), decided on process 0 and broadcast; a
-    ``CheckpointError`` there is raised on every process."""
-    url, error = None, None
-    if backend.is_main:
-        try:
-            url = ckpt.resume_url(cfg, directory)
-        except CheckpointError as exc:
-            error = str(exc)
-    decided: tuple[str | None, str | None] = backend.broadcast_object((url, error))
-    if decided[1] is not None:
-        raise CheckpointError(decided[1])
-    return decided[0]
+    """The checkpoint to resume from (or None), decided on process 0 and broadcast; any failure
+    there is raised on every process (``on_main``)."""
+    return on_main(
+        backend, "finding the checkpoint to resume from", ckpt.resume_url, cfg, directory
+    )
 
 
 def load_once(url: str, backend: Backend) -> dict[str, Any]:
     """Checkpoint ``url`` read on process 0 and broadcast, so every process resumes from the
-    same bytes even when only process 0 can read the folder."""
+    same bytes even when only process 0 can read the folder; any failure there is raised on
+    every process (``on_main``)."""
     if backend.process_count == 1:
-        return ckpt.load_checkpoint(url)
-    payload: bytes | str | None = None
+        state: dict[str, Any] = on_main(backend, f"reading {url}", ckpt.load_checkpoint, url)
+        return state
+    payload: bytes = on_main(backend, f"reading {url}", _checkpoint_bytes, url)
+    state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    return state
+
+
+def _checkpoint_bytes(url: str) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(ckpt.load_checkpoint(url), buffer)
+    return buffer.getvalue()
+
+
+def on_main(backend: Backend, where: str, read: Callable[..., T], *args: Any) -> T:
+    """``read(*args)`` on process 0, its result broadcast to every process. Any failure there (a
+    ``CheckpointError``, or a storage client's HTTP 401/5xx, an auth refresh error: the resume
+    side of what the checkpoint write agrees on) is raised on every process as a
+    ``CheckpointError``: process 0's own message (its traceback logged for what is not a
+    ``CheckpointError``), the others' ``host 0 failed <where>: <its message>``."""
+    result: T | None = None
+    error: str | None = None
     if backend.is_main:
         try:
-            buffer = io.BytesIO()
-            torch.save(ckpt.load_checkpoint(url), buffer)
-            payload = buffer.getvalue()
+            result = read(*args)
         except CheckpointError as exc:
-            payload = str(exc)  # every process must raise, not only process 0
-    payload = backend.broadcast_object(payload)
-    if not isinstance(payload, bytes):
-        raise CheckpointError(str(payload))
-    state: dict[str, Any] = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    return state
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - every host must learn of it, with its cause
+            log.error("%s failed:\n%s", where, traceback.format_exc())
+            error = f"{where}: {type(exc).__name__}: {exc}"
+    if backend.process_count > 1:
+        result, error = backend.broadcast_object((result, error))
+    if error is not None:
+        raise CheckpointError(error if backend.is_main else f"host 0 failed {where}: {error}")
+    return result  # type: ignore[return-value]  # None is a result too (no checkpoint)

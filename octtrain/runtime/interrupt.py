@@ -1,6 +1,15 @@
 """A Ctrl-C that cannot be lost: raised where it arrives, and again at the next check if Python
 dropped it there.
 
+On a pod a Ctrl-C must not end one host alone: the others would wait for it in their next
+collective (gloo's peer-closed error, or a hang that only the watchdog ends). Within
+``agreed_ctrl_c`` (the trainer's run, with more than one host) a first Ctrl-C therefore raises
+nothing: it only sets the flag ``interrupt_pending`` reads, which ``hosts.agree`` carries to
+every host at its next agreement (each step, each validation batch, each checkpoint write), and
+every host then raises KeyboardInterrupt at that same point (exit 130 together). A second
+Ctrl-C on the same host raises at once, as before (the operator's way out of a host stuck in a
+collective; the others then end through the watchdog).
+
 Python raises KeyboardInterrupt in whatever code the main thread runs when SIGINT arrives. Where
 that code's exceptions are dropped (a ``__del__``, a weakref finalizer, an ``os.register_at_fork``
 hook: "Exception ignored in ...") the interrupt is gone, and the command goes on as if nothing
@@ -35,6 +44,7 @@ from types import FrameType, TracebackType
 log = logging.getLogger(__name__)
 
 _PENDING = threading.Event()
+_AGREED = threading.Event()  # within agreed_ctrl_c: a first Ctrl-C waits for the hosts' agreement
 _ECHOES = (ConnectionError, EOFError)  # a peer process ended by the same Ctrl-C
 
 
@@ -75,9 +85,16 @@ def _install_quiet_hooks() -> None:
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    first = not _PENDING.is_set()
     _PENDING.set()
     # Never undone: the echoes come while the command ends, after the block has closed.
     _install_quiet_hooks()
+    if first and _AGREED.is_set():
+        log.warning(
+            "Ctrl-C: every host stops at its next agreement (the next step, validation batch "
+            "or checkpoint); Ctrl-C again stops this host alone, now"
+        )
+        return
     raise KeyboardInterrupt
 
 
@@ -113,6 +130,46 @@ def remembered_ctrl_c() -> Iterator[None]:
 
 def check_interrupted() -> None:
     """On the main thread, raise KeyboardInterrupt if a Ctrl-C arrived in the block (even one
-    Python dropped); elsewhere nothing (a thread's KeyboardInterrupt would end only it)."""
-    if _PENDING.is_set() and threading.current_thread() is threading.main_thread():
+    Python dropped); elsewhere nothing (a thread's KeyboardInterrupt would end only it), and
+    nothing within ``agreed_ctrl_c`` either (the hosts' next agreement raises it on all)."""
+    if (
+        _PENDING.is_set()
+        and not _AGREED.is_set()
+        and threading.current_thread() is threading.main_thread()
+    ):
         raise KeyboardInterrupt
+
+
+def interrupt_pending() -> bool:
+    """Whether a Ctrl-C arrived in the block (what ``hosts.agree`` sends to the other hosts)."""
+    return _PENDING.is_set()
+
+
+@contextlib.contextmanager
+def agreed_ctrl_c(hosts: int) -> Iterator[None]:
+    """With more than one host, on the main thread, with SIGINT at Python's handler or
+    ``remembered_ctrl_c``'s: within the block a first Ctrl-C only sets the flag the hosts agree
+    on (module docstring). Otherwise it changes nothing. A Ctrl-C that no agreement carried
+    (it came after the last one: the run had finished on every host) is forgotten at the end."""
+    handler = signal.getsignal(signal.SIGINT)
+    if (
+        hosts == 1
+        or _AGREED.is_set()
+        or threading.current_thread() is not threading.main_thread()
+        or handler not in (signal.default_int_handler, _interrupt)
+    ):
+        yield
+        return
+    fresh = handler is signal.default_int_handler  # not within remembered_ctrl_c: ours alone
+    if fresh:
+        _PENDING.clear()
+    previous = signal.signal(signal.SIGINT, _interrupt)
+    _AGREED.set()
+    try:
+        yield
+    finally:
+        _AGREED.clear()
+        signal.signal(signal.SIGINT, previous)
+    if _PENDING.is_set():
+        log.warning("a Ctrl-C came after the hosts' last agreement: the run had finished")
+        _PENDING.clear()

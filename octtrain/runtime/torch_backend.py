@@ -65,13 +65,21 @@ class TorchBackend:
         # their at-fork hooks ("Exception ignored"); forked while it is held, they keep it held.
         with ctrl_c_deferred():
             batches = iter(loader)
-        for batch in batches:
-            yield {
-                k: v.to(self.device, non_blocking=non_blocking)
-                if isinstance(v, torch.Tensor)
-                else v
-                for k, v in batch.items()
-            }
+        try:
+            for batch in batches:
+                yield {
+                    k: v.to(self.device, non_blocking=non_blocking)
+                    if isinstance(v, torch.Tensor)
+                    else v
+                    for k, v in batch.items()
+                }
+        finally:
+            # Closed early (a failed validation): its workers end now, not when the garbage
+            # collector reaches the iterator. Persistent workers stay: the loader keeps them
+            # (and this iterator) for its next pass.
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None and not getattr(loader, "persistent_workers", False):
+                shutdown()
 
     def sync(self) -> None:
         pass

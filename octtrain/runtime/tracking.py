@@ -1,7 +1,9 @@
 """Metrics out: W&B (online, offline or off), a local JSON-lines log and a one-line console summary.
 
 Every call writes the same numbers to all three, so turning W&B off loses nothing locally. Only
-the main process tracks (``enabled=False`` makes every method a no-op). Each metric prefix gets its
+the main process tracks (``enabled=False`` makes every method a no-op but the console line):
+on a pod every host still logs its step lines to its own log, tagged ``host N | ``, so an
+operator can see that every host is stepping and where each one stopped. Each metric prefix gets its
 own x-axis: ``train/*`` are plotted against ``train/step``, ``val/*`` against ``val/step``, and
 W&B's internal step is never passed, so a validation logged "in the past" is never dropped and
 train metrics are committed as they come.
@@ -66,8 +68,11 @@ class Tracker:
         config: Mapping[str, Any],
         job_type: str,
         run_name: str | None = None,
+        host: int | None = None,
     ) -> None:
+        """``host``: this process's index, which tags its console lines (None: one process)."""
         self.cfg = cfg
+        self.host = host
         self.enabled = enabled and run_dir is not None
         self.run_dir = run_dir
         self._lock = threading.Lock()
@@ -96,12 +101,17 @@ class Tracker:
             )
 
     def _write(self, record: Mapping[str, Any]) -> None:
-        assert self._jsonl is not None
+        if self._jsonl is None:  # closed: the watchdog still alerts while the backend closes
+            return
         self._jsonl.write(json.dumps(record, default=_jsonable) + "\n")
         self._jsonl.flush()
 
     def log(self, metrics: Mapping[str, float | int], step: int) -> None:
-        """Record ``metrics`` at ``step`` of their prefix's axis (``train/``, ``val/``, ...)."""
+        """Record ``metrics`` at ``step`` of their prefix's axis (``train/``, ``val/``, ...);
+        the console line on every host (module docstring)."""
+        if self.cfg.console:
+            line = format_console(step, metrics)
+            log.info("%s", line if self.host is None else f"host {self.host} | {line}")
         if not self.enabled:
             return
         with self._lock:
@@ -112,8 +122,6 @@ class Tracker:
                     self._define(prefix)
                     payload[f"{prefix}/step"] = step
                 self._wandb.log(payload)
-            if self.cfg.console:
-                log.info(format_console(step, metrics))
 
     def _define(self, prefix: str) -> None:
         if prefix in self._defined:

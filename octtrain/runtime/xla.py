@@ -39,11 +39,14 @@ import torch_xla.runtime as xr
 from torch import nn
 from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla://" for gloo)
 
-from octtrain.runtime.handoff import carry_errors, raise_carried, run_within
+from octtrain.runtime.handoff import carry_errors, raise_carried, run_within, within_or_exit
 
 MESH_AXIS = "data"
 AUTO_COMPILE_CACHE = "~/.cache/octtrain/xla"  # train.xla_cache_dir=auto on a TPU
 CLOSE_TIMEOUT_S = 30.0  # for each loader thread to stop at close (a batch in flight may finish)
+# For the device's pending work at close: the last step or a checkpoint's copy (seconds on a
+# TPU); past it the host's peers are gone and the program never ends (exit 5, named).
+DEVICE_WAIT_S = 300.0
 
 
 class BatchDimSharding:
@@ -116,13 +119,22 @@ class DeviceLoader:
             input_sharding=self.sharding,
         )
         self._registry.append(self._current)
-        return self._batches(self._current.per_device_loader(self.device))
+        return self._batches(self._current)
 
-    @staticmethod
-    def _batches(device_batches: Iterator[Any]) -> Iterator[dict[str, Any]]:
-        for item in device_batches:
-            batch: dict[str, Any] = raise_carried(item)
-            yield batch
+    def _batches(self, parallel: pl.ParallelLoader) -> Iterator[dict[str, Any]]:
+        try:
+            for item in parallel.per_device_loader(self.device):
+                batch: dict[str, Any] = raise_carried(item)
+                yield batch
+        finally:
+            # A pass closed before its end (a validation that failed on some host: every host
+            # stops at the same batch) releases its thread and the batches it holds on the
+            # device now, not at the backend's close (one loader per failed validation).
+            if parallel in self._registry:
+                run_within(parallel.close, CLOSE_TIMEOUT_S, "torch_xla's loader thread")
+                self._registry.remove(parallel)
+            if self._current is parallel:
+                self._current = None
 
 
 class XlaBackend:
@@ -231,7 +243,7 @@ class XlaBackend:
         for loader in self._loaders:
             run_within(loader.close, CLOSE_TIMEOUT_S, "torch_xla's loader thread")
         self._loaders.clear()
-        xm.wait_device_ops()
+        within_or_exit(xm.wait_device_ops, DEVICE_WAIT_S, "the device's pending work at close")
         if self._gloo_ready and dist.is_initialized():
             dist.destroy_process_group()
             self._gloo_ready = False

@@ -110,6 +110,19 @@ def teacher_temperature(step: int, cfg: DinoConfig) -> float:
     )
 
 
+def refuse_multihost_xla(backend: Backend) -> None:
+    """ConfigError for DINO on XLA with more than one process: its step is not correct there
+    yet (docs/tpu-runbook.md, "DINO on XLA"), so it is refused before anything is built."""
+    if backend.kind == "xla" and backend.process_count > 1:
+        raise ConfigError(
+            f"job 'dino' on XLA with {backend.process_count} processes: not supported (the "
+            "iBOT mask positions, the centres and the position-embedding resize are per host "
+            "under multi-host SPMD; docs/tpu-runbook.md, DINO on XLA). Run DINO on torch CPU "
+            "or CUDA (one process, or several under torchrun with parallel=ddp or fsdp), or "
+            "on XLA with one process (one host's devices)"
+        )
+
+
 class DinoJob:
     """The DINOv2 student, its EMA teacher, the centres, the optimizer and one process's data."""
 
@@ -125,6 +138,7 @@ class DinoJob:
         backend: Backend,
         val: Sequence[ProfiledField] = (),
     ) -> None:
+        refuse_multihost_xla(backend)
         self.cfg, self.backend = cfg, backend
         self.total_steps = cfg.max_steps
         self.global_batch = cfg.data.batch_size
@@ -469,16 +483,17 @@ class DinoJob:
         """The EMA teacher judged as ``octtrain profile`` judges it, on the validation plates:
         its field embeddings, control-normalised well profiles, and their activity mAP (the
         score: higher is better), distinctiveness mAP and k-NN probes. Every process computes the
-        same figures (the split is small; under FSDP the teacher's forward is a collective)."""
+        same figures (the split is small; under FSDP the teacher's forward is a collective),
+        each batch of fields agreed (``agreed_batches``): a field one host cannot read stops
+        every host's validation at that batch with its message."""
         if not self.val_fields:
             return Evaluation({}, score=None)
         backbone = self.teacher.backbone
         mode = backbone.training  # the step's mode comes back after validation, whatever it was
         backbone.eval()
         try:
-            x = field_embeddings(
-                backbone, self.val_set, self.cfg.crops.global_size, self.backend.device
-            )
+            b = self.backend
+            x = field_embeddings(backbone, self.val_set, self.cfg.crops.global_size, b.device, b)
         finally:
             backbone.train(mode)
         metrics = profile_metrics(x, self.val_fields)

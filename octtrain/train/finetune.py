@@ -59,6 +59,7 @@ from octtrain.models.vit3d import ViT3D, encoder_from_config
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
+from octtrain.runtime.interrupt import agreed_ctrl_c
 from octtrain.train.job import Evaluation, RunResult, Settings, StepResult
 from octtrain.train.loop import Trainer
 from octtrain.train.optim import finetune_optimizer, lr_factors, set_learning_rates, unfreeze
@@ -424,34 +425,36 @@ def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
         return manifest, selection
 
     try:
-        # A manifest one host cannot read or accept stops every host here, with its message;
-        # then a failure while the job is built (after the broadcast) is agreed the same way.
-        manifest, selection = hosts.agreed(backend, "reading the manifest", prepared)
-        kernel, why = choose(cfg.model.attention, backend.device)
-        log.info("attention: %s (%s)", kernel, why)
-        job = hosts.agreed(
-            backend,
-            "setting up the job",
-            lambda: FinetuneJob(cfg, manifest, init, backend, selection),
-        )
-        check_kernel_lengths(kernel, job.cfg.model)
-        trainer = Trainer(job, settings(job.cfg), backend)
-        if backend.is_main:
-            _print_start(job, trainer)
-        result = trainer.run()
-        best = job.results.get(result.best_unit or -1)
-        done = job.regression_results.get(result.best_unit or -1)
-        if done and backend.is_main and job.cfg.logging.console:
-            for level, m in done.items():
-                console.print(
-                    f"validation ({job.val_set.split}, {level}) at the best epoch "
-                    f"{result.best_unit}: MAE {m.mae:.4g}, RMSE {m.rmse:.4g}, R^2 {m.r2:.3f} "
-                    f"({m.num_samples} samples)"
-                )
-        if best and backend.is_main and job.cfg.logging.console:
-            title = f"validation ({job.val_set.split}) at the best epoch, {result.best_unit}"
-            print_metrics(console, title, best, job.classes)
-        return result
+        # A Ctrl-C on one host while the job is set up is agreed too (runtime/interrupt.py).
+        with agreed_ctrl_c(backend.process_count):
+            # A manifest one host cannot read or accept stops every host here, with its message;
+            # then a failure while the job is built (after the broadcast) is agreed the same way.
+            manifest, selection = hosts.agreed(backend, "reading the manifest", prepared)
+            kernel, why = choose(cfg.model.attention, backend.device)
+            log.info("attention: %s (%s)", kernel, why)
+            job = hosts.agreed(
+                backend,
+                "setting up the job",
+                lambda: FinetuneJob(cfg, manifest, init, backend, selection),
+            )
+            check_kernel_lengths(kernel, job.cfg.model)
+            trainer = Trainer(job, settings(job.cfg), backend)
+            if backend.is_main:
+                _print_start(job, trainer)
+            result = trainer.run()
+            best = job.results.get(result.best_unit or -1)
+            done = job.regression_results.get(result.best_unit or -1)
+            if done and backend.is_main and job.cfg.logging.console:
+                for level, m in done.items():
+                    console.print(
+                        f"validation ({job.val_set.split}, {level}) at the best epoch "
+                        f"{result.best_unit}: MAE {m.mae:.4g}, RMSE {m.rmse:.4g}, R^2 {m.r2:.3f} "
+                        f"({m.num_samples} samples)"
+                    )
+            if best and backend.is_main and job.cfg.logging.console:
+                title = f"validation ({job.val_set.split}) at the best epoch, {result.best_unit}"
+                print_metrics(console, title, best, job.classes)
+            return result
     finally:
         backend.close()
 

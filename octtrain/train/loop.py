@@ -5,7 +5,10 @@ A job owns what differs: its model and optimizer, the batches, one training step
 end adds (finetuning's epoch metrics) and validation. The trainer owns everything else, once:
 
 * the run folder, the tracker (W&B + metrics.jsonl + console) and the stall watchdog, which
-  names the phase it waited in (data or compute);
+  names the phase it waited in (data or compute) and stays on until the backend is closed (the
+  trainer closes it: a close that waits on the device or a loader thread is watched too);
+* a pod's Ctrl-C: within the run a first Ctrl-C on any host is carried by the hosts' agreements
+  (``runtime/hosts.py``), so every host stops at the same point and exits 130;
 * resume: decided on process 0, read there and broadcast (``runtime/hosts.py``), and applied
   before the job wraps its model for data parallelism;
 * the prefetch thread and the data-wait timing;
@@ -54,7 +57,7 @@ from octtrain.eval.oct.report import print_collapse
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
-from octtrain.runtime.interrupt import check_interrupted
+from octtrain.runtime.interrupt import agreed_ctrl_c, check_interrupted
 from octtrain.runtime.rundir import code_version, new_run_dir, write_run_info
 from octtrain.runtime.tracking import Tracker
 from octtrain.runtime.watchdog import STALL_EXIT_CODE, StallWatchdog
@@ -126,6 +129,7 @@ class Trainer:
             config={**settings.config, "code_version": code_version()},
             job_type=job.kind,
             run_name=self.run_dir.name if self.run_dir else None,
+            host=backend.process_index if backend.process_count > 1 else None,
         )
         self.stopper = EarlyStopping(settings.patience, settings.min_delta)
         self.result = RunResult(self.run_dir, 0, None, None, None, None, None, False, 0, [])
@@ -195,6 +199,13 @@ class Trainer:
 
     def run(self) -> RunResult:
         """Resume if asked, train to the end (or early stop), return where things went."""
+        with agreed_ctrl_c(self.backend.process_count):  # a pod's hosts stop together
+            self._run()
+        if self.ckpt is not None:
+            self.result.best_checkpoint = self.ckpt.best()
+        return self.result
+
+    def _run(self) -> None:
         exit_code = 1
         watchdog = self.watchdog
         prefetcher: Prefetcher | None = None
@@ -213,7 +224,6 @@ class Trainer:
             self.tracker.alert("non-finite loss", str(exc))
             raise
         finally:
-            watchdog.stop()
             if prefetcher is not None:
                 prefetcher.close()
             self.tracker.summary(
@@ -224,9 +234,14 @@ class Trainer:
                 }
             )
             self.tracker.close(exit_code)
-        if self.ckpt is not None:
-            self.result.best_checkpoint = self.ckpt.best()
-        return self.result
+            # The backend is closed here, with the watchdog still on: its close waits for the
+            # device and the loader threads, and a host whose peers are gone must still end.
+            # (The job's runner closes it again, a no-op, for failures before the trainer.)
+            watchdog.set_phase("closing the backend")
+            try:
+                self.backend.close()
+            finally:
+                watchdog.stop()
 
     def _loop(self, batches: Iterator[dict[str, Any]], watchdog: StallWatchdog) -> None:
         job, s = self.job, self.s
@@ -487,6 +502,7 @@ class Trainer:
             "validation": "validation (its loader or its forward passes)",
             "checkpoint": "a checkpoint write",
             "end of epoch": "the end-of-epoch metrics reduction",
+            "closing the backend": "the backend's close (the device's pending work, loaders)",
         }.get(phase, phase)
         self.tracker.alert(
             "training stalled",

@@ -53,6 +53,7 @@ from octtrain.models.vit3d import Block
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
+from octtrain.runtime.interrupt import agreed_ctrl_c
 from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, monitor_rows
 from octtrain.train.loop import Trainer
 from octtrain.train.optim import pretrain_optimizer, set_hyperparameters
@@ -332,8 +333,10 @@ def run_pretrain(cfg: PretrainConfig) -> RunResult:
         return PretrainJob(resolved, manifest, backend)
 
     try:
-        # A manifest or cache one host cannot read stops every host here, with its message.
-        job = hosts.agreed(backend, "setting up the job", build)
-        return Trainer(job, settings(job.cfg), backend).run()
+        # A Ctrl-C on one host while the job is set up is agreed too (runtime/interrupt.py).
+        with agreed_ctrl_c(backend.process_count):
+            # A manifest or cache one host cannot read stops every host here, with its message.
+            job = hosts.agreed(backend, "setting up the job", build)
+            return Trainer(job, settings(job.cfg), backend).run()
     finally:
         backend.close()

@@ -29,6 +29,9 @@ def main(config_path: str, cache: str, out: str, overrides: list[str]) -> None:
     torch.set_num_threads(1)
     cfg = load_config(DinoConfig, config_path, overrides)
     backend = make_backend("cpu")
+    # The trainer closes the backend at its end; this worker gathers the weights after the run
+    # (a collective under FSDP), so it keeps the process group until then.
+    close, backend.close = backend.close, lambda: None  # type: ignore[method-assign]
     try:
         fields = manifest_fields(load(Path(cache) / "manifest.json"), cfg.data.train_split)
         job = DinoJob(cfg, fields, Path(cache), backend)
@@ -48,7 +51,7 @@ def main(config_path: str, cache: str, out: str, overrides: list[str]) -> None:
         }
         Path(out, f"rank{backend.rank}.json").write_text(json.dumps(record))
     finally:
-        backend.close()
+        close()
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 process, with torch_xla's loader thread stood in for by plain threads.
 
 ``python exit_path_worker.py RUN_DIR PATH`` with PATH one of ``finished``, ``data``,
-``nonfinite``, ``validation``, ``checkpoint``, ``interrupt``. The loader is slow (every batch
-takes ``BATCH_S``), so when the loop stops, the loader thread waits on the prefetcher for a
-batch nothing will put. ``ThreadLoaderBackend`` is the CPU backend with torch_xla's
+``nonfinite``, ``validation``, ``checkpoint``, ``interrupt``, ``close`` (the run finishes, then
+the backend's close never returns, as a device wait whose peer hosts are gone). The loader is
+slow (every batch takes ``BATCH_S``), so when the loop stops, the loader thread waits on the
+prefetcher for a batch nothing will put. ``ThreadLoaderBackend`` is the CPU backend with torch_xla's
 ``ParallelLoader`` mechanics in plain threads: a thread pulls the wrapped loader's batches into
 a small queue (the loader's errors carried as items, as ``runtime/xla.py`` does), and
 ``close`` joins that thread with no timeout, as torch_xla's does. Prints ``EXIT <code>`` (the
@@ -41,9 +42,10 @@ FAIL_AT = 3  # the step (1-based) where the path's failure happens
 class ThreadLoaderBackend(TorchBackend):
     """The CPU backend, with batches handed over by a thread as torch_xla's loader does."""
 
-    def __init__(self) -> None:
+    def __init__(self, close_hangs: bool = False) -> None:
         super().__init__("cpu", "fp32")
         self._threads: list[threading.Thread] = []
+        self.close_hangs = close_hangs
 
     def wrap_loader(self, loader: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
         handed: queue.Queue[Any] = queue.Queue(maxsize=2)
@@ -65,6 +67,8 @@ class ThreadLoaderBackend(TorchBackend):
         return batches()
 
     def close(self) -> None:
+        if self.close_hangs:
+            threading.Event().wait()
         for thread in self._threads:
             thread.join()  # as torch_xla's ParallelLoader.close: no timeout
         super().close()
@@ -117,14 +121,20 @@ class DataBoundJob:
 def main(run: Path, path: str) -> int:
     every = FAIL_AT if path in ("validation", "checkpoint") else 0
     settings = Settings(
-        train=TrainConfig(max_steps=6, run_dir=str(run)),
+        train=TrainConfig(
+            max_steps=6,
+            run_dir=str(run),
+            # The watchdog's exit, for the close that never returns (steps take BATCH_S).
+            stall_timeout_s=2.0 if path == "close" else 300.0,
+            stall_exit_s=4.0 if path == "close" else 0.0,
+        ),
         validation=ValidationConfig(every=every, continue_on_failure=False),
         logging=LoggingConfig(wandb_mode="disabled", log_every=1, console=False),
         checkpoint=CheckpointConfig(every=FAIL_AT if path == "checkpoint" else 100),
         config={},
         config_yaml="",
     )
-    backend = ThreadLoaderBackend()
+    backend = ThreadLoaderBackend(close_hangs=path == "close")
     try:
         Trainer(DataBoundJob(path, 6), settings, backend).run()  # type: ignore[arg-type]
         return exitcodes.OK.code

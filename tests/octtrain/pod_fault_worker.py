@@ -8,7 +8,13 @@ would), ``validation`` (its validation loader raises from its ninth volume on), 
 ``checkpoint-any`` (its write raises a ``PermissionError``, as a storage client's HTTP 401 would),
 ``setup`` (its manifest cannot be read: a ``DataError`` before the first step),
 ``finetune-setup`` (the same in ``octtrain finetune``; ``POD_JOB=finetune`` runs that command),
-``hang`` (its ninth training volume never arrives, as a read from a dead mount).
+``hang`` (its ninth training volume never arrives, as a read from a dead mount),
+``resume-list`` and ``resume-read`` (finding the checkpoint to resume from, or reading it,
+raises a ``PermissionError`` as a storage client's HTTP 401 would: give ``checkpoint.resume``),
+``slow-setup`` (its manifest read touches the file ``POD_MARK``, then takes 3 s: a test's
+moment to Ctrl-C while the job is set up), ``slow-save`` (the same in its checkpoint write: a
+Ctrl-C mid-save), ``dino-validation`` (DINO's validation cannot read that host's
+first validation field: run with a DINO config).
 ``{rank}`` in an argument becomes this process's rank. Writes ``<out>/rank<r>.json`` with the
 CLI's exit code, the first line of each error it logged, when the first was and when it ended,
 then exits with that code (after a pause, so torchrun, which stops the other workers once one
@@ -29,6 +35,8 @@ from typing import Any
 from octtrain.cli import main
 from octtrain.data.dataset import ManifestDataset
 from octtrain.errors import CheckpointError, DataError
+from octtrain.eval.cellpainting import profile_run
+from octtrain.runtime import checkpoint
 from octtrain.runtime.checkpoint import CheckpointManager
 from octtrain.train import finetune, pretrain
 
@@ -47,6 +55,43 @@ def inject(point: str, rank: int) -> None:
             raise DataError(f"{path}: truncated JSON in host {rank}'s copy of the manifest")
 
         finetune.read_manifest = unreadable_here  # type: ignore[assignment]
+        return
+    if point == "dino-validation":
+
+        def unreadable_field(field: Any, tile: int) -> Any:
+            raise DataError(f"field 0: unreadable chunk in host {rank}'s copy of the plate")
+
+        profile_run.field_tiles = unreadable_field  # type: ignore[assignment]
+        return
+    if point in ("resume-list", "resume-read"):
+
+        def expired(*args: Any, **kwargs: Any) -> Any:
+            raise PermissionError(
+                f"gs://bucket/ckpt: HTTP 401: the token has expired (host {rank})"
+            )
+
+        name = "resume_url" if point == "resume-list" else "load_checkpoint"
+        setattr(checkpoint, name, expired)
+        return
+    if point == "slow-setup":
+        read_now = pretrain.read_manifest
+
+        def slow_read(*args: Any, **kwargs: Any) -> Any:
+            Path(os.environ["POD_MARK"]).touch()
+            time.sleep(3)
+            return read_now(*args, **kwargs)
+
+        pretrain.read_manifest = slow_read  # type: ignore[assignment]
+        return
+    if point == "slow-save":
+        save_now = CheckpointManager.save
+
+        def slow_save(self: CheckpointManager, *args: Any, **kwargs: Any) -> str:
+            Path(os.environ["POD_MARK"]).touch()
+            time.sleep(3)
+            return save_now(self, *args, **kwargs)
+
+        CheckpointManager.save = slow_save  # type: ignore[method-assign]
         return
     if point == "checkpoint-any":
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.octtrain.cell_cache import write_cell_cache
+from tests.octtrain.test_pod import FAULT_WORKER, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
@@ -96,3 +97,27 @@ def test_two_processes_resume_to_the_weights_of_an_unbroken_run(
     assert resumed[0]["steps"] == 5
     assert resumed[0]["weights"] == resumed[1]["weights"]
     assert resumed[0]["weights"] == straight[0]["weights"]
+
+
+@pytest.mark.slow
+def test_a_validation_field_one_host_cannot_read_stops_both_with_its_message(
+    tmp_path: Path,
+) -> None:
+    """Every host reads every validation field; without the per-batch agreement the failing
+    host raises alone and the other waits for it in the next collective (gloo's error, exit 1,
+    or NCCL's 10-minute timeout under FSDP)."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cache.mkdir()
+    out.mkdir()
+    write_cell_cache(cache, splits=("train",) * 8 + ("val",) * 8)  # plate P1: validation
+    args = [str(FAULT_WORKER), str(out), "--config", str(DINO_TINY)]
+    args += ["--manifest", str(cache / "manifest.json"), f"train.run_dir={tmp_path}/run"]
+    args += ["train.max_steps=2", "validation.every=2", "validation.continue_on_failure=false"]
+    args += ["logging.image_every=0", "checkpoint.every=2", "data.batch_size=4"]
+    torchrun([*args], timeout=300, POD_FAIL="dino-validation:1")
+    found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [f["code"] for f in found] == [2, 2]  # validation failed: exit 2 on both
+    own, other = found[1]["errors"][-1], found[0]["errors"][-1]
+    assert own.startswith("validation failed on process 1: ") and "unreadable chunk" in own, own
+    assert other.startswith("host 1 failed loading validation batch 1: "), other
+    assert other.endswith(own), other

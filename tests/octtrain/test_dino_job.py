@@ -16,7 +16,12 @@ from octtrain.config.loader import load_config
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.runtime.backend import make_backend
 from octtrain.runtime.torch_backend import TorchBackend
-from octtrain.train.dino import DinoJob, collapse_entropies, teacher_temperature
+from octtrain.train.dino import (
+    DinoJob,
+    collapse_entropies,
+    refuse_multihost_xla,
+    teacher_temperature,
+)
 from octtrain.train.job import RunResult, Settings
 from octtrain.train.loop import Trainer
 from tests.octtrain.cell_cache import CellField, write_cell_cache
@@ -259,3 +264,24 @@ def test_peak_device_memory_is_logged_where_the_backend_counts_it(
     ]
     timed = [r for r in records if "train/step_time_s" in r]
     assert timed and all(r["train/peak_memory_gib"] == 1.5 for r in timed)
+
+
+def test_dino_on_xla_with_several_processes_is_refused_before_anything_is_built(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    """Multi-host XLA would score the wrong iBOT tokens and track a fraction of the centre
+    (docs/tpu-runbook.md): refused, naming the backends that run DINO. The backend double
+    answers as a 2-host XLA job would; nothing of it is used before the refusal."""
+    root, fields = cell_cache
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path}"])
+    train = [f for f in fields if f.split == "train"]
+    backend = TorchBackend("cpu")
+    backend.kind, backend.process_count = "xla", 2
+    with pytest.raises(
+        ConfigError, match=r"job 'dino' on XLA with 2 processes: not supported"
+    ) as e:
+        DinoJob(cfg, train, root, backend)
+    for supported in ("torch CPU or CUDA", "parallel=ddp or fsdp", "XLA with one process"):
+        assert supported in str(e.value)
+    backend.process_count = 1  # one XLA process (one host's devices) is supported
+    refuse_multihost_xla(backend)  # no refusal

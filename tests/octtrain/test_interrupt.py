@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from octtrain.data.loaders import Prefetcher
-from octtrain.runtime.interrupt import check_interrupted, remembered_ctrl_c
+from octtrain.runtime.interrupt import (
+    agreed_ctrl_c,
+    check_interrupted,
+    interrupt_pending,
+    remembered_ctrl_c,
+)
 
 
 class CtrlCInDel:
@@ -68,6 +73,29 @@ def test_a_dropped_ctrl_c_ends_the_prefetcher_at_its_next_batch(python_sigint: N
 def test_outside_the_block_nothing_is_remembered(python_sigint: None) -> None:
     drop_a_ctrl_c()
     check_interrupted()  # Python's own handler: the dropped Ctrl-C is gone (as before)
+
+
+def ctrl_c() -> None:
+    """A Ctrl-C on this process, its handler run before this returns."""
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs at the next bytecode; the sleep makes it certain
+
+
+def test_on_a_pod_a_first_ctrl_c_waits_for_the_hosts_agreement(python_sigint: None) -> None:
+    """Within ``agreed_ctrl_c`` (several hosts) a first Ctrl-C raises nothing anywhere (not
+    even in a data wait's check): it is a flag ``hosts.agree`` carries to every host. A second
+    one stops this host at once; one no agreement carried is forgotten at the block's end."""
+    with remembered_ctrl_c():
+        with agreed_ctrl_c(2):
+            ctrl_c()
+            assert interrupt_pending()
+            check_interrupted()  # the loop's and the prefetcher's checks wait for the agreement
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c()  # again: this host alone, now
+        assert not interrupt_pending()  # the run had finished: nothing left to raise
+        # One host: nothing to agree with, Python's behaviour.
+        with agreed_ctrl_c(1), pytest.raises(KeyboardInterrupt):
+            ctrl_c()
 
 
 @pytest.mark.parametrize("mode", ["plain", "interrupted"])

@@ -12,6 +12,8 @@ import dataclasses
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -231,6 +233,8 @@ FAILURES = {  # point -> what the failing host's own message says
     "validation": "unreadable chunk",
     "checkpoint": "no space left",
     "checkpoint-any": "PermissionError: ",
+    "resume-list": "PermissionError: gs://bucket/ckpt: HTTP 401",
+    "resume-read": "PermissionError: gs://bucket/ckpt: HTTP 401",
     "setup": "truncated JSON",
     "finetune-setup": "truncated JSON",
 }
@@ -240,10 +244,14 @@ FAILURES = {  # point -> what the failing host's own message says
     ("point", "host", "kind", "code"),
     [
         ("data", 1, "loading the batch of step 3", 4),  # a data error, on every host
-        ("validation", 1, "in validation", 2),  # validation failed (continue_on_failure=false)
+        # validation failed (continue_on_failure=false), agreed at the batch that failed
+        ("validation", 1, "loading validation batch 1", 2),
         ("checkpoint", 0, "writing the checkpoint of step 2", 2),
         ("checkpoint-any", 0, "writing the checkpoint of step 2", 2),  # not a CheckpointError
         ("setup", 1, "setting up the job", 4),  # one host's manifest, before any step
+        # The resume side of the checkpoint write: not a CheckpointError, on process 0 alone.
+        ("resume-list", 0, "finding the checkpoint to resume from", 2),
+        ("resume-read", 0, "reading {tmp}/ckpt/step_00000002.pt", 2),
         ("finetune-setup", 1, "reading the manifest", 4),  # the same in finetune
     ],
 )
@@ -263,6 +271,10 @@ def test_a_failure_on_one_host_stops_both_with_its_message(
     else:
         args += ["train.max_steps=6", "validation.every=2", "validation.continue_on_failure=false"]
         args += ["checkpoint.every=2", f"checkpoint.dir={tmp_path}/host{{rank}}"]
+    if point.startswith("resume"):
+        resume = "auto" if point == "resume-list" else f"{tmp_path}/ckpt/step_00000002.pt"
+        args += [f"checkpoint.resume={resume}"]
+        kind = kind.replace("{tmp}", str(tmp_path))
     started = time.monotonic()
     torchrun(
         [*args, "data.batch_size=8"],
@@ -315,31 +327,108 @@ def test_a_host_stuck_in_its_data_ends_both_through_the_stall_exit(
     without torchrun, whose agent would kill the survivors itself (a pod has no such agent)."""
     out = tmp_path / "out"
     out.mkdir()
+    args = [str(out), "--config", str(PRETRAIN_TINY), "--manifest", str(tiny_cache[0])]
+    args += [f"train.run_dir={tmp_path}/run", "checkpoint.dir="]
+    args += ["train.max_steps=6", "train.stall_timeout_s=5", "train.stall_exit_s=15"]
+    procs = pod_processes(args, POD_FAIL="hang:1")
+    codes, stderr = ended(procs, STALL_TIMEOUT_S + 60)
+    assert codes == [5, 5], stderr
+    assert all("train.stall_exit_s=15 reached" in e for e in stderr)
+
+
+def pod_processes(args: list[str], **extra: str) -> list[subprocess.Popen[str]]:
+    """pod_fault_worker.py with ``args`` as 2 processes started without torchrun, whose agent
+    would end the others itself once one has ended (nothing does on a pod)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [sys.executable, str(FAULT_WORKER), str(out), "--config", str(PRETRAIN_TINY)]
-    args += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run", "checkpoint.dir="]
-    args += ["train.max_steps=6", "train.stall_timeout_s=5", "train.stall_exit_s=15"]
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    procs = [
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", **extra}
+    return [
         subprocess.Popen(
-            args,
-            env=env(**common, RANK=str(r), LOCAL_RANK=str(r), POD_FAIL="hang:1"),
+            [sys.executable, str(FAULT_WORKER), *args],
+            env=env(**common, RANK=str(r), LOCAL_RANK=str(r)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            # SIGINT at its default, as at a terminal: a test run started in the background
+            # (cmd &) has it ignored, and Python keeps it ignored in the child.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         for r in (0, 1)
     ]
+
+
+def ended(procs: list[subprocess.Popen[str]], timeout: float) -> tuple[list[int], list[str]]:
+    """Each process's exit code and stderr, once all have ended (killed past ``timeout``)."""
     try:
-        codes = [p.wait(timeout=STALL_TIMEOUT_S + 60) for p in procs]
+        codes = [p.wait(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             p.kill()
-    stderr = [p.stderr.read() if p.stderr else "" for p in procs]
-    assert codes == [5, 5], stderr
-    assert all("train.stall_exit_s=15 reached" in e for e in stderr)
+    return codes, [p.stderr.read() if p.stderr else "" for p in procs]
+
+
+INTERRUPT_LIMIT_S = 30  # train.stall_exit_s in the Ctrl-C test: the watchdog's limit
+
+
+@pytest.mark.parametrize(
+    ("hosts", "moment"),
+    [((1,), "step"), ((0, 1), "step"), ((0, 1), "save"), ((1,), "setup")],
+    ids=["host-1", "every-host", "every-host-mid-save", "host-1-mid-setup"],
+)
+def test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step(
+    tiny_cache: tuple[Path, Path], tmp_path: Path, hosts: tuple[int, ...], moment: str
+) -> None:
+    """Without the agreed flag the interrupted host ends alone and the other dies on gloo's
+    peer-closed error (exit 1), or waits in a collective until the watchdog's exit 5. Mid-save
+    (host 0 writing the checkpoint of step 4) the write is finished and kept on both sides of
+    the stop: every host stops after it, none writes another. While host 1 reads its manifest
+    (setting up the job) host 0 waits for it in the setup's agreement: both stop there."""
+    out, run, ckpts, mark = tmp_path / "out", tmp_path / "run", tmp_path / "ckpt", tmp_path / "m"
+    out.mkdir()
+    args = [str(out), "--config", str(PRETRAIN_TINY), "--manifest", str(tiny_cache[0])]
+    args += [f"train.run_dir={run}", "train.max_steps=500", "checkpoint.every=4"]
+    args += [f"checkpoint.dir={ckpts}" if moment == "save" else "checkpoint.dir="]
+    args += ["logging.log_every=1", "data.batch_size=8", "train.stall_timeout_s=10"]
+    fail = {"save": "slow-save:0", "setup": "slow-setup:1"}.get(moment, "none:9")
+    args += [f"train.stall_exit_s={INTERRUPT_LIMIT_S}"]
+    procs = pod_processes(args, POD_FAIL=fail, POD_MARK=str(mark))
+
+    def ready() -> bool:  # mid-step: after step 3; else once the slow part has begun
+        return len(steps(run)) >= 3 if moment == "step" else mark.exists()
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ready():
+        assert all(p.poll() is None for p in procs), "a host ended before the Ctrl-C"
+        time.sleep(0.2)
+    assert ready(), f"not mid-{moment} within 2 minutes"
+    sent = time.monotonic()
+    for host in hosts:
+        procs[host].send_signal(signal.SIGINT)
+    codes, stderr = ended(procs, INTERRUPT_LIMIT_S + 30)
+    assert codes == [130, 130], [e[-2000:] for e in stderr]
+    assert time.monotonic() - sent < INTERRUPT_LIMIT_S  # never the watchdog's exit
+    found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(f["errors"][-1].startswith("interrupted") for f in found), found
+    # Both stopped at the same agreement (the same step's batch), each naming the hosts.
+    stops = [
+        re.findall(r"Ctrl-C on host\(s\) \[([\d, ]+)\]: every host stops here \((.*)\)", e)
+        for e in stderr
+    ]
+    assert stops[0] == stops[1] and len(stops[0]) == 1, stops
+    assert len(steps(run)) < 500
+    if moment == "setup":
+        assert stops[0][0][1] == "setting up the job" and not steps(run), stops
+    if moment == "save":
+        assert stops[0][0][1] == "writing the checkpoint of step 4", stops
+        assert sorted(p.name for p in ckpts.glob("step_*.pt")) == ["step_00000004.pt"]
+
+
+def steps(run: Path) -> list[int]:
+    """The steps host 0 logged so far."""
+    path = run / "metrics.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.is_file() else []  # whole lines only
+    return [r["step"] for r in map(json.loads, lines) if "train/loss" in r]
 
 
 RANK_CLI = ROOT / "tests" / "octtrain" / "rank_cli.py"
@@ -376,3 +465,68 @@ def test_doctor_fails_on_every_host_when_one_host_s_manifest_differs(
     assert len(verdicts) == 2, proc.stderr[-3000:]  # both hosts exit 2 with the same verdict
     assert "manifest differs from host 0's on host(s) 1 (" in verdicts[0]
     assert "cache differs" in verdicts[0]
+
+
+POD_RUN, POD_STATUS = ROOT / "scripts" / "pod-run.sh", ROOT / "scripts" / "pod-status.sh"
+
+
+def test_the_runbook_s_launch_and_checks_on_the_simulated_pod(
+    tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each host launched by scripts/pod-run.sh in its own folder (its own disk), as the
+    runbook's step 7 does; then its step 8 check, scripts/pod-status.sh, on every host: a step
+    line on every host (each logs its own, tagged), the same last step and exit code. A second
+    attempt under the same run name (refused: the run folder holds a run) is appended, and the
+    first attempt's exit code stays in the log."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hosts = [tmp_path / f"host{r}" for r in (0, 1)]
+    sessions = [f"octtest-{os.getpid()}-{port}-{r}" for r in (0, 1)]
+    python = [sys.executable, "-m", "octtrain.cli", "pretrain", "--config", str(PRETRAIN_TINY)]
+    python += ["--manifest", str(tiny_cache[0]), f"train.run_dir={tmp_path}/run"]
+    python += ["train.max_steps=3", "logging.log_every=1", "checkpoint.dir=", "data.batch_size=8"]
+
+    def launch() -> None:
+        for r, host in enumerate(hosts):
+            host.mkdir(exist_ok=True)
+            pod = [f"RANK={r}", f"LOCAL_RANK={r}", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"]
+            pod += [f"MASTER_PORT={port}", f"PYTHONPATH={ROOT}", "WANDB_MODE=disabled"]
+            proc = subprocess.run(
+                ["bash", str(POD_RUN), "run-a", "env", *pod, "OMP_NUM_THREADS=1", *python],
+                cwd=host,
+                env=env(POD_SESSION=sessions[r]),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert proc.returncode == 0, proc.stderr
+
+    def statuses(attempts: int) -> list[subprocess.CompletedProcess[str]]:
+        deadline = time.monotonic() + 120
+        logs = [host / "logs" / f"run-a-{socket.gethostname()}.log" for host in hosts]
+        while time.monotonic() < deadline:
+            if all(log.read_text().count("\nexit code ") == attempts for log in logs):
+                break
+            time.sleep(0.5)
+        status = ["bash", str(POD_STATUS), "run-a"]
+        return [subprocess.run(status, cwd=h, capture_output=True, text=True) for h in hosts]
+
+    try:
+        launch()
+        first = statuses(1)
+        lines = [p.stdout.strip().split(" | ", 1)[1] for p in first]
+        assert lines == [f"host {r} | train step 3 | exit code 0" for r in (0, 1)], first
+        assert [p.returncode for p in first] == [0, 0]
+        launch()  # the same run name again: this attempt is refused, and appended
+        second = statuses(2)
+        assert [p.stdout.strip().split(" | ", 1)[1] for p in second] == [
+            "no step line | exit code 2"
+        ] * 2
+        assert [p.returncode for p in second] == [1, 1]
+        for host in hosts:
+            log = (host / "logs" / f"run-a-{socket.gethostname()}.log").read_text()
+            assert log.count("=== attempt ") == 2 and "exit code 0" in log  # nothing truncated
+    finally:
+        for session in sessions if shutil.which("tmux") else []:
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from octtrain.config.sections import DataConfig
 from octtrain.data.loaders import PaddedShard, padded_loader, steps_per_process
 from octtrain.data.samplers import shard
 from octtrain.eval.common.validation import ValidationError, collect, predict
@@ -111,7 +114,8 @@ WORKER = textwrap.dedent(
     from tests.octtrain.test_validation import Items, C, _image
 
     n, broken_rank = int(sys.argv[1]), int(sys.argv[2])
-    broken_item, spmd = int(sys.argv[4]), sys.argv[5] == "spmd"
+    broken_item, spmd = int(sys.argv[4]), sys.argv[5].startswith("spmd")
+    ctrl_c = sys.argv[5] == "spmd-ctrl-c"  # the broken item's read is a Ctrl-C, not an error
     backend = TorchBackend("cpu")
     model = nn.Identity()
     if spmd:
@@ -130,14 +134,35 @@ WORKER = textwrap.dedent(
         model = GlobalStep()
     broken = broken_item if backend.rank == broken_rank else None  # only this one fails to read
     data = Items(n, broken=broken)
+    if ctrl_c:
+        import signal
+        from octtrain.runtime.interrupt import agreed_ctrl_c
+
+        # As at a terminal: under a background test run (cmd &) SIGINT arrives ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        class CtrlC(Items):
+            def __getitem__(self, i):
+                if i == self.broken:
+                    os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C on this host alone
+                    self.broken = None
+                return super().__getitem__(i)
+
+        data = CtrlC(n, broken=broken)
     loader = padded_loader(data, n, backend.rank, backend.world_size, batch_size=2)
     result = {"rank": backend.rank, "batches": len(loader)}
+    forwards = [0]
+    model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     try:
-        out = predict(model, loader, backend, n=n, num_classes=C, to_input=_image)
+        with agreed_ctrl_c(2) if ctrl_c else open(os.devnull):
+            out = predict(model, loader, backend, n=n, num_classes=C, to_input=_image)
         result["labels"] = out.labels.tolist()
         result["argmax"] = out.probs.argmax(axis=1).tolist()
     except ValidationError as exc:
         result["error"] = str(exc)
+    except KeyboardInterrupt:
+        result["error"] = "interrupted"
+    result["forwards"] = forwards[0]
     backend.barrier()
     backend.close()
     with open(os.path.join(sys.argv[3], f"rank{result['rank']}.json"), "w") as fh:
@@ -174,7 +199,9 @@ def test_torchrun_failure_on_one_process_is_seen_by_all(tmp_path: Path) -> None:
     results = _torchrun(tmp_path, procs=2, n=5, broken_rank=1)
     own = results[1]["error"]
     assert own.startswith("validation failed on process 1: ")
-    assert results[0]["error"] == f"host 1 failed in validation: {own}"  # its message, agreed
+    # Its message, agreed at the batch it could not load (every multi-process validation
+    # agrees per batch: a pod's Ctrl-C travels the same way).
+    assert results[0]["error"] == f"host 1 failed loading validation batch 1: {own}"
 
 
 @pytest.mark.slow
@@ -187,3 +214,42 @@ def test_spmd_a_host_failing_mid_validation_stops_every_host_at_that_batch(
     own = results[1]["error"]
     assert own == "validation failed on process 1: cannot read sample 7"
     assert results[0]["error"] == f"host 1 failed loading validation batch 2: {own}"
+
+
+@pytest.mark.slow
+def test_spmd_a_ctrl_c_on_one_host_mid_validation_stops_every_host_at_the_same_batch(
+    tmp_path: Path,
+) -> None:
+    """The per-batch agreement under a backend whose step is global (each forward a
+    collective) carries a pod's Ctrl-C: host 1's arrives while it reads its second batch, and
+    both hosts stop before that batch's forward. Raised on host 1 alone, host 0 would wait in
+    the forward's collective (the worker's faulthandler ends it after two minutes)."""
+    results = _torchrun(tmp_path, procs=2, n=9, broken_rank=1, broken_item=7, mode="spmd-ctrl-c")
+    assert [r["error"] for r in results] == ["interrupted", "interrupted"]
+    assert [r["forwards"] for r in results] == [1, 1]  # the first batch's only, on both
+
+
+def test_failed_validations_leave_no_loader_workers_behind() -> None:
+    """With continue_on_failure each failed validation used to leave its loader (workers here;
+    on XLA torch_xla's thread and the batches it holds on the device) until the garbage
+    collector found the failure's reference cycle: one more per failure. The collector is off
+    here, so only the explicit release counts."""
+    backend = TorchBackend("cpu")
+    data = Items(24)
+    cfg = DataConfig(num_workers=1, persistent_workers=False, pin_memory=False)
+
+    def failing(batch: dict[str, Any]) -> torch.Tensor:
+        raise RuntimeError("the forward ran out of memory")  # after the loader started
+
+    alive = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            loader = padded_loader(data, 24, 0, 1, batch_size=2, cfg=cfg)
+            with pytest.raises(ValidationError, match="ran out of memory"):
+                collect(failing, backend.wrap_loader(loader), backend, n=24, width=C)
+            alive.append(len(multiprocessing.active_children()))
+    finally:
+        gc.enable()
+    assert alive == [0, 0, 0]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,10 @@ from octtrain.eval.cellpainting.scores import (
     per_perturbation,
     profile_scores,
 )
+from octtrain.eval.common.validation import agreed_batches
 from octtrain.models.dino import build_student
 from octtrain.models.vit2d import ViT2D
+from octtrain.runtime.backend import Backend
 from octtrain.runtime.checkpoint import load_checkpoint
 
 log = logging.getLogger("octtrain")
@@ -92,19 +94,32 @@ def encoders(
 
 
 def field_embeddings(
-    backbone: nn.Module, dataset: CellPaintingDataset, tile: int, device: torch.device
+    backbone: nn.Module,
+    dataset: CellPaintingDataset,
+    tile: int,
+    device: torch.device,
+    backend: Backend | None = None,
 ) -> Array:
     """Each field's embedding ``[fields, 2D]`` (``octtrain.embed.encode``: the one definition
-    ``embed`` writes), ``FIELDS_PER_BATCH`` fields a forward."""
+    ``embed`` writes), ``FIELDS_PER_BATCH`` fields a forward. With a ``backend`` of several
+    processes (training's validation: every host reads every field) each batch's read is agreed
+    (``agreed_batches``): a field one host cannot read stops every host at that batch, with its
+    message, as a ``ValidationError``."""
     backbone.to(device)
-    rows = []
+    batches = _field_batches(dataset, tile)
+    if backend is not None and backend.process_count > 1:
+        batches = agreed_batches(batches, backend)
+    rows = [embed_fields(backbone, tiles, device) for tiles in batches]
+    return np.concatenate(rows).astype(np.float64)
+
+
+def _field_batches(dataset: CellPaintingDataset, tile: int) -> Iterator[list[torch.Tensor]]:
+    """The fields' uint8 tiles, ``FIELDS_PER_BATCH`` fields a batch, read as they are asked."""
     for start in range(0, len(dataset), FIELDS_PER_BATCH):
         stop = min(start + FIELDS_PER_BATCH, len(dataset))
-        tiles = [
+        yield [
             torch.from_numpy(field_tiles(dataset.open(i).read(), tile)) for i in range(start, stop)
         ]
-        rows.append(embed_fields(backbone, tiles, device))
-    return np.concatenate(rows).astype(np.float64)
 
 
 def profiled(fields: Sequence[ProfiledField]) -> list[ProfiledField]:

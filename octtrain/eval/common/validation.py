@@ -17,10 +17,13 @@ What this module does instead (with ``data/loaders.py``'s padded shards):
   or a lost sample is an error, not a silently wrong number;
 * **failures are agreed on**: a process whose local loop raises logs the traceback, zeroes its
   contribution and still joins the reductions, then ``hosts.agree`` with its failure, so no
-  process hangs and all of them raise the same ``ValidationError`` with its message. Under
-  SPMD (``Backend.step_is_global``) every batch's forward is one program across the hosts, so
-  a host whose loader fails cannot skip to the reductions: the hosts agree before each batch
-  (one host sum per validation batch) and all stop together at the batch that failed. On XLA
+  process hangs and all of them raise the same ``ValidationError`` with its message. With more
+  than one process the hosts also agree before each batch (``agreed_batches``: one host sum
+  per validation batch), so all stop together at the batch that failed: under SPMD every
+  batch's forward is one program across the hosts (a host whose loader fails cannot skip to
+  the reductions), and the same agreement carries a pod's Ctrl-C (``runtime/hosts.py``), so
+  no host is left in a validation the others left. DINO's validation (every host reads every
+  field, ``eval/cellpainting/profile_run.py``) agrees through the same helper. On XLA
   the loader's error crosses torch_xla's loader thread as an item (``runtime/handoff.py``), so
   it arrives here with its cause instead of as a quietly shorter pass.
 
@@ -35,7 +38,7 @@ import math
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +53,7 @@ from octtrain.runtime.interrupt import check_interrupted
 log = logging.getLogger(__name__)
 
 LABEL_KEY = "label"  # octtrain.data.dataset.ManifestDataset's item layout
+T = TypeVar("T")
 
 
 class ValidationError(OcttrainError):
@@ -97,11 +101,12 @@ def collect(
     modes = [m.training for m in models]
     for m in models:
         m.eval()
-    if backend.step_is_global:
-        batches = _agreed_batches(batches, backend)
+    iterator: Iterator[dict[str, Any]] = iter(batches)
+    if backend.process_count > 1:
+        iterator = agreed_batches(iterator, backend)
     try:
         with torch.no_grad():
-            for batch in batches:
+            for batch in iterator:
                 check_interrupted()  # a Ctrl-C dropped while the loader started its workers
                 with backend.autocast():
                     rows = rows_fn(batch)
@@ -120,6 +125,7 @@ def collect(
         table.zero_()
         failure = ValidationError(f"validation failed on process {backend.process_index}: {exc}")
     finally:
+        release(iterator)
         for m, mode in zip(models, modes, strict=True):
             m.train(mode)
     reduced = backend.reduce_step_sum(table).cpu().double().numpy()
@@ -135,30 +141,44 @@ def collect(
     return np.asarray(reduced[:, :-1], dtype=np.float64)
 
 
-def _agreed_batches(
-    batches: Iterable[dict[str, Any]], backend: Backend
-) -> Iterator[dict[str, Any]]:
+def agreed_batches(batches: Iterable[T], backend: Backend) -> Iterator[T]:
     """``batches``, each yielded only once every process has loaded its own share of it; a
-    process that failed to load makes every process raise its message (``_Agreed``)."""
+    process that failed to load makes every process raise its message (``_Agreed``, a
+    ``ValidationError``). Every process must have as many batches (padded shards; the same
+    fields on every host)."""
     iterator = iter(batches)
     number = 0
-    while True:
-        number += 1
-        failure: _Agreed | None = None
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return  # padded shards: every process runs out after the same batch
-        except Exception as exc:  # noqa: BLE001 - any loader failure must reach the others
-            log.error(
-                "validation batch %d failed to load on process %d:\n%s",
-                number,
-                backend.process_index,
-                traceback.format_exc(),
-            )
-            failure = _Agreed(f"validation failed on process {backend.process_index}: {exc}")
-        hosts.agree(backend, failure, f"loading validation batch {number}", kind=_Agreed)
-        yield batch
+    try:
+        while True:
+            number += 1
+            failure: _Agreed | None = None
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return  # padded shards: every process runs out after the same batch
+            except Exception as exc:  # noqa: BLE001 - any loader failure must reach the others
+                log.error(
+                    "validation batch %d failed to load on process %d:\n%s",
+                    number,
+                    backend.process_index,
+                    traceback.format_exc(),
+                )
+                failure = _Agreed(f"validation failed on process {backend.process_index}: {exc}")
+            hosts.agree(backend, failure, f"loading validation batch {number}", kind=_Agreed)
+            yield batch
+    finally:
+        release(iterator)
+
+
+def release(batches: Iterator[Any]) -> None:
+    """End a pass over ``batches`` now, wherever it stopped: close the generator, which
+    releases its loader (``Backend.wrap_loader``: the DataLoader's workers, torch_xla's loader
+    thread and the batches it holds on the device). A validation that failed must not leave
+    them waiting until the garbage collector finds the failure's reference cycle (a loader per
+    failed validation, ~4 batches on every device of a pod, until the run ends)."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
 
 
 def predict(
