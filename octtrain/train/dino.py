@@ -69,6 +69,7 @@ from octtrain.models.jepa import ema_update
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend, cpu_threads, make_backend
+from octtrain.runtime.interrupt import agreed_ctrl_c
 from octtrain.train import schedules
 from octtrain.train.job import Evaluation, RunResult, Settings, StepResult, monitor_rows
 from octtrain.train.loop import Trainer
@@ -516,8 +517,10 @@ def run_dino(cfg: DinoConfig) -> RunResult:
         return DinoJob(cfg, train, root, backend, val)
 
     try:
-        # A manifest or cache one host cannot read stops every host here, with its message.
-        job = hosts.agreed(backend, "setting up the job", build)
-        return Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
+        # A Ctrl-C on one host while the job is set up is agreed too (runtime/interrupt.py).
+        with agreed_ctrl_c(backend.process_count):
+            # A manifest or cache one host cannot read stops every host here, with its message.
+            job = hosts.agreed(backend, "setting up the job", build)
+            return Trainer(job, Settings.of(cfg), backend).run()  # type: ignore[arg-type]
     finally:
         backend.close()
