@@ -1,45 +1,41 @@
-"""Does DINOv2 pretraining give profiles that beat a random-init encoder? A CPU-sized check, scored
-as JUMP scores profiles, on plates DINO did not train on, with intervals.
+"""Would a Cell Painting team pick DINO's features over CellProfiler's? A CPU-sized check on the
+twin, scored as JUMP scores profiles, on plates and compounds DINO never trained on, with
+intervals.
 
-Builds a Cell Painting cache: by default octstage's JUMP-layout twin with its compound library
-(``octstage synth --kind cellpainting --plates 5 --compounds 30 --sites 2``, then ``octstage
-build-cache --kind cellpainting``): 384-well plates, DMSO in 16 wells, one strong and four subtle
-named phenotypes and 30 library compounds (one or two features changed, from inside the nuisance
-to clear) in 4 wells each, with the twin's nuisance (per-well stain and density, per-field focus
-and background, per-plate gain and residual illumination: ``octstage/cellpainting/cells.py``).
-35 perturbations give intervals of about +-0.05 where the five named ones gave +-0.1 and more.
-DINO (the tiny 2D ViT, DINO + iBOT + KoLeo, ``configs/pretrain/dino-tiny.yaml``, through the real
-job and skeleton) trains for ``--steps`` on the first ``--train-plates`` plates only; every
-other plate is held out. For each training seed of ``--seeds``, ``profile_fields`` then scores on
-the held-out plates alone: DINO's teacher, the same encoder at random init with 3 seeds, the
-handcrafted features and cp-measure's CellProfiler features (these two computed once for all
-seeds); each through JUMP's recipe (``eval/cellpainting/recipe.py``: per-plate robust z-score
-to DMSO, rank
-inverse normal transform, feature selection, sphering on the controls' Ledoit-Wolf covariance)
-and copairs mAP (``eval/cellpainting/retrieval.py``): phenotypic activity (vs DMSO) and
-distinctiveness (vs
-the other perturbations; called "consistency" before) with two-stage bootstrap 95% intervals over
-perturbations and their wells, and DINO minus each rival with a paired interval (the same draws
-for both).
+For each twin seed of ``--twin-seeds`` it builds a Cell Painting cache: octstage's JUMP-layout
+twin with its compound library (``octstage synth --kind cellpainting --plates 5 --compounds 30
+--sites 2``, then ``octstage build-cache --kind cellpainting``): 384-well plates, DMSO in 16
+wells, one strong and four subtle named phenotypes and 30 library compounds (one or two features
+changed, from inside the nuisance to clear) in 4 wells each, with the twin's nuisance (per-well
+stain and density, per-field focus and background, per-plate gain and residual illumination:
+``octstage/cellpainting/cells.py``). DINO (the tiny 2D ViT, DINO + iBOT + KoLeo,
+``configs/pretrain/dino-tiny.yaml``: crops standardised per channel, at native scale) trains for
+``--steps`` on the first ``--train-plates`` plates only, without the wells of every
+``--unseen-every``-th perturbation (held-out compounds). For each DINO seed of ``--seeds``,
+``profile_fields`` then scores the held-out plates: DINO's teacher, the same encoder at random
+init with 3 seeds, the handcrafted features and cp-measure's CellProfiler features (these two
+computed once per twin), under JUMP's deep-learning recipe (no sphering) and the sphered one
+(``eval/cellpainting/scores.py``), with copairs activity (against same-plate DMSO wells) and
+distinctiveness mAP, 95% intervals resampling plates, control wells, perturbations and wells
+(``eval/cellpainting/resample.py``), over every perturbation and over the held-out compounds, and
+DINO minus each rival with a paired interval.
+
+It prints, per twin, DINO seed and recipe, the table, the paired differences, the per-perturbation
+activity AP and a verdict line (``docs/cellpainting-evaluation.md``, section 6): DINO above random
+init, above the handcrafted set (paired activity interval above 0), within 0.05 of cp-measure,
+and how many intensity-only and size-only perturbations DINO ranks above every random seed;
+then whether each held over every run; and writes the reports to ``--json``. The recipe was
+chosen on twin seed 7 with DINO seed 0; the defaults, twin seeds 11 and 12 and DINO seed 3, were
+used to choose nothing. Their run is in ``docs/benchmarks.md`` (log and JSON:
+``bench/results/dino-twin.*``). ``--work`` keeps the twins and the runs: a second run with the
+same flags rescores the finished checkpoints without training them again.
 
 ``--device cuda`` trains and embeds on a GPU (give the sizes a GPU run wants as overrides, with
-``data.num_workers``): the one H100 attempt so far (3 seeds at once, batch 256, 2000 steps of a
-6-layer 192-wide ViT, before the loader read a field's crops in one pass) did not finish inside
-its time, most likely data-bound (docs/benchmarks.md); no GPU figures exist yet.
+``data.num_workers``).
 
-It prints, per training seed, the table with intervals, the paired differences, the
-per-perturbation activity AP and a verdict line: is DINO's activity and distinctiveness mAP above
-every random-init seed's with non-overlapping intervals, and is the paired difference's interval
-above 0; and writes the reports with their seeds to ``--json``. ``docs/cellpainting-evaluation.md``
-says how to read them. The recipe (per-crop standardisation, 12,000 steps) was chosen on twin
-seed 7 with DINO seed 0; the defaults, twin seed 11 and DINO seeds 3-5, were used to choose
-nothing. Their run, its figures beside cp-measure's, and the runs that chose the recipe are in
-``docs/benchmarks.md`` (log and JSON: ``bench/results/dino-twin.*``): for each of the three
-seeds DINO's activity and distinctiveness intervals lie above every random seed's.
-
-    PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 12000] [--seeds 3 4 5]
-        [--twin-seed 11] [--plates 5] [--train-plates 2] [--compounds 30] [--sites 2]
-        [--resamples 1000] [--work DIR] [--device cpu|cuda]
+    PYTHONPATH=$PWD python bench/bench_dino_twin.py [--steps 12000] [--seeds 3]
+        [--twin-seeds 11 12] [--plates 5] [--train-plates 2] [--compounds 30] [--sites 2]
+        [--unseen-every 3] [--resamples 1000] [--work DIR] [--device cpu|cuda]
         [--json bench-output/bench_dino_twin.json] [dotted.key=value ...]
 """
 

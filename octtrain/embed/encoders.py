@@ -47,8 +47,13 @@ def dino_in_chans(state: dict[str, Any], url: str) -> int:
 
 def dino_teacher(state: dict[str, Any], url: str) -> tuple[DinoConfig, ViT2D]:
     """(config, the EMA teacher's backbone in eval mode) of a DINO checkpoint."""
-    if state.get("kind") != "dino":
-        raise CheckpointError(f"{url}: not a DINO checkpoint (kind {state.get('kind')!r})")
+    ckpt.require_kind(
+        state,
+        url,
+        ("dino",),
+        "pass a checkpoint of `octtrain pretrain --config configs/pretrain/dino-*.yaml` "
+        "(its run folder's checkpoints/)",
+    )
     cfg = dino_config(state)
     teacher = build_student(cfg, dino_in_chans(state, url))
     try:
