@@ -27,7 +27,7 @@ and how many intensity-only and size-only perturbations DINO ranks above every r
 then whether each held over every run; and writes the reports to ``--json``. The recipe was
 chosen on twin seed 7 with DINO seed 0; the defaults, twin seeds 11 and 12 and DINO seed 3, were
 used to choose nothing. Their run is in ``docs/benchmarks.md`` (log and JSON:
-``bench/results/dino-twin.*``). ``--work`` keeps the twins and the runs: a second run with the
+``bench/results/dino-twin-jump.*``). ``--work`` keeps the twins and the runs: a second run with the
 same flags rescores the finished checkpoints without training them again.
 
 ``--device cuda`` trains and embeds on a GPU (give the sizes a GPU run wants as overrides, with
