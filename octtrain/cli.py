@@ -339,7 +339,8 @@ def _add_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         sub,
         "profile",
         help="well profiles of a DINO checkpoint (Cell Painting): retrieval mAP and probes "
-        "beside a random-init encoder and handcrafted features",
+        "beside a random-init encoder, handcrafted and CellProfiler (cp-measure) features, under "
+        "JUMP's deep-learning recipe and the sphered one, held-out compounds scored apart",
     )
     p.add_argument(
         "--checkpoint",
