@@ -59,6 +59,22 @@ EDITS: list[Edit] = [
         "activity ranks against every plate's controls, not the query's own plate's",
     ),
     Edit(
+        "recipe-int-skipped",
+        "octtrain/eval/cellpainting/recipe.py",
+        "    z = rank_inverse_normal(z)\n",
+        "",
+        (OT + "test_recipe.py::test_each_step_of_the_recipe_is_pinned_on_a_small_plate",),
+        "the recipe's rank inverse normal transform is skipped",
+    ),
+    Edit(
+        "recipe-z-pooled",
+        "octtrain/eval/cellpainting/recipe.py",
+        "z, notes = robust_z_by_plate(np.asarray(x, np.float64), plates, controls, cfg.epsilon)",
+        "z, notes = robust_z(np.asarray(x, np.float64), controls, cfg.epsilon), []",
+        (OT + "test_recipe.py::test_each_step_of_the_recipe_is_pinned_on_a_small_plate",),
+        "the recipe's robust z pools the plates' controls",
+    ),
+    Edit(
         "dl-recipe-unsphered",
         "octtrain/eval/cellpainting/scores.py",
         'RECIPES = {"dl": RecipeConfig(sphere=False)',

@@ -174,3 +174,19 @@ def test_a_feature_whose_correlated_partner_is_already_gone_stays() -> None:
     e = rng.normal(size=300)
     x = np.stack([a, b, c, 0.8 * c + 0.6 * e, e], axis=1)
     assert correlated(x, 0.9).tolist() == [False, True, False, False, False]
+
+
+def test_each_step_of_the_recipe_is_pinned_on_a_small_plate() -> None:
+    # Two plates of 3 controls and 3 treated wells, 3 features: the unsphered recipe's output is
+    # the per-plate robust z, then Blom's rank transform over all wells, then the kept features.
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(12, 3)) * [1.0, 2.0, 0.5] + [0.0, 5.0, -1.0]
+    x[6:] *= 3.0  # plate P2's gain: the robust z must remove it
+    plates = ["P1"] * 6 + ["P2"] * 6
+    controls = np.array([True, True, True, False, False, False] * 2)
+    cfg = RecipeConfig(sphere=False, corr_threshold=1.0)
+    z = np.vstack([robust_z(x[:6], controls[:6]), robust_z(x[6:], controls[6:])])
+    expect = rank_inverse_normal(z)
+    result = apply_recipe(x, plates, controls, cfg)
+    np.testing.assert_allclose(result.profiles, expect[:, result.kept], atol=1e-12)
+    assert list(result.kept) == [0, 1, 2] and not result.sphered
