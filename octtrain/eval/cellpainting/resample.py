@@ -2,8 +2,8 @@
 
 A screen's evidence comes in plates, and within a plate in perturbations' wells and in the
 negative-control wells every treated well is ranked against: the interval of an mAP should
-move with each. ``retrieval.map_interval`` resamples perturbations and their wells, with every
-well's AP computed once on the controls as they are. Here each draw resamples, in order:
+move with each (the previous bootstrap resampled perturbations and their wells only, every
+well's AP computed once on the controls as they are). Each draw resamples, in order:
 
 1. the plates, with replacement (a plate drawn twice counts twice);
 2. within each plate its control wells, with replacement: the activity APs are recomputed
@@ -16,8 +16,9 @@ well's AP computed once on the controls as they are. Here each draw resamples, i
 Distinctiveness does not rank against controls, so its APs (copairs') are resampled in steps 1
 and 3 only. Two encoders scored on the same wells share every draw (``Draws``), so the interval
 of their difference accounts for what they share. Recomputing copairs itself in every draw
-would cost a second per draw and encoder; the APs here equal copairs' on the controls as drawn
-(``tests/octtrain/test_resample.py``).
+would cost a second per draw and encoder; the APs here equal copairs' with every control drawn
+once (``tests/octtrain/test_resample.py``). A well's AP is never recomputed against its own
+resampled copies: a well drawn twice would retrieve its copy at distance 0.
 """
 
 from __future__ import annotations
