@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,11 +196,25 @@ class Columns:
     from its bytes) and kept unless asked not to: a trainer reads the few it uses, never the
     source files' paths and hashes. Views of one table share one ``Columns``."""
 
-    def __init__(self, source: Path | bytes, kind: str, rows: int) -> None:
-        self.source, self.kind, self.rows = source, kind, rows
+    def __init__(self, source: Path | bytes, kind: str, rows: int, where: str = "") -> None:
+        self.source, self.kind, self.rows, self.where = source, kind, rows, where
         self.names: list[str] = ARROW_SCHEMAS[kind].names
         self.kept: dict[str, pa.ChunkedArray] = {}
         self.scratch: dict[str, pa.ChunkedArray] = {}
+
+    @contextmanager
+    def _decoding(self) -> Iterator[None]:
+        """A column that does not decode (its bytes changed after the header was written: the
+        footer read at load time can still be whole) is a ManifestError naming the table, not
+        the codec's own words from deep in a consumer."""
+        try:
+            yield
+        except (OSError, pa.ArrowException) as exc:
+            raise ManifestError(
+                f"{self.where}: the manifest's item table does not decode ({exc}): its bytes "
+                "changed after it was written; stage the cache again (octstage stage) or "
+                "rebuild it"
+            ) from None
 
     def get(self, name: str, keep: bool = True) -> pa.ChunkedArray:
         """One column (a low-cardinality one as an Arrow dictionary), or one leaf of a nested
@@ -210,12 +225,13 @@ class Columns:
                 return cache[name]
         source = pa.BufferReader(self.source) if isinstance(self.source, bytes) else self.source
         dictionary = [name] if name in _DICTIONARY else None
-        reader = pq.ParquetFile(source, memory_map=True, read_dictionary=dictionary)
-        if name in OPTIONAL_COLUMNS and name not in reader.schema_arrow.names:
-            kind = ARROW_SCHEMAS[self.kind].field(name).type
-            column = pa.chunked_array([pa.nulls(self.rows, kind)])
-        else:
-            column = reader.read(columns=[name]).column(0)
+        with self._decoding():
+            reader = pq.ParquetFile(source, memory_map=True, read_dictionary=dictionary)
+            if name in OPTIONAL_COLUMNS and name not in reader.schema_arrow.names:
+                kind = ARROW_SCHEMAS[self.kind].field(name).type
+                column = pa.chunked_array([pa.nulls(self.rows, kind)])
+            else:
+                column = reader.read(columns=[name]).column(0)
         (self.kept if keep else self.scratch)[name] = column
         return column
 
@@ -229,9 +245,12 @@ class Columns:
                 return
         source = pa.BufferReader(self.source) if isinstance(self.source, bytes) else self.source
         leaf = _DICTIONARY_LEAVES.get(name)
-        reader = pq.ParquetFile(source, memory_map=True, read_dictionary=leaf and [leaf])
+        with self._decoding():
+            reader = pq.ParquetFile(source, memory_map=True, read_dictionary=leaf and [leaf])
         for group in range(reader.num_row_groups):
-            yield reader.read_row_group(group, columns=[name]).column(0).combine_chunks()
+            with self._decoding():
+                chunk = reader.read_row_group(group, columns=[name]).column(0).combine_chunks()
+            yield chunk
 
     def row_groups(self, names: Sequence[str] | None = None) -> Iterator[pa.Table]:
         """Every column (or ``names``), one row group at a time, nothing kept (columns already
@@ -239,14 +258,16 @@ class Columns:
         check) holds a row group, where the whole table of a million fields is ~1 GB of Arrow."""
         names = self.names if names is None else list(names)
         source = pa.BufferReader(self.source) if isinstance(self.source, bytes) else self.source
-        reader = pq.ParquetFile(source, memory_map=True)
+        with self._decoding():
+            reader = pq.ParquetFile(source, memory_map=True)
         present = set(reader.schema_arrow.names)
         schema = ARROW_SCHEMAS[self.kind]
         start = 0
         for group in range(reader.num_row_groups):
             rows = reader.metadata.row_group(group).num_rows
             wanted = [n for n in names if n in present and n not in self.kept]
-            read = reader.read_row_group(group, columns=wanted)
+            with self._decoding():
+                read = reader.read_row_group(group, columns=wanted)
             columns = []
             for name in names:
                 if name in self.kept:
@@ -299,7 +320,7 @@ def read_items(source: Path | bytes, kind: str, where: str, info: dict[str, Any]
             f"{where}: item table columns {schema.names} differ from a {kind!r} manifest's "
             f"({expected.names}) or their types: upgrade octstage or rebuild the cache"
         )
-    return Columns(source, kind, rows)
+    return Columns(source, kind, rows, where)
 
 
 def _dictionary(kind: str) -> list[str]:

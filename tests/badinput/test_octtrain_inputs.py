@@ -399,6 +399,15 @@ def test_an_item_table_changed_after_its_header_stops_doctor_and_every_consumer(
     table.write_bytes(bytes(data))
     proc = octtrain("doctor", "--config", PRETRAIN, "--manifest", header)
     assert_clean(proc, 4, r"table\.items\.parquet", r"SHA-256", r"octstage stage")
+    # verify names the table too, whether the changed bytes still decode (its SHA-256) or not.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "1000"}
+    ran = subprocess.run(
+        [sys.executable, "-m", "octstage.cli", "verify", str(header)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    out = ran.stdout + ran.stderr
+    assert ran.returncode in (1, 2) and "Traceback" not in out, out[-3000:]
+    assert "table.items.parquet" in out and ("SHA-256" in out or "does not decode" in out), out
 
 
 def test_run_dir_holding_a_cache_is_refused_and_left_as_it_was(cache: Path, tmp_path: Path) -> None:

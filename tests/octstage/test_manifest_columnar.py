@@ -254,3 +254,27 @@ def test_an_item_table_of_another_schema_is_refused_naming_its_columns(
     info = {"bytes": len(data), "rows": table.num_rows}
     with pytest.raises(ManifestError, match=r"here: item table columns .* differ from a 'oct'"):
         manifest.columnar.read_items(data, "oct", "here", info)
+
+
+def test_an_undecodable_column_names_the_table(
+    tmp_path: Path,
+) -> None:
+    # The footer whole, one column chunk's compressed bytes overwritten: the load's checks (size,
+    # rows, schema) pass and the damage shows when a consumer reads the column.
+    manifest.write(make_cp_manifest(cp_fields()), tmp_path / "manifest.json", form="table")
+    table = tmp_path / "manifest.items.parquet"
+    meta = pq.ParquetFile(table).metadata.row_group(0)
+    chunk = max(
+        (meta.column(i) for i in range(meta.num_columns)), key=lambda c: c.total_compressed_size
+    )
+    data = bytearray(table.read_bytes())
+    middle = chunk.data_page_offset + chunk.total_compressed_size // 2
+    data[middle : middle + 16] = b"\xff" * 16
+    table.write_bytes(bytes(data))
+    items = manifest.load(tmp_path / "manifest.json").items
+    assert isinstance(items, manifest.ItemTable)
+    with pytest.raises(
+        ManifestError, match=r"manifest.items.parquet: the manifest's item table does not decode"
+    ):
+        for _ in items.batches():
+            pass
