@@ -27,6 +27,7 @@ COMPILED_STEP_TEST = (
     "test_a_compiled_step_computes_what_the_eager_step_does_in_one_graph_per_forward"
 )
 OS = "tests/octstage/"
+CP_CLUSTER = "test_cellpainting_cluster.py::"
 BI = "tests/badinput/"
 EMBED_CP = OT + "test_embed_cellpainting.py::"
 RECIPE = "test_dino_recipe.py::"
@@ -41,6 +42,56 @@ EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_
 POD_CTRL_C = OT + "test_pod.py::test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step"
 
 EDITS: list[Edit] = [
+    # --- The Cell Painting build on a dask cluster: one task per plate ---------------------
+    Edit(
+        "cp-cluster-spool-order",
+        "octstage/manifest/spool.py",
+        "        while self._next in self._waiting:\n",
+        "        while self._waiting:\n            self._next = min(self._waiting)\n",
+        (OS + CP_CLUSTER + "test_plates_from_many_workers_join_the_spool_in_plate_order",),
+        "plates built on many workers are listed in the order they end, not the build's",
+    ),
+    Edit(
+        "cp-cluster-access",
+        "octstage/cellpainting/build.py",
+        "    access = credential_env([parse_location(source), parse_location(cache.url)])\n",
+        "    access: dict[str, str] = {}\n",
+        (OS + CP_CLUSTER + "test_plates_on_a_cluster_of_two_workers_build_the_local_cache",),
+        "workers without the driver's storage settings and keys cannot read the source",
+    ),
+    Edit(
+        "cp-cluster-perturbations",
+        "octstage/cellpainting/build.py",
+        "                {w: perturbations[w] for w in wells if w in perturbations},\n",
+        "                {},\n",
+        (OS + CP_CLUSTER + "test_plates_on_a_cluster_of_two_workers_build_the_local_cache",),
+        "fields built on a worker lose their wells' perturbations",
+    ),
+    Edit(
+        "cp-cluster-temporaries",
+        "octstage/cellpainting/build.py",
+        "    if cache.local is not None:\n        remove_temporaries(cache.local)\n",
+        "",
+        (OS + CP_CLUSTER + "test_a_worker_killed_mid_plate_leaves_a_complete_verified_cache",),
+        "a worker killed mid-write leaves its half-written field in the cache folder",
+    ),
+    Edit(
+        "temporaries-of-fields",
+        "octstage/cachebuild/lock.py",
+        '("volumes", "fields", "packs")',
+        '("volumes",)',
+        (OS + CP_CLUSTER + "test_a_worker_killed_mid_plate_leaves_a_complete_verified_cache",),
+        "a Cell Painting field cut off mid-write is never cleaned up",
+    ),
+    Edit(
+        "cp-cluster-failed-plate-left-out",
+        "octstage/cellpainting/platetask.py",
+        '        environment=[{"source": task.plate, "reason": reason}], '
+        "plates_left_out=[task.plate]\n",
+        '        environment=[{"source": task.plate, "reason": reason}]\n',
+        (OS + CP_CLUSTER + "test_a_plate_whose_task_failed_for_good_is_left_out_to_retry",),
+        "a plate whose task failed for good is not named among the plates to build again",
+    ),
     # --- Cell Painting evaluation: what the normalisation took away, JUMP's recipes, intervals --
     Edit(
         "embed-input-stats",

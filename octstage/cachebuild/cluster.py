@@ -1,9 +1,11 @@
-"""Running build-cache's per-file tasks on dask: a bounded window of work in flight.
+"""Running build-cache's tasks on dask: a bounded window of work in flight.
 
-Tasks are submitted a window at a time (about two per worker thread) and collected as they
-finish, so neither the workers nor the driver ever hold more than a few volumes' worth of work,
-and a progress bar follows along. The cluster is either one the user runs (``--scheduler``) or
-a LocalCluster of single-threaded worker processes on loopback that lives as long as the run.
+The OCT build sends one task per file (``execute``), the Cell Painting build one per plate
+(``cellpainting.platetask``), both through ``run_window``. Tasks are submitted a window at a time
+(about two per worker thread) and collected as they finish, so neither the workers nor the driver
+ever hold more than a few tasks' worth of work, and a progress bar follows along. The cluster is
+either one the user runs (``--scheduler``) or a LocalCluster of single-threaded worker processes
+on loopback that lives as long as the run.
 
 Workers on other machines open the source and the cache themselves, so they need the driver's
 access to both: ``WorkerAccess``, a dask worker plugin, sets those variables in each worker's
@@ -20,10 +22,10 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from rich.console import Console
@@ -36,6 +38,8 @@ from octstage.progress import DEFAULT_SECONDS, counter
 
 SCHEDULER_TIMEOUT = "20s"
 ACCESS_PLUGIN = "octstage-access"
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class WorkerAccess(WorkerPlugin):
@@ -71,19 +75,44 @@ def execute(
     progress_seconds: float = DEFAULT_SECONDS,
     access: Mapping[str, str] | None = None,
 ) -> Iterator[Outcome]:
-    """Run tasks on dask with at most ~2 per worker thread in flight; yield outcomes as they end.
+    """Run build-cache's per-file tasks on dask (``run_window``); yield outcomes as they end.
 
-    ``access``: the environment the workers need for the source and the cache (see the module
-    doc). Progress is a bar on a terminal, else a plain line every ``progress_seconds``.
+    A task whose worker failed (died, lost) costs that file, as an environmental rejection.
+    Progress is a bar on a terminal, else a plain line every ``progress_seconds``.
     """
     if not tasks:
         return
-    with (
-        dask_client(workers, scheduler) as (dd, client),
-        _worker_access(client, access or {}),
-        _progress(len(tasks), console, progress_seconds) as advance,
-    ):
-        mismatch = software_mismatch(software_versions(), client.run(software_versions))
+
+    def failed(task: Task, exc: BaseException) -> Outcome:
+        return Outcome(task.name, None, reason=environment(f"worker failed: {exc!r}"))
+
+    with _progress(len(tasks), console, progress_seconds) as advance:
+        run = run_window(tasks, run_task, failed, workers, scheduler, software_versions, access)
+        for outcome in run:
+            advance(outcome)
+            yield outcome
+
+
+def run_window(
+    tasks: Iterable[T],
+    fn: Callable[[T], R],
+    failed: Callable[[T, BaseException], R],
+    workers: int,
+    scheduler: str | None,
+    versions: Callable[[], dict[str, str]],
+    access: Mapping[str, str] | None = None,
+) -> Iterator[R]:
+    """``fn(task)`` for every task on dask, at most ~2 per worker thread in flight (the tasks
+    are drawn from the iterable only as they are sent); yields each result as it ends, or
+    ``failed(task, exc)`` for a task that raised or whose worker was lost more often than dask
+    allows (a worker that dies once: dask runs its task again on another).
+
+    ``versions``: the software that decides what a task writes, the same on the driver and on
+    every worker or the run is refused. ``access``: the environment the workers need for the
+    source and the cache (see the module doc). ``fn`` and the tasks travel by pickle.
+    """
+    with dask_client(workers, scheduler) as (dd, client), _worker_access(client, access or {}):
+        mismatch = software_mismatch(versions(), client.run(versions))
         if mismatch:
             raise OctstageError(
                 f"dask workers decode with other software than this driver: {mismatch}; "
@@ -91,10 +120,10 @@ def execute(
             )
         window = max(2, 2 * sum(client.nthreads().values()))
         pending = iter(tasks)
-        by_future: dict[Any, Task] = {}
+        by_future: dict[Any, T] = {}
 
-        def submit(task: Task) -> Any:
-            future = client.submit(run_task, task, pure=False)
+        def submit(task: T) -> Any:
+            future = client.submit(fn, task, pure=False)
             by_future[future] = task
             return future
 
@@ -102,13 +131,11 @@ def execute(
         for future in queue:
             task = by_future.pop(future)
             try:
-                outcome: Outcome = future.result()
-            except Exception as exc:  # noqa: BLE001 - a dead worker costs one file, not the build
-                reason = environment(f"worker failed: {exc!r}")
-                outcome = Outcome(task.name, None, reason=reason)
+                result: R = future.result()
+            except Exception as exc:  # noqa: BLE001 - a dead worker costs one task, not the run
+                result = failed(task, exc)
             future.release()  # the worker may drop the result now: nothing accumulates
-            advance(outcome)
-            yield outcome
+            yield result
             nxt = next(pending, None)
             if nxt is not None:
                 queue.add(submit(nxt))

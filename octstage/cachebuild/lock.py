@@ -47,8 +47,9 @@ def exclusive(cache: CacheStore) -> Iterator[None]:
 
 
 def remove_temporaries(out: Path) -> None:
-    """Half-written files of a killed run (hidden, never read): safe to drop under the lock."""
-    for tmp in (out / "volumes").glob("*/.tmp-*"):
+    """Half-written files of a killed run or worker (hidden, never read): safe to drop under
+    the lock. ``volumes`` holds OCT volumes, ``fields`` and ``packs`` Cell Painting fields."""
+    for tmp in (t for top in ("volumes", "fields", "packs") for t in (out / top).glob("*/.tmp-*")):
         shutil.rmtree(tmp, ignore_errors=True)
     for tmp in [*(out / "records").glob(".*.tmp"), *(out / "rejects").glob(".*.tmp")]:
         tmp.unlink(missing_ok=True)

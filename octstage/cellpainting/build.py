@@ -17,9 +17,12 @@ bounded by the read window). Then each field is normalized with its plate's perc
 written as one OME-Zarr field (``fieldstore``), or with ``pack`` K > 1 into packs of K fields
 (``packstore``: ~2 objects per K fields instead of 3 per field; ``fieldwriter``), into the
 cache, a folder or a bucket prefix (``--out gs://...``, ``s3://...``:
-``cache.store.CacheStore``, data objects first, group metadata last). Fields are read by a
-local thread pool (``--workers`` threads: the work is network reads and C decoders that release
-the GIL; the dask runner of the OCT build is not needed at this size), plate after plate.
+``cache.store.CacheStore``, data objects first, group metadata last). A plate's fields are read
+by a thread pool (``--workers`` threads: the work is network reads and C decoders that release
+the GIL). The plates run one after the other in this process, or, with ``--scheduler`` (a dask
+cluster's address) or ``--processes N`` (a local cluster of N worker processes), as tasks on the
+OCT build's dask runner, many at once (``platetask``: plates are independent, each its own
+percentiles); the manifest is the same either way.
 
 Failures keep their meaning:
 - a data fault (a TIFF that does not decode, a channel of another shape, an illumination function
@@ -56,7 +59,8 @@ import numpy as np
 from rich.console import Console
 
 from octstage import manifest as mf
-from octstage.cachebuild.lock import open_cache
+from octstage.cache.store import CacheStore
+from octstage.cachebuild.lock import exclusive, open_cache, remove_temporaries
 from octstage.cellpainting import layout
 from octstage.cellpainting.metadata import (
     PERTURBATION_TYPES,
@@ -67,11 +71,14 @@ from octstage.cellpainting.metadata import (
     load_single,
 )
 from octstage.cellpainting.plate import BuildReport, CellPaintingConfig, build_plate
+from octstage.cellpainting.platetask import PlateTask, merge, run_plates
 from octstage.errors import CellPaintingError, ConfigError, ObjectNotFoundError
 from octstage.heap import fix_mmap_threshold
 from octstage.outputs import check_cache_folder
+from octstage.progress import interval
 from octstage.provenance import code_version
 from octstage.storage import Storage, open_storage, split_url
+from octstage.storage.locations import credential_env, parse_location
 
 console = Console(stderr=True)
 
@@ -215,11 +222,17 @@ def build(
     manifest_form: str = "json",
     pack: int = 0,
     allow_unlabelled: bool = False,
+    scheduler: str | None = None,
+    processes: int = 0,
+    progress_seconds: float | None = None,
 ) -> tuple[BuildReport, Built]:
     """Build the cache at ``out`` (a folder or a bucket URL) from the root ``source`` (a URL
     or a Storage); ``anonymous``: read ``s3://`` without credentials (the public bucket).
     Fields the ``metadata`` does not list (their plate, or their well) are refused unless
-    ``allow_unlabelled``: then they are built with an empty perturbation and counted."""
+    ``allow_unlabelled``: then they are built with an empty perturbation and counted.
+    ``workers``: threads reading one plate's fields; with ``scheduler`` (a dask scheduler's
+    address) or ``processes`` (that many local dask worker processes) the plates are tasks on
+    the cluster (``platetask``), else built one after the other in this process."""
     started = time.monotonic()
     # Pixel buffers each their own mapping, returned when freed: else glibc's moving threshold
     # puts them in its heap, which fragments, and the peak grows with the plate (``heap``).
@@ -288,9 +301,25 @@ def build(
             grouped.setdefault(r.plate, []).append(r)
         return grouped
 
-    with mf.FieldSpool() as spool:
-        for plate in sorted(plate_fields):
-            rows = [r for n in plate_tables[plate] for r in table_plates(n).get(plate, [])]
+    def plate_rows(plate: str) -> list[layout.FieldRow]:
+        return [r for n in plate_tables[plate] for r in table_plates(n).get(plate, [])]
+
+    with exclusive(cache), mf.FieldSpool() as spool:
+        if scheduler is not None or processes:
+            _on_cluster(
+                [(p, splits[p]) for p in sorted(plate_fields)],
+                plate_rows,
+                perturbations,
+                storage.url,
+                anonymous,
+                cache,
+                spool,
+                report,
+                ClusterRun(scheduler, processes, workers, retries, pack, config),
+                interval(progress_seconds),
+            )
+        for plate in sorted(plate_fields) if scheduler is None and not processes else ():
+            rows = plate_rows(plate)
             build_plate(
                 storage,
                 rows,
@@ -335,6 +364,65 @@ def build(
         cache.write_manifest(head, manifest_path, manifest_form, spool.rows)
     report.seconds = time.monotonic() - started
     return report, Built(head, spool.tally.fields, manifest_path or (cache.local and written[-1]))
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """Where and how the plates run on dask: a scheduler's address, else ``processes`` local
+    worker processes; ``threads`` read each plate's fields."""
+
+    scheduler: str | None
+    processes: int
+    threads: int
+    retries: int
+    pack: int
+    config: CellPaintingConfig
+
+
+def _on_cluster(
+    plates: list[tuple[str, str]],
+    rows: Callable[[str], list[layout.FieldRow]],
+    perturbations: dict[tuple[str, str], Perturbation],
+    source: str,
+    anonymous: bool,
+    cache: CacheStore,
+    spool: mf.FieldSpool,
+    report: BuildReport,
+    run: ClusterRun,
+    progress_seconds: float,
+) -> None:
+    """Every plate as a task on the cluster (``platetask``); their fields into ``spool`` in
+    plate order. A worker killed mid-write leaves a hidden folder in a folder cache: removed
+    once every plate has ended (under the build's lock, so never another build's)."""
+
+    def tasks() -> Iterator[PlateTask]:
+        # Drawn only as the window sends them: one plate's rows in memory at a time.
+        for index, (plate, split) in enumerate(plates):
+            plate_rows = tuple(rows(plate))
+            wells = {(plate, r.well) for r in plate_rows}
+            yield PlateTask(
+                index,
+                plate,
+                split,
+                plate_rows,
+                {w: perturbations[w] for w in wells if w in perturbations},
+                source,
+                anonymous,
+                cache.url,
+                run.config,
+                run.threads,
+                run.retries,
+                run.pack,
+            )
+
+    access = credential_env([parse_location(source), parse_location(cache.url)])
+    for done in run_plates(
+        tasks(), len(plates), run.processes, run.scheduler, access, console, progress_seconds
+    ):
+        merge(report, done.report)
+        spool.put(done.index, done.contents, done.tally)
+    if cache.local is not None:
+        remove_temporaries(cache.local)
 
 
 class _ItemIds:
@@ -404,6 +492,9 @@ def run_build_cellpainting(
     manifest_form: str = "json",
     pack: int = 0,
     allow_unlabelled: bool = False,
+    scheduler: str | None = None,
+    processes: int = 0,
+    progress_seconds: float | None = None,
 ) -> int:
     """CLI: build, print a summary; exit 0 / 1 / 3 (see ``exit_code``)."""
     report, built = build(
@@ -421,6 +512,9 @@ def run_build_cellpainting(
         manifest_form,
         pack,
         allow_unlabelled,
+        scheduler,
+        processes,
+        progress_seconds,
     )
     if json_out:
         mf.atomic_write_text(json_out, json.dumps(asdict(report), indent=1) + "\n")

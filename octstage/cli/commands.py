@@ -71,7 +71,6 @@ _KIND_ONLY = {
         "labels",
         "config",
         "shape",
-        "scheduler",
         "inventory",
         "no_verify_sources",
         "from_tsv",
@@ -89,6 +88,7 @@ _KIND_ONLY = {
         "anonymous",
         "pack",
         "allow_unlabelled",
+        "processes",
     ),
 }
 
@@ -128,6 +128,9 @@ def build(a: argparse.Namespace) -> int:
             manifest_form=a.manifest_form,
             pack=a.pack or 1,
             allow_unlabelled=a.allow_unlabelled,
+            scheduler=a.scheduler,
+            processes=a.processes or 0,
+            progress_seconds=a.progress_seconds,
         )
     if not a.labels:
         raise OctstageError("--labels (participants.tsv) is required for --kind oct")

@@ -27,7 +27,8 @@ exit codes:
      sources left out (manifest still written in both cases)
   3  the manifest was written, but some volumes are missing for environmental reasons (I/O
      error, missing decoder, dead worker, a dangling symlink; cellpainting: a TLS or network
-     error that persisted after retries, its plate left out): run the same command again to
+     error that persisted after retries, or a plate's dask task that failed for good, its
+     plate left out): run the same command again to
      retry only those; or the disk or quota filled up (the path is named; finished volumes
      are kept, the manifest is not written)""",
     "mirror": "exit codes:\n  0  every object copied (or already there) and verified\n"
@@ -286,11 +287,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("D", "H", "W"),
         help="target grid (overrides --config)",
     )
-    s.add_argument("--workers", type=_at_least(1), default=2, help="local dask worker processes")
+    s.add_argument(
+        "--workers",
+        type=_at_least(1),
+        default=2,
+        help="oct: local dask worker processes; cellpainting: threads reading a plate's fields "
+        "(network reads and decoders that release the GIL), per process",
+    )
     s.add_argument(
         "--scheduler",
         help="address of an existing dask scheduler (tcp://host:port); its workers get this "
-        "run's storage settings and credentials through a dask plugin, never in a log",
+        "run's storage settings and credentials through a dask plugin, never in a log. "
+        "cellpainting: one task per plate; the cache must be a bucket or a folder every "
+        "worker mounts at the same path",
+    )
+    s.add_argument(
+        "--processes",
+        type=_at_least(1),
+        metavar="N",
+        help="cellpainting: build N plates at once on a local dask cluster of N worker "
+        "processes (default: plate after plate in this process); the manifest is the same",
     )
     s.add_argument(
         "--inventory", help="source inventory JSON (from mirror) to check each file's SHA1"

@@ -60,6 +60,8 @@ class FieldSpool:
         self._path.touch()
         self._plates = 0
         self.tally = FieldTally()
+        self._waiting: dict[int, tuple[Path, FieldTally]] = {}  # ``put`` parts ahead of order
+        self._next = 0
 
     def plate(self) -> PlateSpool:
         self._plates += 1
@@ -70,6 +72,22 @@ class FieldSpool:
             shutil.copyfileobj(f, out)
         part.unlink()
         self.tally.merge(tally)
+
+    def contents(self) -> bytes:
+        """Every committed plate's fields as stored (gzip JSON lines), for another spool's
+        ``put``: a plate built on a dask worker travels back to the driver this way."""
+        return self._path.read_bytes()
+
+    def put(self, index: int, contents: bytes, tally: FieldTally) -> None:
+        """Another spool's ``contents`` as part ``index`` (0, 1, ...; empty for a plate left
+        out): parts join in index order whatever order they arrive in, each waiting on disk, so
+        a build on many workers lists its fields as the one-process build does."""
+        part = self._dir / f"part-{index}.jsonl.gz"
+        part.write_bytes(contents)
+        self._waiting[index] = (part, tally)
+        while self._next in self._waiting:
+            self.append(*self._waiting.pop(self._next))
+            self._next += 1
 
     @property
     def classes(self) -> tuple[str, ...]:
