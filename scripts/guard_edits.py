@@ -53,7 +53,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "cp-cluster-access",
-        "octstage/cellpainting/build.py",
+        "octstage/cellpainting/platetask.py",
         "    access = credential_env([parse_location(source), parse_location(cache.url)])\n",
         "    access: dict[str, str] = {}\n",
         (OS + CP_CLUSTER + "test_plates_on_a_cluster_of_two_workers_build_the_local_cache",),
@@ -61,7 +61,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "cp-cluster-perturbations",
-        "octstage/cellpainting/build.py",
+        "octstage/cellpainting/platetask.py",
         "                {w: perturbations[w] for w in wells if w in perturbations},\n",
         "                {},\n",
         (OS + CP_CLUSTER + "test_plates_on_a_cluster_of_two_workers_build_the_local_cache",),
@@ -69,7 +69,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "cp-cluster-temporaries",
-        "octstage/cellpainting/build.py",
+        "octstage/cellpainting/platetask.py",
         "    if cache.local is not None:\n        remove_temporaries(cache.local)\n",
         "",
         (OS + CP_CLUSTER + "test_a_worker_killed_mid_plate_leaves_a_complete_verified_cache",),

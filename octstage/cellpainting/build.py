@@ -59,8 +59,7 @@ import numpy as np
 from rich.console import Console
 
 from octstage import manifest as mf
-from octstage.cache.store import CacheStore
-from octstage.cachebuild.lock import exclusive, open_cache, remove_temporaries
+from octstage.cachebuild.lock import exclusive, open_cache
 from octstage.cellpainting import layout
 from octstage.cellpainting.metadata import (
     PERTURBATION_TYPES,
@@ -71,14 +70,13 @@ from octstage.cellpainting.metadata import (
     load_single,
 )
 from octstage.cellpainting.plate import BuildReport, CellPaintingConfig, build_plate
-from octstage.cellpainting.platetask import PlateTask, merge, run_plates
+from octstage.cellpainting.platetask import ClusterRun, build_on_cluster
 from octstage.errors import CellPaintingError, ConfigError, ObjectNotFoundError
 from octstage.heap import fix_mmap_threshold
 from octstage.outputs import check_cache_folder
 from octstage.progress import interval
 from octstage.provenance import code_version
 from octstage.storage import Storage, open_storage, split_url
-from octstage.storage.locations import credential_env, parse_location
 
 console = Console(stderr=True)
 
@@ -306,7 +304,7 @@ def build(
 
     with exclusive(cache), mf.FieldSpool() as spool:
         if scheduler is not None or processes:
-            _on_cluster(
+            build_on_cluster(
                 [(p, splits[p]) for p in sorted(plate_fields)],
                 plate_rows,
                 perturbations,
@@ -364,65 +362,6 @@ def build(
         cache.write_manifest(head, manifest_path, manifest_form, spool.rows)
     report.seconds = time.monotonic() - started
     return report, Built(head, spool.tally.fields, manifest_path or (cache.local and written[-1]))
-
-
-@dataclass(frozen=True)
-class ClusterRun:
-    """Where and how the plates run on dask: a scheduler's address, else ``processes`` local
-    worker processes; ``threads`` read each plate's fields."""
-
-    scheduler: str | None
-    processes: int
-    threads: int
-    retries: int
-    pack: int
-    config: CellPaintingConfig
-
-
-def _on_cluster(
-    plates: list[tuple[str, str]],
-    rows: Callable[[str], list[layout.FieldRow]],
-    perturbations: dict[tuple[str, str], Perturbation],
-    source: str,
-    anonymous: bool,
-    cache: CacheStore,
-    spool: mf.FieldSpool,
-    report: BuildReport,
-    run: ClusterRun,
-    progress_seconds: float,
-) -> None:
-    """Every plate as a task on the cluster (``platetask``); their fields into ``spool`` in
-    plate order. A worker killed mid-write leaves a hidden folder in a folder cache: removed
-    once every plate has ended (under the build's lock, so never another build's)."""
-
-    def tasks() -> Iterator[PlateTask]:
-        # Drawn only as the window sends them: one plate's rows in memory at a time.
-        for index, (plate, split) in enumerate(plates):
-            plate_rows = tuple(rows(plate))
-            wells = {(plate, r.well) for r in plate_rows}
-            yield PlateTask(
-                index,
-                plate,
-                split,
-                plate_rows,
-                {w: perturbations[w] for w in wells if w in perturbations},
-                source,
-                anonymous,
-                cache.url,
-                run.config,
-                run.threads,
-                run.retries,
-                run.pack,
-            )
-
-    access = credential_env([parse_location(source), parse_location(cache.url)])
-    for done in run_plates(
-        tasks(), len(plates), run.processes, run.scheduler, access, console, progress_seconds
-    ):
-        merge(report, done.report)
-        spool.put(done.index, done.contents, done.tally)
-    if cache.local is not None:
-        remove_temporaries(cache.local)
 
 
 class _ItemIds:

@@ -20,7 +20,7 @@ retries it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -29,13 +29,16 @@ from rich.console import Console
 from octstage import manifest as mf
 from octstage.cache.store import CacheStore
 from octstage.cachebuild.cluster import run_window
+from octstage.cachebuild.lock import remove_temporaries
 from octstage.cellpainting import layout
 from octstage.cellpainting.metadata import Perturbation
 from octstage.cellpainting.plate import ENVIRONMENT, BuildReport, CellPaintingConfig, build_plate
 from octstage.heap import fix_mmap_threshold
 from octstage.progress import DEFAULT_SECONDS, counter
 from octstage.storage import open_storage
+from octstage.storage.locations import credential_env, parse_location
 
+console = Console(stderr=True)
 # What decides the bytes a worker writes: the same on the driver and every worker, or the run is
 # refused (one cache would mix two encoders' output under the same keys).
 SOFTWARE = ("octstage", "numpy", "tifffile", "imagecodecs", "zarr", "numcodecs")
@@ -139,3 +142,62 @@ def merge(report: BuildReport, part: BuildReport) -> None:
     report.rejected.extend(part.rejected)
     report.environment.extend(part.environment)
     report.plates_left_out.extend(part.plates_left_out)
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """Where and how the plates run on dask: a scheduler's address, else ``processes`` local
+    worker processes; ``threads`` read each plate's fields."""
+
+    scheduler: str | None
+    processes: int
+    threads: int
+    retries: int
+    pack: int
+    config: CellPaintingConfig
+
+
+def build_on_cluster(
+    plates: list[tuple[str, str]],
+    rows: Callable[[str], list[layout.FieldRow]],
+    perturbations: dict[tuple[str, str], Perturbation],
+    source: str,
+    anonymous: bool,
+    cache: CacheStore,
+    spool: mf.FieldSpool,
+    report: BuildReport,
+    run: ClusterRun,
+    progress_seconds: float,
+) -> None:
+    """Every plate as a task on the cluster (``platetask``); their fields into ``spool`` in
+    plate order. A worker killed mid-write leaves a hidden folder in a folder cache: removed
+    once every plate has ended (under the build's lock, so never another build's)."""
+
+    def tasks() -> Iterator[PlateTask]:
+        # Drawn only as the window sends them: one plate's rows in memory at a time.
+        for index, (plate, split) in enumerate(plates):
+            plate_rows = tuple(rows(plate))
+            wells = {(plate, r.well) for r in plate_rows}
+            yield PlateTask(
+                index,
+                plate,
+                split,
+                plate_rows,
+                {w: perturbations[w] for w in wells if w in perturbations},
+                source,
+                anonymous,
+                cache.url,
+                run.config,
+                run.threads,
+                run.retries,
+                run.pack,
+            )
+
+    access = credential_env([parse_location(source), parse_location(cache.url)])
+    for done in run_plates(
+        tasks(), len(plates), run.processes, run.scheduler, access, console, progress_seconds
+    ):
+        merge(report, done.report)
+        spool.put(done.index, done.contents, done.tally)
+    if cache.local is not None:
+        remove_temporaries(cache.local)
