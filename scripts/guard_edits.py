@@ -1171,6 +1171,17 @@ EDITS: list[Edit] = [
         "a Ctrl-C on one host while the job is set up ends that host alone",
     ),
     Edit(
+        "dino-ctrl-c-in-setup-not-agreed",
+        "octtrain/train/dino.py",
+        "        with agreed_ctrl_c(backend.process_count):\n",
+        "        with agreed_ctrl_c(1):  # one host: no agreement\n",
+        (
+            OT + "test_dino_distributed.py::"
+            "test_a_ctrl_c_on_one_host_while_dino_is_set_up_ends_both_with_130",
+        ),
+        "a Ctrl-C on one host while DINO is set up ends that host alone",
+    ),
+    Edit(
         "watchdog-stopped-before-close",
         "octtrain/train/loop.py",
         "            try:\n                self.backend.close()\n            finally:\n"

@@ -11,9 +11,9 @@ would), ``validation`` (its validation loader raises from its ninth volume on), 
 ``hang`` (its ninth training volume never arrives, as a read from a dead mount),
 ``resume-list`` and ``resume-read`` (finding the checkpoint to resume from, or reading it,
 raises a ``PermissionError`` as a storage client's HTTP 401 would: give ``checkpoint.resume``),
-``slow-setup`` (its manifest read touches the file ``POD_MARK``, then takes 3 s: a test's
-moment to Ctrl-C while the job is set up), ``slow-save`` (the same in its checkpoint write: a
-Ctrl-C mid-save), ``dino-validation`` (DINO's validation cannot read that host's
+``slow-setup`` (its manifest read, V-JEPA's or DINO's, touches the file ``POD_MARK``, then
+takes 3 s: a test's moment to Ctrl-C while the job is set up), ``slow-save`` (the same in its
+checkpoint write: a Ctrl-C mid-save), ``dino-validation`` (DINO's validation cannot read that host's
 first validation field: run with a DINO config).
 ``{rank}`` in an argument becomes this process's rank. Writes ``<out>/rank<r>.json`` with the
 CLI's exit code, the first line of each error it logged, when the first was and when it ended,
@@ -38,7 +38,18 @@ from octtrain.errors import CheckpointError, DataError
 from octtrain.eval.cellpainting import profile_run
 from octtrain.runtime import checkpoint
 from octtrain.runtime.checkpoint import CheckpointManager
-from octtrain.train import finetune, pretrain
+from octtrain.train import dino, finetune, pretrain
+
+
+def _slow(read_now: Any) -> Any:
+    """``read_now`` that first touches ``POD_MARK``, then takes 3 s."""
+
+    def slow_read(*args: Any, **kwargs: Any) -> Any:
+        Path(os.environ["POD_MARK"]).touch()
+        time.sleep(3)
+        return read_now(*args, **kwargs)
+
+    return slow_read
 
 
 def inject(point: str, rank: int) -> None:
@@ -73,15 +84,10 @@ def inject(point: str, rank: int) -> None:
         name = "resume_url" if point == "resume-list" else "load_checkpoint"
         setattr(checkpoint, name, expired)
         return
-    if point == "slow-setup":
-        read_now = pretrain.read_manifest
-
-        def slow_read(*args: Any, **kwargs: Any) -> Any:
-            Path(os.environ["POD_MARK"]).touch()
-            time.sleep(3)
-            return read_now(*args, **kwargs)
-
-        pretrain.read_manifest = slow_read  # type: ignore[assignment]
+    if point == "slow-setup":  # V-JEPA's setup or DINO's, whichever the config runs
+        for job in (pretrain, dino):
+            slow_read = _slow(job.read_manifest)
+            job.read_manifest = slow_read  # type: ignore[attr-defined]
         return
     if point == "slow-save":
         save_now = CheckpointManager.save

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.octtrain.cell_cache import write_cell_cache
-from tests.octtrain.test_pod import FAULT_WORKER, torchrun
+from tests.octtrain.test_pod import FAULT_WORKER, ended, pod_processes, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
@@ -121,3 +124,31 @@ def test_a_validation_field_one_host_cannot_read_stops_both_with_its_message(
     assert own.startswith("validation failed on process 1: ") and "unreadable chunk" in own, own
     assert other.startswith("host 1 failed loading validation batch 1: "), other
     assert other.endswith(own), other
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_on_one_host_while_dino_is_set_up_ends_both_with_130(tmp_path: Path) -> None:
+    """While host 1 reads its manifest, host 0 waits for it in the setup's agreement: a Ctrl-C
+    on host 1 stops both there (without the agreed flag host 1 ends alone and host 0 dies on
+    gloo's peer-closed error, exit 1)."""
+    cache, out, mark = tmp_path / "cache", tmp_path / "out", tmp_path / "mark"
+    cache.mkdir()
+    out.mkdir()
+    write_cell_cache(cache, splits=("train",) * 16)
+    args = [str(out), "--config", str(DINO_TINY), "--manifest", str(cache / "manifest.json")]
+    args += [f"train.run_dir={tmp_path}/run", "train.max_steps=500", "data.batch_size=4"]
+    args += ["logging.image_every=0", "checkpoint.dir=", "train.stall_exit_s=120"]
+    procs = pod_processes(args, POD_FAIL="slow-setup:1", POD_MARK=str(mark))
+    deadline = time.monotonic() + 120
+    while not mark.exists() and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), "a host ended before the Ctrl-C"
+        time.sleep(0.2)
+    assert mark.exists(), "host 1 never began reading its manifest"
+    procs[1].send_signal(signal.SIGINT)
+    codes, stderr = ended(procs, 60)
+    assert codes == [130, 130], [e[-2000:] for e in stderr]
+    stops = [
+        re.findall(r"Ctrl-C on host\(s\) \[([\d, ]+)\]: every host stops here \((.*)\)", e)
+        for e in stderr
+    ]
+    assert stops[0] == stops[1] == [("1", "setting up the job")], stops
