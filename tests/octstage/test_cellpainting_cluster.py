@@ -2,7 +2,8 @@
 
 The twin is read from the S3 double by a scheduler and two workers that run as separate
 processes with no storage settings or credentials of their own (``tests/octstage/cluster.py``):
-what they need travels with the run. The cluster's cache must equal the one-process build's
+what they need travels with the run. The cluster's cache (built into a bucket of the S3 double,
+then staged and verified) must equal the one-process build's
 (every manifest item, checksums included, and the rejections); a worker killed mid-plate (SIGKILL
 from inside its own write, a real death of a real process) must leave a complete, verified cache
 with nothing half-written listed or left behind. A local cluster (``--processes 2``) gives the
@@ -31,6 +32,7 @@ from octstage.cellpainting.plate import BuildReport
 from octstage.cellpainting.platetask import PlateTask, merge, plate_failed
 from octstage.cellpainting.synth import TwinInfo
 from octstage.cli import main
+from octstage.stage import run_stage
 from tests.octstage.cluster import Cluster, separate_cluster
 
 # The workers have no tests package on their path: this module's plugin travels by value.
@@ -91,24 +93,30 @@ def local_build(
 
 def test_plates_on_a_cluster_of_two_workers_build_the_local_cache(
     s3_twin: str,
+    s3_bucket: str,
     twin: tuple[Path, TwinInfo],
     cluster: Cluster,
     local_build: mf.Manifest,
     tmp_path: Path,
 ) -> None:
+    """Into a bucket of the S3 double: the workers write it with keys that reach them only
+    through the run (their own environment has none)."""
     root, info = twin
-    out = tmp_path / "cache"
+    cache = f"s3://{s3_bucket}/cluster-cache"
     report, built = build(
-        s3_twin, out, metadata=str(root.parent / info.metadata), scheduler=cluster.address
+        s3_twin,
+        cache,
+        metadata=str(root.parent / info.metadata),
+        scheduler=cluster.address,
+        manifest_path=tmp_path / "m.json",
     )
     m = built.load()
     assert (report.written, report.kept, report.environment) == (info.fields - 1, 0, [])
     assert m.fields == local_build.fields and m.rejected == local_build.rejected
     assert m.header.counts == local_build.header.counts
-    assert verify(out / "manifest.json").ok
-    # The workers wrote every field (they share this disk), the driver none: their logs say
-    # they read the twin's bucket with keys that reached them only through the run.
-    assert "AWS_SECRET_ACCESS_KEY" not in cluster.log_text()
+    assert run_stage(cache, tmp_path / "staged") == 0
+    assert verify(tmp_path / "staged" / "manifest.json").ok
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in cluster.log_text()
 
 
 def test_a_worker_killed_mid_plate_leaves_a_complete_verified_cache(
