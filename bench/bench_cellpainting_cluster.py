@@ -11,7 +11,8 @@ server mode, ``tests/doubles/s3.py``) in a child process of its own. Every run's
 must equal the baseline's (checked: the bench stops otherwise).
 
 Printed per run: wall seconds, fields/s, fields/s per worker process, the scaling over the
-1-worker run, and the bytes each field reads (its five TIFFs, twice: once for the plate's
+1-worker run, the machine's busy CPU seconds per field (``/proc/stat``: everything that ran,
+the S3 double included; leave the machine quiet), and the bytes each field reads (its five TIFFs, twice: once for the plate's
 percentiles, once to write it) and writes (the cache's bytes per field): the planning figures
 ``docs/jump-release.md`` turns into a JUMP source's and cpg0016's time on N machines.
 
@@ -78,6 +79,14 @@ def upload(root: Path, dataset: str) -> None:
         )
 
 
+def busy_cpu_seconds() -> float:
+    """The machine's CPU seconds spent on anything but idling so far (``/proc/stat``): the
+    driver's, the workers' and the S3 double's alike, on a machine left quiet for the bench."""
+    fields = [float(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -86,7 +95,7 @@ def one_run(
     source: str, prefixes: PrefixMap, metadata: str, out: Path, processes: int, threads: int
 ) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), busy_cpu_seconds()
     report, built = build(
         source,
         out,
@@ -96,12 +105,13 @@ def one_run(
         processes=processes,
         progress_seconds=3600,
     )
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, busy_cpu_seconds() - cpu
     if report.environment or report.rejected:
         raise SystemExit(f"the build left fields out: {report.environment or report.rejected}")
     m = built.load()
     return {
         "wall": wall,
+        "cpu": cpu,
         "fields": len(m.fields),
         "written": tree_bytes(out / "fields"),
         "read": 2 * sum(s.size for f in m.fields for s in f.sources),
@@ -140,7 +150,7 @@ def main() -> None:
         )
         print(
             f"{'source':<7} {'run':<22} {'fields':>6} {'wall s':>7} {'fields/s':>8} "
-            f"{'/worker':>8} {'scaling':>7} {'MB read/f':>9} {'MB written/f':>12}",
+            f"{'/worker':>8} {'scaling':>7} {'CPU s/f':>7} {'MB read/f':>9} {'MB written/f':>12}",
             flush=True,
         )
         for kind in a.sources.split(","):
@@ -170,6 +180,7 @@ def main() -> None:
                     print(
                         f"{kind:<7} {label:<22} {r['fields']:>6} {r['wall']:>7.1f} {rate:>8.2f} "
                         f"{rate / max(processes, 1):>8.2f} {scaling:>7} "
+                        f"{r['cpu'] / r['fields']:>7.3f} "
                         f"{r['read'] / r['fields'] / 1e6:>9.1f} "
                         f"{r['written'] / r['fields'] / 1e6:>12.2f}",
                         flush=True,
