@@ -14,7 +14,8 @@ Printed per run: wall seconds, fields/s, fields/s per worker process, the scalin
 1-worker run, the machine's busy CPU seconds per field (``/proc/stat``: everything that ran,
 the S3 double included; leave the machine quiet), and the bytes each field reads (its five
 TIFFs, twice: once for the plate's percentiles, once to write it) and writes (the cache's bytes
-per field): the planning figures ``docs/jump-release.md`` turns into a JUMP source's and cpg0016's time on N machines.
+per field): the planning figures ``docs/jump-release.md`` turns into a JUMP source's and
+cpg0016's time on N machines.
 
     nice -n 10 python bench/bench_cellpainting_cluster.py [--size 1080] [--plates 4]
         [--sites 1] [--threads 2] [--sources folder,s3] [--workdir DIR]
