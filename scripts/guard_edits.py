@@ -84,6 +84,14 @@ EDITS: list[Edit] = [
         "a Cell Painting field cut off mid-write is never cleaned up",
     ),
     Edit(
+        "cp-processes-and-scheduler",
+        "octstage/cli/commands.py",
+        "        if a.processes and a.scheduler:\n",
+        "        if False:\n",
+        (OS + "test_cellpainting.py::test_an_option_of_the_other_kind_is_refused_not_ignored",),
+        "--processes beside --scheduler: one of them silently ignored",
+    ),
+    Edit(
         "cp-cluster-failed-plate-left-out",
         "octstage/cellpainting/platetask.py",
         '        environment=[{"source": task.plate, "reason": reason}], '

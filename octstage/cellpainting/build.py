@@ -308,7 +308,8 @@ def build(
                 [(p, splits[p]) for p in sorted(plate_fields)],
                 plate_rows,
                 perturbations,
-                storage.url,
+                # By absolute path: a worker on another machine has another working folder.
+                storage.url if "://" in storage.url else str(Path(storage.url).resolve()),
                 anonymous,
                 cache,
                 spool,

@@ -106,6 +106,10 @@ def refuse_other_kinds_options(
 def build(a: argparse.Namespace) -> int:
     refuse_other_kinds_options(a)
     if a.kind == "cellpainting":
+        if a.processes and a.scheduler:
+            raise OctstageError(
+                "--processes starts a local cluster, --scheduler uses yours: give one of them"
+            )
         from octstage.cellpainting.build import Selection, run_build_cellpainting
 
         select = Selection(

@@ -344,6 +344,9 @@ def _table_rows(root: Path, table: str, prefixes: layout.PrefixMap) -> list[layo
         ("cellpainting", ["--concept", "3004410", "--from-tsv"], "--from-tsv, --concept"),
         ("oct", ["--labels", "p.tsv", "--metadata", "m.csv"], "--metadata: only for --kind cell"),
         ("oct", ["--labels", "p.tsv", "--pack", "8"], "--pack: only for --kind cellpainting"),
+        ("oct", ["--labels", "p.tsv", "--processes", "2"], "--processes: only for --kind cell"),
+        # Not an option of the other kind, but the same rule: never one of two silently ignored.
+        ("cellpainting", ["--processes", "2", "--scheduler", "tcp://h:1"], "give one of them"),
     ],
 )
 def test_an_option_of_the_other_kind_is_refused_not_ignored(
