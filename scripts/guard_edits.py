@@ -92,6 +92,14 @@ EDITS: list[Edit] = [
         "--processes beside --scheduler: one of them silently ignored",
     ),
     Edit(
+        "prefix-root-local-paths-resolved",
+        "octstage/cellpainting/layout.py",
+        '    return url.rstrip("/") if "://" in url else os.path.abspath(url)\n',
+        '    return url.rstrip("/")\n',
+        (OS + "test_cellpainting.py::test_absolute_path_names_must_lie_under_the_source_root",),
+        "a relative --source and an absolute --map-prefix target are called different folders",
+    ),
+    Edit(
         "cp-cluster-failed-plate-left-out",
         "octstage/cellpainting/platetask.py",
         '        environment=[{"source": task.plate, "reason": reason}], '

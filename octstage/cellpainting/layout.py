@@ -26,6 +26,7 @@ import csv
 import gzip
 import io
 import itertools
+import os
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -101,7 +102,10 @@ def normalize_well(well: str) -> str:
 
 
 def _root_form(url: str) -> str:
-    return url.removeprefix("file://").rstrip("/")
+    """A URL as written; a local path made absolute (``data/jump`` and ``/work/data/jump`` are
+    one folder, whichever form the root and the prefix map's target were given in)."""
+    url = url.removeprefix("file://")
+    return url.rstrip("/") if "://" in url else os.path.abspath(url)
 
 
 def relative_name(

@@ -122,6 +122,17 @@ def test_absolute_path_names_must_lie_under_the_source_root() -> None:
         layout.relative_name(f"{root}/images/B/images/P/", "a.tiff", "/data/jump", prefixes)
         == "source_4/images/B/images/P/a.tiff"
     )
+    # A relative root and an absolute target (or the reverse) name the same folder.
+    here = layout.PrefixMap.parse([f"{root}/={Path.cwd()}/jump/source_4/"])
+    assert (
+        layout.relative_name(f"{root}/images/B/images/P/", "a.tiff", "jump", here)
+        == "source_4/images/B/images/P/a.tiff"
+    )
+    rel = layout.PrefixMap.parse([f"{root}/=jump/source_4/"])
+    assert (
+        layout.relative_name(f"{root}/images/P/", "a.tiff", f"{Path.cwd()}/jump/", rel)
+        == "source_4/images/P/a.tiff"
+    )
 
 
 def test_twin_builds_from_s3_into_a_verified_cache_that_stages(
