@@ -317,23 +317,24 @@ def build(
                 ClusterRun(scheduler, processes, workers, retries, pack, config),
                 interval(progress_seconds),
             )
-        for plate in sorted(plate_fields) if scheduler is None and not processes else ():
-            rows = plate_rows(plate)
-            build_plate(
-                storage,
-                rows,
-                cache,
-                splits[plate],
-                perturbations,
-                config,
-                workers,
-                retries,
-                report,
-                spool,
-                pack=pack,
-            )
-            del rows
-            console.print(f"plate {plate}: {plate_fields[plate]} fields read ({splits[plate]})")
+        else:
+            for plate in sorted(plate_fields):
+                rows = plate_rows(plate)
+                build_plate(
+                    storage,
+                    rows,
+                    cache,
+                    splits[plate],
+                    perturbations,
+                    config,
+                    workers,
+                    retries,
+                    report,
+                    spool,
+                    pack=pack,
+                )
+                del rows
+                console.print(f"plate {plate}: {plate_fields[plate]} fields read ({splits[plate]})")
         rejected = tuple(mf.Rejected(r["source"], r["reason"]) for r in report.rejected)
         config_dict: dict[str, Any] = {
             **asdict(config),

@@ -174,7 +174,8 @@ def build_on_cluster(
     once every plate has ended (under the build's lock, so never another build's)."""
 
     def tasks() -> Iterator[PlateTask]:
-        # Drawn only as the window sends them: one plate's rows in memory at a time.
+        # Drawn only as the window sends them: the driver holds the rows of the plates in
+        # flight (about two per worker), never a whole source's.
         for index, (plate, split) in enumerate(plates):
             plate_rows = tuple(rows(plate))
             wells = {(plate, r.well) for r in plate_rows}
