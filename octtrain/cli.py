@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from octtrain import exitcodes
 from octtrain.errors import ConfigError, DataError, NonFiniteLossError, OcttrainError
-from octtrain.runtime.interrupt import remembered_ctrl_c
+from octtrain.runtime.interrupt import caused_by_ctrl_c, remembered_ctrl_c
 
 if TYPE_CHECKING:
     from octtrain.eval.oct.breakdown import BootstrapSpec
@@ -491,6 +491,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return EXIT_REFUSED
     except KeyboardInterrupt:
+        log.error("interrupted; checkpoints written before it stay")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not caused_by_ctrl_c(exc):
+            raise
         log.error("interrupted; checkpoints written before it stay")
         return EXIT_INTERRUPTED
     return code

@@ -1750,6 +1750,26 @@ EDITS: list[Edit] = [
         "a per-channel crop jitter that per-crop standardisation cancels runs silently",
     ),
     Edit(
+        "ctrl-c-import-in-validation",
+        "octtrain/train/loop.py",
+        "                if caused_by_ctrl_c(exc):  # a Ctrl-C inside an import: "
+        "the interrupt itself\n",
+        "                if False:\n",
+        (
+            OT + "test_guards.py::"
+            "test_a_ctrl_c_inside_a_validations_import_is_the_interrupt_not_a_failure",
+        ),
+        "a Ctrl-C that cuts a validation's import short is logged as a failed validation",
+    ),
+    Edit(
+        "ctrl-c-import-at-cli",
+        "octtrain/cli.py",
+        "        if not caused_by_ctrl_c(exc):\n",
+        "        if True:\n",
+        (OT + "test_interrupt.py::test_an_import_a_ctrl_c_cut_short_is_the_interrupt",),
+        "a Ctrl-C that cuts an import short ends the command with a traceback and exit 1",
+    ),
+    Edit(
         "validation-crash-checkpoint",
         "octtrain/train/loop.py",
         '                log.error("validation of step %d failed", done)\n'

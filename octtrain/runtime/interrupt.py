@@ -140,6 +140,21 @@ def check_interrupted() -> None:
         raise KeyboardInterrupt
 
 
+def caused_by_ctrl_c(exc: BaseException) -> bool:
+    """Whether a Ctrl-C is among the causes of ``exc``: a KeyboardInterrupt raised while a C
+    extension initialises comes out as ``ImportError: initialization failed`` raised from it
+    (matplotlib's, imported at the first validation: a finetune run printed a traceback and
+    exit 1 for a Ctrl-C, 1 run in many). Such an exception is the interrupt, not a failure."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def interrupt_pending() -> bool:
     """Whether a Ctrl-C arrived in the block (what ``hosts.agree`` sends to the other hosts)."""
     return _PENDING.is_set()

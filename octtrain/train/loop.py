@@ -57,7 +57,7 @@ from octtrain.eval.oct.report import print_collapse
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
-from octtrain.runtime.interrupt import agreed_ctrl_c, check_interrupted
+from octtrain.runtime.interrupt import agreed_ctrl_c, caused_by_ctrl_c, check_interrupted
 from octtrain.runtime.rundir import code_version, new_run_dir, write_run_info
 from octtrain.runtime.tracking import Tracker
 from octtrain.runtime.watchdog import STALL_EXIT_CODE, StallWatchdog
@@ -329,7 +329,9 @@ class Trainer:
             try:
                 score, improved, val = self._validate(unit)
                 record |= val
-            except Exception as exc:  # noqa: BLE001 - a CUDA OOM, a bug: raised once saved
+            except Exception as exc:  # a CUDA OOM, a bug: raised once the unit is saved
+                if caused_by_ctrl_c(exc):  # a Ctrl-C inside an import: the interrupt itself
+                    raise KeyboardInterrupt from exc
                 log.error("validation of step %d failed", done)
                 failure = exc
         watchdog.set_phase("checkpoint")

@@ -73,6 +73,7 @@ class ScriptedJob:
     blind_steps: tuple[int, ...] = ()  # steps whose teacher targets carry no image
     val_alarm: str | None = None
     val_error_at: int | None = None  # the unit whose validation raises (a bug, a CUDA OOM)
+    val_ctrl_c_at: int | None = None  # the unit whose validation's import a Ctrl-C cuts short
     scores: dict[int, float] = field(default_factory=dict)
     epoch_metrics: bool = False
     loaded: list[int] = field(default_factory=list)
@@ -125,6 +126,11 @@ class ScriptedJob:
             self.clock.stall(self.stall_s)
         if unit == self.val_error_at:
             raise RuntimeError("CUDA out of memory in validation")
+        if unit == self.val_ctrl_c_at:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as ctrl_c:  # what CPython makes of it inside an import
+                raise ImportError("initialization failed") from ctrl_c
         score = self.scores.get(unit, float(unit))
         return Evaluation({"val/loss": 1.0 / unit}, score=score, alarm=self.val_alarm)
 
@@ -336,6 +342,18 @@ def test_a_validation_that_crashes_keeps_its_units_checkpoint(tmp_path: Path) ->
     index = json.loads((run / "checkpoints" / "index.json").read_text())
     assert [e["step"] for e in index["checkpoints"]] == [2, 4]
     assert index["best"]["step"] == 2  # saved without a score: never the best
+
+
+def test_a_ctrl_c_inside_a_validations_import_is_the_interrupt_not_a_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not "validation of step 2 failed" and the ImportError raised once saved: the run stops
+    as at any Ctrl-C, at once."""
+    run = tmp_path / "run"
+    s = settings(run, validation=ValidationConfig(every=2))
+    with pytest.raises(KeyboardInterrupt):
+        train(ScriptedJob(total_steps=8, val_ctrl_c_at=2), s)
+    assert not [r for r in caplog.records if "validation of step" in r.getMessage()]
 
 
 def test_a_slow_loader_counts_as_data_wait(tmp_path: Path) -> None:

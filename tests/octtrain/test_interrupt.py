@@ -18,6 +18,7 @@ import pytest
 from octtrain.data.loaders import Prefetcher
 from octtrain.runtime.interrupt import (
     agreed_ctrl_c,
+    caused_by_ctrl_c,
     check_interrupted,
     interrupt_pending,
     remembered_ctrl_c,
@@ -143,3 +144,33 @@ def test_a_loader_worker_is_quiet_about_its_main_process_going_away_from_its_sta
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
     assert "ConnectionResetError" not in proc.stderr, proc.stderr
     assert "a thread's own" in proc.stderr
+
+
+def _import_cut_by_ctrl_c() -> ImportError:
+    """What CPython raises when a Ctrl-C lands while a C extension initialises."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as ctrl_c:
+            raise ImportError("initialization failed") from ctrl_c
+    except ImportError as exc:
+        return exc
+
+
+def test_an_import_a_ctrl_c_cut_short_is_the_interrupt(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finetune run's first validation imports matplotlib; a Ctrl-C there came out as
+    ``ImportError: initialization failed`` with a traceback and exit 1 (fresh clone, 1 run in
+    many). The command ends as for any Ctrl-C: exit 130, one line, no traceback."""
+    from octtrain import cli
+
+    def cut(args: object) -> int:
+        raise _import_cut_by_ctrl_c()
+
+    assert caused_by_ctrl_c(_import_cut_by_ctrl_c())
+    assert not caused_by_ctrl_c(ImportError("no module named matplotlib"))
+    monkeypatch.setattr(cli, "_doctor", cut)
+    assert cli.main(["doctor", "--manifest", "m.json"]) == 130
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == ["interrupted; checkpoints written before it stay"]
