@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import subprocess
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +38,13 @@ def canonical_json(value: Any) -> str:
 def config_hash(value: Any) -> str:
     """A short, stable hash of a JSON-able configuration."""
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def installed_version(distribution: str) -> str:
+    """The installed version of a distribution, ``"absent"`` when it is not installed. Cached: a
+    metadata lookup scans sys.path, and cache keys ask for it per source file."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "absent"

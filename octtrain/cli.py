@@ -490,11 +490,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OcttrainError as exc:
         log.error("%s", exc)
         return EXIT_REFUSED
-    except KeyboardInterrupt:
-        log.error("interrupted; checkpoints written before it stay")
-        return EXIT_INTERRUPTED
-    except Exception as exc:
-        if not caused_by_ctrl_c(exc):
+    except (KeyboardInterrupt, Exception) as exc:
+        if not caused_by_ctrl_c(exc):  # a KeyboardInterrupt, or what one cut short (an import)
             raise
         log.error("interrupted; checkpoints written before it stay")
         return EXIT_INTERRUPTED

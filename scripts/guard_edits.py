@@ -1764,8 +1764,8 @@ EDITS: list[Edit] = [
     Edit(
         "ctrl-c-import-at-cli",
         "octtrain/cli.py",
-        "        if not caused_by_ctrl_c(exc):\n",
-        "        if True:\n",
+        "        if not caused_by_ctrl_c(exc):",
+        "        if True:",
         (OT + "test_interrupt.py::test_an_import_a_ctrl_c_cut_short_is_the_interrupt",),
         "a Ctrl-C that cuts an import short ends the command with a traceback and exit 1",
     ),

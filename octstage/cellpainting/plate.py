@@ -85,6 +85,14 @@ class BuildReport:
     seconds: float = 0.0
     unlabelled: int = 0  # fields the metadata does not list, built with --allow-unlabelled
 
+    def merge(self, part: BuildReport) -> None:
+        """A plate's report (built on a dask worker) into the build's."""
+        self.written += part.written
+        self.kept += part.kept
+        self.rejected.extend(part.rejected)
+        self.environment.extend(part.environment)
+        self.plates_left_out.extend(part.plates_left_out)
+
 
 def _read(storage: Storage, name: str, retries: int) -> bytes:
     """The object's bytes; CellPaintingError if it is absent, EnvironmentFault if reading kept

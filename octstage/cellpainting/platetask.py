@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 
 from rich.console import Console
 
@@ -35,6 +34,7 @@ from octstage.cellpainting.metadata import Perturbation
 from octstage.cellpainting.plate import ENVIRONMENT, BuildReport, CellPaintingConfig, build_plate
 from octstage.heap import fix_mmap_threshold
 from octstage.progress import DEFAULT_SECONDS, counter
+from octstage.provenance import installed_version
 from octstage.storage import open_storage
 from octstage.storage.locations import credential_env, parse_location
 
@@ -75,13 +75,7 @@ class PlateDone:
 
 def software_versions() -> dict[str, str]:
     """The installed version of each of ``SOFTWARE`` (``"absent"``: not installed)."""
-    out = {}
-    for name in SOFTWARE:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "absent"
-    return out
+    return {name: installed_version(name) for name in SOFTWARE}
 
 
 def run_plate(task: PlateTask) -> PlateDone:
@@ -133,15 +127,6 @@ def run_plates(
             state = "left out" if done.report.plates_left_out else f"{done.tally.fields} fields"
             advance(f"plate {done.plate}: {state}")
             yield done
-
-
-def merge(report: BuildReport, part: BuildReport) -> None:
-    """A plate's report into the build's."""
-    report.written += part.written
-    report.kept += part.kept
-    report.rejected.extend(part.rejected)
-    report.environment.extend(part.environment)
-    report.plates_left_out.extend(part.plates_left_out)
 
 
 @dataclass(frozen=True)
@@ -198,7 +183,7 @@ def build_on_cluster(
     for done in run_plates(
         tasks(), len(plates), run.processes, run.scheduler, access, console, progress_seconds
     ):
-        merge(report, done.report)
+        report.merge(done.report)
         spool.put(done.index, done.contents, done.tally)
     if cache.local is not None:
         remove_temporaries(cache.local)

@@ -14,7 +14,6 @@ that says nothing about the bytes (I/O error, no decoder installed for the synta
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import struct
@@ -22,7 +21,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from importlib import metadata
 from typing import BinaryIO
 
 import numpy as np
@@ -43,6 +41,7 @@ from pydicom.uid import (
 
 from octstage.dataset.framing import cut_short, encapsulation_problem
 from octstage.errors import DicomEnvironmentError, DicomError
+from octstage.provenance import installed_version
 
 OPT_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.5.4"  # Ophthalmic Tomography Image Storage
 
@@ -72,16 +71,7 @@ DECODER_PACKAGES = (
 
 def decoder_versions() -> dict[str, str]:
     """The installed version of each of ``DECODER_PACKAGES`` (``"absent"`` if not installed)."""
-    return {name: _installed(name) for name in DECODER_PACKAGES}
-
-
-@functools.cache
-def _installed(distribution: str) -> str:
-    # Cached: a metadata lookup scans sys.path, and the cache key is computed per source file.
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return "absent"
+    return {name: installed_version(name) for name in DECODER_PACKAGES}
 
 
 # What pydicom and its decoder plugins raise on damaged or unexpected input. pydicom's own two

@@ -82,9 +82,15 @@ class FieldSpool:
         """Another spool's ``contents`` as part ``index`` (0, 1, ...; empty for a plate left
         out): parts join in index order whatever order they arrive in, each waiting on disk, so
         a build on many workers lists its fields as the one-process build does."""
-        part = self._dir / f"part-{index}.jsonl.gz"
-        part.write_bytes(contents)
-        self._waiting[index] = (part, tally)
+        if index == self._next:  # in order: straight into the spool, no part file
+            with open(self._path, "ab") as out:
+                out.write(contents)
+            self.tally.merge(tally)
+            self._next += 1
+        else:
+            part = self._dir / f"part-{index}.jsonl.gz"
+            part.write_bytes(contents)
+            self._waiting[index] = (part, tally)
         while self._next in self._waiting:
             self.append(*self._waiting.pop(self._next))
             self._next += 1

@@ -29,7 +29,7 @@ from octstage import manifest as mf
 from octstage.cache.verify import verify
 from octstage.cellpainting.build import build
 from octstage.cellpainting.plate import BuildReport
-from octstage.cellpainting.platetask import PlateTask, merge, plate_failed
+from octstage.cellpainting.platetask import PlateTask, plate_failed
 from octstage.cellpainting.synth import TwinInfo
 from octstage.cli import main
 from octstage.stage import run_stage
@@ -175,7 +175,7 @@ def test_a_plate_whose_task_failed_for_good_is_left_out_to_retry() -> None:
     task = PlateTask(4, "P1", "train", (), {}, "s3://b/x", False, "/c", None, 2, 2, 1)  # type: ignore[arg-type]
     done = plate_failed(task, RuntimeError("KilledWorker: worker tcp://127.0.0.1:1 died"))
     report = BuildReport(written=3)
-    merge(report, done.report)
+    report.merge(done.report)
     assert (done.index, done.contents, done.tally.fields) == (4, b"", 0)
     assert report.plates_left_out == ["P1"] and report.written == 3
     assert report.environment[0]["source"] == "P1"
