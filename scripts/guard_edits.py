@@ -110,6 +110,25 @@ EDITS: list[Edit] = [
     ),
     # --- Cell Painting evaluation: what the normalisation took away, JUMP's recipes, intervals --
     Edit(
+        "embed-patch-spread",
+        "octtrain/embed/encode.py",
+        "patches.mean(dim=1), spread], dim=-1)",
+        "patches.mean(dim=1), patches.mean(dim=1)], dim=-1)",
+        (
+            OT + "test_profiles.py::"
+            "test_a_tile_embedding_is_cls_mean_and_spread_of_patch_tokens_over_its_flips_and_turns",
+        ),
+        "a tile's embedding loses the spread of its patch tokens (texture, puncta)",
+    ),
+    Edit(
+        "embed-tile-spread",
+        "octtrain/embed/encode.py",
+        "    return torch.cat([mean, spread])",
+        "    return torch.cat([mean, mean])",
+        (OT + "test_profiles.py::test_a_field_embedding_is_the_mean_and_the_spread_of_its_tiles",),
+        "a field's embedding loses how its tiles vary",
+    ),
+    Edit(
         "embed-input-stats",
         "octtrain/embed/encode.py",
         "    if stats_restored(backbone):",

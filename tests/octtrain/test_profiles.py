@@ -12,7 +12,8 @@ import torch
 
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
-from octtrain.embed.encode import tile_embeddings
+from octtrain.data.cellpainting import scale
+from octtrain.embed.encode import dihedral, embed_fields, field_tiles, tile_embeddings
 from octtrain.errors import DataError
 from octtrain.eval.cellpainting.profile_run import (
     encoders,
@@ -101,18 +102,43 @@ class _Fields:
         return _Field(self.arrays[index])
 
 
-def test_a_tile_embedding_is_cls_and_mean_patch_token_over_its_flips_and_turns() -> None:
+def test_a_tile_embedding_is_cls_mean_and_spread_of_patch_tokens_over_its_flips_and_turns() -> None:
     torch.manual_seed(0)
     backbone = build_vit2d("tiny", 5).eval()
+    d = backbone.embed_dim
     tiles = torch.rand(3, 5, 16, 16) * 2 - 1
     with torch.no_grad():
         emb = tile_embeddings(backbone, tiles)
-        cls, _ = backbone(tiles)
+        cls, patches = backbone(tiles)
         turned = tile_embeddings(backbone, torch.rot90(tiles, 1, dims=(-2, -1)).flip(-1))
-    assert emb.shape == (3, 2 * backbone.embed_dim)
+        spreads = [backbone(v)[1].std(dim=1, correction=0) for v in dihedral(tiles)]
+    assert emb.shape == (3, 3 * d)
     # The patch half of the identity view is the mean patch token; the average differs from it.
-    assert not torch.allclose(emb[:, : backbone.embed_dim], cls, atol=1e-4)
+    assert not torch.allclose(emb[:, :d], cls, atol=1e-4)
     assert torch.allclose(turned, emb, atol=1e-5)  # a tile's orientation does not matter
+    # The last third: the spread of the patch tokens, per dimension, over the 8 views.
+    torch.testing.assert_close(emb[:, 2 * d :], torch.stack(spreads).mean(dim=0))
+    assert not torch.allclose(emb[:, 2 * d :], patches.std(dim=1, correction=0), atol=1e-3)
+
+
+def test_a_field_embedding_is_the_mean_and_the_spread_of_its_tiles() -> None:
+    # Two fields with the same tiles in their mean but not in their spread differ in the second
+    # half only: a field of one repeated tile has none.
+    torch.manual_seed(0)
+    backbone = build_vit2d("tiny", 5).eval()
+    rng = np.random.default_rng(0)
+    mixed = rng.integers(0, 256, (5, 32, 64), dtype=np.uint8)  # two different tiles
+    same = np.concatenate([mixed[:, :, :32], mixed[:, :, :32]], axis=2)  # one tile, twice
+    tiles = [torch.from_numpy(field_tiles(f, 32)) for f in (mixed, same)]
+    x = embed_fields(backbone, tiles, torch.device("cpu"))
+    with torch.no_grad():
+        per_tile = tile_embeddings(backbone, scale(tiles[0])).numpy()
+    e = per_tile.shape[1]
+    assert x.shape == (2, 2 * e)
+    np.testing.assert_allclose(x[0, :e], per_tile.mean(axis=0), atol=1e-4)
+    np.testing.assert_allclose(x[0, e:], per_tile.std(axis=0), atol=1e-4)
+    assert np.abs(x[1, e:]).max() < 1e-5  # one tile, no spread
+    assert np.abs(x[0, e:]).max() > 0.01
 
 
 def test_a_standardised_encoder_keeps_what_its_norm_removes() -> None:
@@ -125,7 +151,7 @@ def test_a_standardised_encoder_keeps_what_its_norm_removes() -> None:
     brighter[:, 1] *= 1.3
     with torch.no_grad():
         a, b = (tile_embeddings(backbone, t * 2 - 1) for t in (tiles01, brighter))
-    d = 2 * backbone.embed_dim
+    d = 3 * backbone.embed_dim
     assert a.shape == (2, d + 2 * 5)
     torch.testing.assert_close(a[:, :d], b[:, :d], atol=2e-3, rtol=0)  # the tokens: no change
     moved = (b[:, d:] - a[:, d:]).abs().amax(dim=0)
@@ -143,7 +169,7 @@ def test_a_field_embedding_does_not_depend_on_the_field_orientation() -> None:
     turned = np.ascontiguousarray(np.rot90(field, 1, axes=(1, 2))[:, :, ::-1])
     data = _Fields([field, turned])
     x = field_embeddings(backbone, data, 32, torch.device("cpu"))  # type: ignore[arg-type]
-    assert x.shape == (2, 2 * backbone.embed_dim)
+    assert x.shape == (2, 2 * 3 * backbone.embed_dim)
     np.testing.assert_allclose(x[0], x[1], atol=1e-5)
 
 

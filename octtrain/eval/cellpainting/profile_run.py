@@ -10,12 +10,10 @@ manifest whose every field is in that split is refused).
 
 Each field's embedding covers the whole field, not one crop: ``octtrain.embed.encode`` (the
 one definition ``octtrain embed`` exports) runs the EMA teacher on each of the field's
-non-overlapping ``crops.global_size`` tiles in its 8 flips and quarter turns, and a tile's
-embedding is its CLS token concatenated with its mean patch token (DINOv2's linear-evaluation
-features), averaged over the transforms and the tiles. The random-init encoder is embedded the
-same way.
-On the twin this beat the mean CLS token of the tiles as they lie, for DINO more than for the
-random init (measured with the evaluation before JUMP's recipe). The profiles' normalisation
+non-overlapping ``crops.global_size`` tiles in its 8 flips and quarter turns; a tile's
+embedding is its CLS token, its mean patch token and its patch tokens' spread, averaged over the
+transforms, and the field's the mean and the spread of its tiles'. The random-init encoder is
+embedded the same way. The profiles' normalisation
 (JUMP's recipe) is ``eval/cellpainting/recipe.py``'s, the retrieval mAP and its bootstrap intervals
 ``eval/cellpainting/retrieval.py``'s; the probe is the leave-one-out k-NN balanced accuracy of the
 perturbation classes (``eval/common/knn.py``) on well profiles and on field embeddings
@@ -100,7 +98,7 @@ def field_embeddings(
     device: torch.device,
     backend: Backend | None = None,
 ) -> Array:
-    """Each field's embedding ``[fields, 2D]`` (``octtrain.embed.encode``: the one definition
+    """Each field's embedding ``[fields, 2E]`` (``octtrain.embed.encode``: the one definition
     ``embed`` writes), ``FIELDS_PER_BATCH`` fields a forward. With a ``backend`` of several
     processes (training's validation: every host reads every field) each batch's read is agreed
     (``agreed_batches``): a field one host cannot read stops every host at that batch, with its
