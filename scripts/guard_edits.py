@@ -129,6 +129,17 @@ EDITS: list[Edit] = [
         "a field's embedding loses how its tiles vary",
     ),
     Edit(
+        "embed-definition-in-identity",
+        "octtrain/embed/run.py",
+        '        "embedding_version": VERSIONS[manifest.kind],\n',
+        "",
+        (
+            OT + "test_embed_cellpainting.py::"
+            "test_an_out_holding_another_export_or_other_files_is_refused_untouched",
+        ),
+        "an export begun under an earlier embedding definition is resumed with parts of others",
+    ),
+    Edit(
         "embed-input-stats",
         "octtrain/embed/encode.py",
         "    if stats_restored(backbone):",

@@ -39,6 +39,10 @@ from octtrain.data.dataset import to_model_input
 from octtrain.runtime.backend import Backend
 
 STAT_EPS = 1.0 / 255.0  # one grey level of the uint8 field
+# The definition's version per data kind, in every export's identity: a half-finished export
+# of an earlier definition is refused, not resumed (its parts have other features). Cell
+# Painting 2: the spreads (of the patch tokens, of the tiles) joined the means.
+VERSIONS = {"cellpainting": 2, "oct": 1}
 
 
 def field_tiles(field: np.ndarray, tile: int) -> np.ndarray:

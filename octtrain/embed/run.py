@@ -36,7 +36,7 @@ from octtrain import __version__
 from octtrain.config.embed import EmbedConfig
 from octtrain.data.dataset import read_manifest
 from octtrain.embed import export
-from octtrain.embed.encode import embed_fields, pool_tokens, volume_tokens
+from octtrain.embed.encode import VERSIONS, embed_fields, pool_tokens, volume_tokens
 from octtrain.embed.encoders import Encoder, checkpoint_encoder
 from octtrain.embed.items import check_items, parts_loader
 from octtrain.embed.parts import (
@@ -116,6 +116,7 @@ def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
         "items": len(items),
         "part_size": cfg.part_size,
         "prefix": cfg.prefix,
+        "embedding_version": VERSIONS[manifest.kind],
     }
     folder, complete = Path(cfg.out), False
     if backend.is_main:

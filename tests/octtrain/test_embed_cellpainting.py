@@ -415,6 +415,14 @@ def test_an_out_holding_another_export_or_other_files_is_refused_untouched(
     assert embed(twin, out, "--limit", "50") == 2
     assert "holds the export of another run (limit: None there, 50 now" in caplog.text
     assert embed(twin, out, "--prefix", "dino_") == 2
+    # An export begun under an earlier embedding definition (its plan without the version): its
+    # parts have other features, so it is not resumed.
+    plan = json.loads((out / "embed-plan.json").read_text())
+    plan.pop("embedding_version")
+    (out / "embed-plan.json").write_text(json.dumps(plan))
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    assert embed(twin, out) == 2
+    assert "(embedding_version: None there, 2 now)" in caplog.text
     cache_like = twin.tmp / "cache-like"
     cache_like.mkdir()
     (cache_like / "manifest.json").write_text("{}")
