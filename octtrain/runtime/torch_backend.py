@@ -19,6 +19,8 @@ from torch import nn
 from octstage.manifest import ctrl_c_deferred
 from octtrain.errors import BackendError
 
+CLOSE_BARRIER = datetime.timedelta(seconds=10)  # what close waits for the other hosts, at most
+
 
 class TorchBackend:
     """CPU or CUDA, single process or DDP under torchrun (gloo on CPU, nccl on CUDA)."""
@@ -119,4 +121,11 @@ class TorchBackend:
 
     def close(self) -> None:
         if self.world_size > 1 and dist.is_initialized():
+            if dist.get_backend() == "gloo":
+                # Gloo aborts a process ("terminate called without an active exception", exit
+                # 134) when its group is torn down while a peer's last collective is still in
+                # flight: 1 in ~5 refusals agreed at setup did so. A barrier first; one that
+                # fails (a peer gone) or times out only means there is nobody left to wait for.
+                with contextlib.suppress(RuntimeError):
+                    dist.monitored_barrier(timeout=CLOSE_BARRIER)
             dist.destroy_process_group()
