@@ -122,8 +122,8 @@ def test_a_tile_embedding_is_cls_mean_and_spread_of_patch_tokens_over_its_flips_
 
 
 def test_a_field_embedding_is_the_mean_and_the_spread_of_its_tiles() -> None:
-    # Two fields with the same tiles in their mean but not in their spread differ in the second
-    # half only: a field of one repeated tile has none.
+    # The first half is the tiles' mean, the second their spread: a field of two different
+    # tiles has one, a field of one tile repeated has none.
     torch.manual_seed(0)
     backbone = build_vit2d("tiny", 5).eval()
     rng = np.random.default_rng(0)
