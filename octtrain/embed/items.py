@@ -1,6 +1,6 @@
 """The items of one part, read and cut for the encoder in loader workers (uint8 crosses the pipe).
 
-* a Cell Painting field: its tiles (``encode.field_tiles``), uint8 ``[T, C, tile, tile]``;
+* a Cell Painting field: its views (``encode.field_views``), uint8 ``[T, C, tile, tile]``;
 * an OCT volume: the centre crop to the encoder's input shape, with no augmentation (what
   ``probe`` and ``evaluate`` read), uint8, and its neutral gain and shift.
 
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from octtrain.data.cellpainting import CellPaintingDataset, field_channels, field_shapes
 from octtrain.data.dataset import Transform
 from octtrain.data.volumeread import read_volume
-from octtrain.embed.encode import field_tiles
+from octtrain.embed.encode import field_views
 from octtrain.embed.encoders import Encoder
 from octtrain.errors import DataError
 from octtrain.runtime.interrupt import quiet_worker_echoes
@@ -85,7 +85,7 @@ class PartItems(Dataset[dict[str, Any]]):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self.kind == "cellpainting":
-            tiles = field_tiles(self.fields.open(index).read(), self.tile)
+            tiles = field_views(self.fields.open(index).read(), self.tile)
             return {"tiles": torch.from_numpy(np.ascontiguousarray(tiles))}
         crop, gain, shift = self.transform(read_volume(self.root, self.volumes[index]), None)
         return {

@@ -72,7 +72,7 @@ def inject(point: str, rank: int) -> None:
         def unreadable_field(field: Any, tile: int) -> Any:
             raise DataError(f"field 0: unreadable chunk in host {rank}'s copy of the plate")
 
-        profile_run.field_tiles = unreadable_field  # type: ignore[assignment]
+        profile_run.field_views = unreadable_field  # type: ignore[assignment]
         return
     if point in ("resume-list", "resume-read"):
 

@@ -11,16 +11,6 @@ from tests.octtrain.cell_cache import synth_field
 pytest.importorskip("cp_measure")
 
 
-def test_segmentation_finds_each_nucleus_and_grows_cells_around_it() -> None:
-    field = np.zeros((5, 64, 64), np.uint8)
-    field[0, 10:18, 10:18] = 200
-    field[0, 40:50, 40:50] = 200
-    nuclei, cells = cp_features.segment(field, cell_expand=4)
-    assert nuclei.max() == 2 and cells.max() == 2
-    assert (cells > 0).sum() > (nuclei > 0).sum()
-    assert np.array_equal(cells[nuclei > 0], nuclei[nuclei > 0])  # cells contain their nucleus
-
-
 def test_features_measure_the_nucleus_size_and_have_one_length() -> None:
     rng = np.random.default_rng(1)
     small, large = synth_field(rng, 0, 5, 64), synth_field(rng, 1, 5, 64)

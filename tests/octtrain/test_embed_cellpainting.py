@@ -29,6 +29,9 @@ import torch
 from octstage import manifest as mf
 from octstage.cli import main as octstage
 from octtrain.cli import main as octtrain
+from octtrain.data.cellpainting import CellPaintingDataset
+from octtrain.embed.encode import VERSIONS, embed_fields, field_tiles, field_views
+from octtrain.embed.encoders import checkpoint_encoder
 from octtrain.embed.export import read_groups, read_header, read_items
 from octtrain.eval.cellpainting.profile_run import profile_scores
 from octtrain.eval.cellpainting.recipe import RecipeConfig, rank_inverse_normal
@@ -155,6 +158,26 @@ def test_the_export_is_complete_named_in_its_header_and_typed(twin: SimpleNamesp
     assert fields["Metadata_ItemId"].tolist() == [f.item_id for f in listed.fields]
     assert wells["Metadata_Fields"].tolist() == [3] * 48
     assert "negcon" in set(wells["Metadata_pert_type"])
+
+
+def test_an_exported_row_is_the_definition_s_embedding_of_the_field_s_cells(
+    twin: SimpleNamespace,
+) -> None:
+    # The export embeds each field's nucleus-centred views (``field_views``), as ``profile`` does.
+    url = resolve_checkpoint(str(twin.checkpoint))
+    encoder = checkpoint_encoder(load_checkpoint(url), url, "teacher")
+    assert encoder.crops is not None
+    listed = mf.load(twin.manifest)
+    fields = CellPaintingDataset(listed.fields[:2], twin.manifest.parent, encoder.crops, 1)
+    reads = [fields.open(i).read() for i in range(2)]
+    views = [torch.from_numpy(field_views(f, encoder.tile)) for f in reads]
+    grids = [field_tiles(f, encoder.tile) for f in reads]
+    assert all(
+        v.shape != g.shape or not np.array_equal(v, g) for v, g in zip(views, grids, strict=True)
+    )
+    expected = embed_fields(encoder.module.eval(), views, torch.device("cpu"))
+    table = read_items(twin.export).to_pandas()
+    np.testing.assert_allclose(table[features(table)].to_numpy()[:2], expected, atol=1e-4)
 
 
 def test_pycytominer_and_copairs_read_the_export_unchanged(twin: SimpleNamespace) -> None:
@@ -415,14 +438,16 @@ def test_an_out_holding_another_export_or_other_files_is_refused_untouched(
     assert embed(twin, out, "--limit", "50") == 2
     assert "holds the export of another run (limit: None there, 50 now" in caplog.text
     assert embed(twin, out, "--prefix", "dino_") == 2
-    # An export begun under an earlier embedding definition (its plan without the version): its
-    # parts have other features, so it is not resumed.
+    # An export begun under an earlier embedding definition (the version before, or none in the
+    # plan): its parts have other features, so it is not resumed.
+    now = VERSIONS["cellpainting"]
     plan = json.loads((out / "embed-plan.json").read_text())
-    plan.pop("embedding_version")
-    (out / "embed-plan.json").write_text(json.dumps(plan))
-    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
-    assert embed(twin, out) == 2
-    assert "(embedding_version: None there, 2 now)" in caplog.text
+    for earlier in (now - 1, None):
+        plan["embedding_version"] = earlier
+        (out / "embed-plan.json").write_text(json.dumps(plan))
+        before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+        assert embed(twin, out) == 2
+        assert f"(embedding_version: {earlier} there, {now} now)" in caplog.text
     cache_like = twin.tmp / "cache-like"
     cache_like.mkdir()
     (cache_like / "manifest.json").write_text("{}")

@@ -13,7 +13,13 @@ import torch
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.data.cellpainting import scale
-from octtrain.embed.encode import dihedral, embed_fields, field_tiles, tile_embeddings
+from octtrain.embed.encode import (
+    dihedral,
+    embed_fields,
+    field_tiles,
+    field_views,
+    tile_embeddings,
+)
 from octtrain.errors import DataError
 from octtrain.eval.cellpainting.profile_run import (
     encoders,
@@ -119,6 +125,24 @@ def test_a_tile_embedding_is_cls_mean_and_spread_of_patch_tokens_over_its_flips_
     # The last third: the spread of the patch tokens, per dimension, over the 8 views.
     torch.testing.assert_close(emb[:, 2 * d :], torch.stack(spreads).mean(dim=0))
     assert not torch.allclose(emb[:, 2 * d :], patches.std(dim=1, correction=0), atol=1e-3)
+
+
+def test_a_field_s_views_are_crops_centred_on_its_nuclei_kept_inside_the_field() -> None:
+    field = np.zeros((5, 64, 64), np.uint8)
+    field[0, 17:24, 17:24] = 200  # a nucleus centred at (20, 20)
+    field[0, 55:62, 27:34] = 200  # one at (58, 30), near the bottom edge
+    field[1] = np.arange(64, dtype=np.uint8)[:, None]  # rows told apart in another channel
+    views = field_views(field, 16)
+    assert views.shape == (2, 5, 16, 16)
+    np.testing.assert_array_equal(views[0], field[:, 12:28, 12:28])  # centred
+    np.testing.assert_array_equal(views[1], field[:, 48:64, 22:38])  # moved up, inside
+
+
+def test_a_field_without_a_nucleus_is_described_by_its_tiles() -> None:
+    blank = np.zeros((5, 64, 64), np.uint8)
+    np.testing.assert_array_equal(field_views(blank, 32), field_tiles(blank, 32))
+    with pytest.raises(ValueError, match="holds no 32x32 tile"):
+        field_views(blank[:, :20], 32)
 
 
 def test_a_field_embedding_is_the_mean_and_the_spread_of_its_tiles() -> None:

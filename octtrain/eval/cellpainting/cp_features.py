@@ -1,10 +1,9 @@
 """CellProfiler's measurements of a Cell Painting field, with ``cp-measure`` (the profiling
 field's handcrafted baseline; pure: a uint8 field in, one feature vector out).
 
-* ``segment``: nuclei are the connected components of the DNA channel (the first, in JUMP's
-  order) above its Otsu threshold, after a light smoothing; cells are the nuclei grown by
-  ``cell_expand`` pixels without merging (``skimage.segmentation.expand_labels``): the simple
-  nuclei + propagated-cells recipe of a CellProfiler pipeline, without a membrane channel;
+* ``segment`` (``data/nuclei.py``, the one the encoders' single-cell views use too): nuclei are
+  the connected components of the DNA channel above its Otsu threshold, cells the nuclei grown
+  by a few pixels: the simple nuclei + propagated-cells recipe of a CellProfiler pipeline;
 * ``cp_measure_features``: per object type (nuclei, cells) cp-measure's intensity, granularity,
   radial distribution, size/shape, Zernike and Feret measurements on every channel and the
   Pearson, Manders and RWC colocalisation of every channel pair, averaged over the field's
@@ -20,6 +19,7 @@ import warnings
 import numpy as np
 import numpy.typing as npt
 
+from octtrain.data.nuclei import segment
 from octtrain.eval.cellpainting.profiles import Array
 
 CHANNELS = ("DNA", "AGP", "ER", "Mito", "RNA")
@@ -45,27 +45,6 @@ def available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def segment(
-    field: npt.NDArray[np.uint8], cell_expand: int = 9, min_area: int = 8
-) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-    """(nuclei, cells) label images ``[Y, X]`` of a field ``[C, Y, X]`` (see the docstring)."""
-    from skimage.filters import gaussian, threshold_otsu
-    from skimage.measure import label
-    from skimage.morphology import remove_small_objects
-    from skimage.segmentation import expand_labels
-
-    dna = gaussian(field[0].astype(np.float64), sigma=1.0, preserve_range=True)  # type: ignore[no-untyped-call]
-    if float(dna.max()) <= float(dna.min()):  # a flat field: nothing to threshold
-        empty = np.zeros(dna.shape, np.int32)
-        return empty, empty
-    # skimage is untyped: its calls are checked by the tests, not mypy.
-    threshold = threshold_otsu(dna)  # type: ignore[no-untyped-call]
-    foreground = remove_small_objects(dna > threshold, max_size=min_area - 1)
-    nuclei = label(foreground).astype(np.int32)  # type: ignore[no-untyped-call]
-    cells = expand_labels(nuclei, cell_expand)  # type: ignore[no-untyped-call]
-    return nuclei, cells.astype(np.int32)
 
 
 def _config(channels: int) -> dict[str, object]:

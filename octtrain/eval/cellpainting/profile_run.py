@@ -40,7 +40,7 @@ from octstage.manifest import atomic_write_text, check_output_folder, replace_re
 from octtrain.config.dino import DinoConfig
 from octtrain.data.cellpainting import CellPaintingDataset
 from octtrain.data.dataset import read_manifest
-from octtrain.embed.encode import embed_fields, field_tiles
+from octtrain.embed.encode import embed_fields, field_views
 from octtrain.embed.encoders import dino_in_chans, dino_teacher
 from octtrain.errors import ConfigError, DataError
 from octtrain.eval.cellpainting import cp_features
@@ -112,11 +112,12 @@ def field_embeddings(
 
 
 def _field_batches(dataset: CellPaintingDataset, tile: int) -> Iterator[list[torch.Tensor]]:
-    """The fields' uint8 tiles, ``FIELDS_PER_BATCH`` fields a batch, read as they are asked."""
+    """The fields' uint8 views (``field_views``), ``FIELDS_PER_BATCH`` fields a batch, read as
+    they are asked."""
     for start in range(0, len(dataset), FIELDS_PER_BATCH):
         stop = min(start + FIELDS_PER_BATCH, len(dataset))
         yield [
-            torch.from_numpy(field_tiles(dataset.open(i).read(), tile)) for i in range(start, stop)
+            torch.from_numpy(field_views(dataset.open(i).read(), tile)) for i in range(start, stop)
         ]
 
 
