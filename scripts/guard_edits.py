@@ -129,6 +129,69 @@ EDITS: list[Edit] = [
         "a field's embedding loses how its tiles vary",
     ),
     Edit(
+        "embed-cell-views-centred",
+        "octtrain/embed/encode.py",
+        "    top = np.clip(np.rint(centres[:, 0] - (tile - 1) / 2).astype(int), 0, h - tile)",
+        "    top = np.clip(np.rint(centres[:, 0]).astype(int), 0, h - tile)",
+        (
+            OT + "test_profiles.py::"
+            "test_a_field_s_views_are_crops_centred_on_its_nuclei_kept_inside_the_field",
+        ),
+        "a field's single-cell views start at the nucleus instead of centring on it",
+    ),
+    Edit(
+        "embed-cell-views-clamped",
+        "octtrain/embed/encode.py",
+        "    left = np.clip(np.rint(centres[:, 1] - (tile - 1) / 2).astype(int), 0, w - tile)",
+        "    left = np.rint(centres[:, 1] - (tile - 1) / 2).astype(int)",
+        (
+            OT + "test_profiles.py::"
+            "test_a_field_s_views_are_crops_centred_on_its_nuclei_kept_inside_the_field",
+        ),
+        "a view of a nucleus near the field's edge falls partly outside the field",
+    ),
+    Edit(
+        "embed-cell-views-fallback",
+        "octtrain/embed/encode.py",
+        "        return field_tiles(field, tile)\n    # rint",
+        "        return field[None, :, :tile, :tile]\n    # rint",
+        (OT + "test_profiles.py::test_a_field_without_a_nucleus_is_described_by_its_tiles",),
+        "a field without a nucleus is described by one corner tile",
+    ),
+    Edit(
+        "embed-cell-views-capped",
+        "octtrain/embed/encode.py",
+        "    if len(centres) > cap:\n",
+        "    if False:\n",
+        (
+            OT + "test_profiles.py::"
+            "test_a_crowded_field_s_views_are_capped_the_same_nuclei_however_it_is_turned",
+        ),
+        "a crowded field gets a view per nucleus, without the cap",
+    ),
+    Edit(
+        "embed-cell-views-cap-raster-order",
+        "octtrain/embed/encode.py",
+        '        order = np.argsort(distance, kind="stable")\n',
+        "        order = np.arange(len(centres))\n",
+        (
+            OT + "test_profiles.py::"
+            "test_a_crowded_field_s_views_are_capped_the_same_nuclei_however_it_is_turned",
+        ),
+        "a crowded field's capped views chosen in raster order, which a turn of the field changes",
+    ),
+    Edit(
+        "embed-export-cell-views",
+        "octtrain/embed/items.py",
+        "from octtrain.embed.encode import field_views\n",
+        "from octtrain.embed.encode import field_tiles as field_views\n",
+        (
+            OT + "test_embed_cellpainting.py::"
+            "test_an_exported_row_is_the_definition_s_embedding_of_the_field_s_cells",
+        ),
+        "the export embeds a grid of tiles, not the fields' cells",
+    ),
+    Edit(
         "embed-definition-in-identity",
         "octtrain/embed/run.py",
         '        "embedding_version": VERSIONS[manifest.kind],\n',

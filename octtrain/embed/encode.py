@@ -47,6 +47,10 @@ from octtrain.data.nuclei import nucleus_centres, segment
 from octtrain.runtime.backend import Backend
 
 STAT_EPS = 1.0 / 255.0  # one grey level of the uint8 field
+# A field's views are at most its grid's tile count or this, whichever is more: a crop per
+# nucleus of a 1,080 px JUMP field at the ViT-S/8's 224 px would be ~100 overlapping views
+# against the grid's 16; the cap keeps the export's forwards where the grid's were.
+MIN_VIEW_CAP = 16
 # The definition's version per data kind, in every export's identity: a half-finished export
 # of an earlier definition is refused, not resumed (its parts have other features). Cell
 # Painting 2: the spreads (of the patch tokens, of the tiles) joined the means; 3: the views are
@@ -72,15 +76,23 @@ def field_tiles(field: np.ndarray, tile: int) -> np.ndarray:
 
 def field_views(field: np.ndarray, tile: int) -> np.ndarray:
     """A ``[C, Y, X]`` field's views ``[V, C, tile, tile]``: a crop centred on each nucleus
-    (moved inside the field at its edges), or, when no nucleus is found, its tiles
-    (``field_tiles``; the module docstring). ValueError when the field is smaller than one
-    tile."""
+    (moved inside the field at its edges; at most the grid's tile count or ``MIN_VIEW_CAP``
+    nuclei, spread from the field's centre to its edge), or, when no nucleus is found, its
+    tiles (``field_tiles``; the module docstring). ValueError when the field is smaller than
+    one tile."""
     _, h, w = field.shape
     if h < tile or w < tile:
         raise ValueError(f"a field of {h}x{w} pixels holds no {tile}x{tile} tile")
     centres = nucleus_centres(segment(field)[0])
     if not len(centres):
         return field_tiles(field, tile)
+    cap = max((h // tile) * (w // tile), MIN_VIEW_CAP)
+    if len(centres) > cap:
+        # Evenly spaced in distance from the field's centre: from the middle to the edge, and
+        # the same nuclei when the field is turned (a raster order would change with the turn).
+        distance = np.hypot(centres[:, 0] - (h - 1) / 2, centres[:, 1] - (w - 1) / 2)
+        order = np.argsort(distance, kind="stable")
+        centres = centres[order[np.rint(np.linspace(0, len(order) - 1, cap)).astype(int)]]
     # rint (half to even) of the centre less (tile - 1) / 2, then the clip, are symmetric under a
     # flip (start -> side - tile - start) when side - tile is even: a turned field gets the same
     # views, turned, and the same embedding.

@@ -96,7 +96,7 @@ class PartItems(Dataset[dict[str, Any]]):
 
 
 def _collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tiles as a list (fields may have different tile counts); volumes stacked."""
+    """Views as a list (fields have different counts of cells); volumes stacked."""
     if "tiles" in rows[0]:
         return {"tiles": [r["tiles"] for r in rows]}
     return {k: torch.stack([r[k] for r in rows]) for k in ("image", "gain", "shift")}

@@ -283,7 +283,7 @@ def totals(backend: Backend, mine: dict[str, Any], seconds: float) -> dict[str, 
 
 def loader_workers(configured: int | None, kind: str) -> int:
     """``--num-workers``, else 0 on CPU (the forward's threads take the cores) and up to 8 on
-    an accelerator (the host only reads and tiles)."""
+    an accelerator (the host only reads and cuts the views)."""
     if configured is not None:
         return configured
     return 0 if kind == "cpu" else max(1, min(8, (os.cpu_count() or 2) - 1))

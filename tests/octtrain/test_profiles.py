@@ -14,6 +14,7 @@ from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.data.cellpainting import scale
 from octtrain.embed.encode import (
+    MIN_VIEW_CAP,
     dihedral,
     embed_fields,
     field_tiles,
@@ -130,12 +131,31 @@ def test_a_tile_embedding_is_cls_mean_and_spread_of_patch_tokens_over_its_flips_
 def test_a_field_s_views_are_crops_centred_on_its_nuclei_kept_inside_the_field() -> None:
     field = np.zeros((5, 64, 64), np.uint8)
     field[0, 17:24, 17:24] = 200  # a nucleus centred at (20, 20)
+    field[0, 33:40, 56:63] = 200  # one at (36, 59), near the right edge
     field[0, 55:62, 27:34] = 200  # one at (58, 30), near the bottom edge
-    field[1] = np.arange(64, dtype=np.uint8)[:, None]  # rows told apart in another channel
+    field[1] = np.arange(64, dtype=np.uint8)[:, None]  # rows and columns told apart
+    field[2] = np.arange(64, dtype=np.uint8)[None, :]
     views = field_views(field, 16)
-    assert views.shape == (2, 5, 16, 16)
+    assert views.shape == (3, 5, 16, 16)
     np.testing.assert_array_equal(views[0], field[:, 12:28, 12:28])  # centred
-    np.testing.assert_array_equal(views[1], field[:, 48:64, 22:38])  # moved up, inside
+    np.testing.assert_array_equal(views[1], field[:, 28:44, 48:64])  # moved left, inside
+    np.testing.assert_array_equal(views[2], field[:, 48:64, 22:38])  # moved up, inside
+
+
+def test_a_crowded_field_s_views_are_capped_the_same_nuclei_however_it_is_turned() -> None:
+    # 30 nuclei on a 96 px field of 32 px tiles (a grid of 9): MIN_VIEW_CAP views, from the
+    # nucleus nearest the centre to the farthest, and the same ones, turned, for a turned field.
+    rng = np.random.default_rng(3)
+    field = np.zeros((5, 96, 96), np.uint8)
+    field[1:] = rng.integers(0, 256, (4, 96, 96), dtype=np.uint8)
+    spots = rng.choice(24 * 24, 30, replace=False)
+    for y, x in zip(spots // 24 * 4, spots % 24 * 4, strict=True):
+        field[0, y : y + 3, x : x + 3] = 200  # 3 x 3 nuclei, at least a pixel apart
+    views = field_views(field, 32)
+    assert views.shape == (MIN_VIEW_CAP, 5, 32, 32)
+    turned = np.ascontiguousarray(np.rot90(field, 1, axes=(1, 2)))
+    ours = sorted(np.rot90(v, 1, axes=(1, 2)).tobytes() for v in views)
+    assert sorted(v.tobytes() for v in field_views(turned, 32)) == ours
 
 
 def test_a_field_without_a_nucleus_is_described_by_its_tiles() -> None:

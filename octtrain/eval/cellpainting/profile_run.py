@@ -9,11 +9,11 @@ Only held-out plates are scored: the plates of the checkpoint's training split
 manifest whose every field is in that split is refused).
 
 Each field's embedding covers the whole field, not one crop: ``octtrain.embed.encode`` (the
-one definition ``octtrain embed`` exports) runs the EMA teacher on each of the field's
-non-overlapping ``crops.global_size`` tiles in its 8 flips and quarter turns; a tile's
-embedding is its CLS token, its mean patch token and its patch tokens' spread, averaged over the
-transforms, and the field's the mean and the spread of its tiles'. The random-init encoder is
-embedded the same way. The profiles' normalisation
+one definition ``octtrain embed`` exports) runs the EMA teacher on a ``crops.global_size`` crop
+centred on each of the field's nuclei (its tiles where none is found) in its 8 flips and quarter
+turns; a crop's embedding is its CLS token, its mean patch token and its patch tokens' spread,
+averaged over the transforms, and the field's the mean and the spread of its crops'. The
+random-init encoder is embedded the same way. The profiles' normalisation
 (JUMP's recipe) is ``eval/cellpainting/recipe.py``'s, the retrieval mAP and its bootstrap intervals
 ``eval/cellpainting/retrieval.py``'s; the probe is the leave-one-out k-NN balanced accuracy of the
 perturbation classes (``eval/common/knn.py``) on well profiles and on field embeddings
