@@ -5,13 +5,14 @@ processes embed faster than one.
 The cache is ``bench_manifest_scale.py``'s: 192 real fields (uint8 5x64x64, as build-cache stores
 them) in plate P0, listed again as plates C0, C1, ... (symlinks to P0, each row its own id, key,
 checksum and sources) in columnar manifests of 10,000 and 1,000,000 fields. The encoder is a
-2-step DINO run of ``configs/pretrain/dino-tiny.yaml`` (tiles of 32 px: 4 a field, each in its 8
-flips and turns). On ``--items`` fields (default 4,096), one after the other:
+2-step DINO run of ``configs/pretrain/dino-tiny.yaml`` (a 32 px crop centred on each of a
+field's nuclei, each in its 8 flips and turns). On ``--items`` fields (default 4,096), one after
+the other:
 
 * **loader floor**: the export's own loader (``embed.items.parts_loader``, ``--num-workers``
-  processes, the same batches) read to the end, no model: fields read and tiled per second, the
-  best of three passes;
-* **forward floor**: the export's own forward (``embed.encode.embed_fields``) on in-memory tiles
+  processes, the same batches) read to the end, no model: fields read and cut into their views
+  (the segmentation included) per second, the best of three passes;
+* **forward floor**: the export's own forward (``embed.encode.embed_fields``) on in-memory views
   of ``--batch-size`` fields, at the intra-op threads the export uses beside its loader workers
   (``runtime.backend.cpu_threads``), set before any torch work: fields per second, the best of
   three thirds of the items after three warm-up forwards;

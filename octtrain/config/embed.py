@@ -22,7 +22,7 @@ class EmbedConfig:
     split: str | None = None  # None: every item of the manifest
     encoder: str = "auto"  # DINO: its teacher; V-JEPA pretraining: target (EMA) or context
     device: str = "auto"
-    batch_size: int = 8  # items per forward (a field's tiles all go in with it)
+    batch_size: int = 8  # items per forward (a field's views all go in with it)
     # Loader processes reading and tiling ahead of the forward; None: 0 on CPU (the forward
     # takes every core: 1.5x faster on 2 cores than 1 thread beside 1 worker), else up to 8.
     num_workers: int | None = None
