@@ -6,19 +6,19 @@
   features use), moved inside the field where the nucleus is near its edge. A field where no
   nucleus is found (empty, out of focus) is described by its non-overlapping tiles instead
   (``field_tiles``). Centring the view on a cell, rather than cutting cells where a grid falls,
-  is what JUMP's and DINO4Cells' single-cell profiles do; on the tuning twin it raised activity
-  mAP for every encoder (DINO 0.594 -> 0.681 under JUMP's deep-learning recipe, 0.775 -> 0.837
-  sphered; a random init 0.547 -> 0.661, 0.747 -> 0.814). Each view goes through the encoder in
-  its 8 flips and quarter turns (a field has no up; training draws the same transforms), and a
-  view's ("tile's") embedding is its
-  CLS token, its mean patch token (with the CLS token, DINOv2's linear-evaluation features) and
+  is what single-cell profiles do (CellProfiler measures per cell); on the tuning twin it raised
+  activity mAP for every encoder (DINO 0.594 -> 0.681 under JUMP's deep-learning recipe, 0.775
+  -> 0.837 sphered; a random init 0.547 -> 0.661, 0.747 -> 0.814). Each view goes through the
+  encoder in its 8 flips and quarter turns (a field has no up; training draws the same
+  transforms), and a view's ("tile's") embedding is its CLS token, its mean patch token (with
+  the CLS token, DINOv2's linear-evaluation features) and
   the spread (standard deviation) of its patch tokens, averaged over the transforms. An encoder
   that standardises each crop's channels over its own pixels (``model.input_norm: sample``)
   never sees a channel's brightness or spread, which carry the intensity phenotypes (a brighter
   membrane, a dimmer ER) and part of the size ones (more stained area): its tile embedding gets
   back what that normalisation took away, the tile's per-channel log mean and log standard
   deviation (``tile_stats``, ``2 x C`` features after the ``3D``; ``stats_restored``). The
-  field's embedding is the mean of its tiles' embeddings, then their standard deviation
+  field's embedding is the mean of its views' embeddings, then their standard deviation
   (``2 x (3D [+ 2C])`` features): a field is a population of cells, and how its local
   descriptors and its cells vary is a phenotype the mean alone averages away (CellProfiler
   profiles carry it in per-object measurements). Measured on the tuning twin, sphered activity
