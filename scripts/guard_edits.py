@@ -153,8 +153,8 @@ EDITS: list[Edit] = [
     Edit(
         "embed-cell-views-fallback",
         "octtrain/embed/encode.py",
-        "        return field_tiles(field, tile)\n    # rint",
-        "        return field[None, :, :tile, :tile]\n    # rint",
+        "        return field_tiles(field, tile)\n    cap =",
+        "        return field[None, :, :tile, :tile]\n    cap =",
         (OT + "test_profiles.py::test_a_field_without_a_nucleus_is_described_by_its_tiles",),
         "a field without a nucleus is described by one corner tile",
     ),
