@@ -39,9 +39,10 @@ def segment(
 def nucleus_centres(nuclei: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
     """``[N, 2]``: the (y, x) centre of mass of nuclei ``1..N`` of a label image (``[0, 2]``
     when there are none)."""
+    from scipy import ndimage
+
     count = int(nuclei.max())
-    labels = nuclei.ravel()
-    pixels = np.bincount(labels, minlength=count + 1)[1:].astype(np.float64)
-    yy, xx = np.indices(nuclei.shape)
-    sums = [np.bincount(labels, weights=c.ravel(), minlength=count + 1)[1:] for c in (yy, xx)]
-    return np.stack(sums, axis=1) / np.maximum(pixels, 1.0)[:, None]
+    if not count:
+        return np.zeros((0, 2), np.float64)
+    centres = ndimage.center_of_mass(nuclei > 0, nuclei, range(1, count + 1))
+    return np.asarray(centres, np.float64).reshape(count, 2)
