@@ -129,6 +129,16 @@ EDITS: list[Edit] = [
         "a field's embedding loses how its tiles vary",
     ),
     Edit(
+        "nuclei-centres-yx",
+        "octtrain/data/nuclei.py",
+        "    return np.asarray(centres, np.float64).reshape(count, 2)",
+        "    return np.asarray(centres, np.float64).reshape(count, 2)[:, ::-1]",
+        (
+            "tests/octtrain/test_nuclei.py::test_nucleus_centres_are_their_centres_of_mass_in_label_order",
+        ),
+        "nucleus centres given as (x, y)",
+    ),
+    Edit(
         "embed-cell-views-centred",
         "octtrain/embed/encode.py",
         "    top = np.clip(np.rint(centres[:, 0] - (tile - 1) / 2).astype(int), 0, h - tile)",
