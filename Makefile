@@ -26,18 +26,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[cloud,train,torch,dev]"
 	touch $@
 
-# torch 2.9.0 + torch-xla 2.9.0 (~4.2 GB download: PyPI's Linux torch is a CUDA build, which runs
-# fine on a CPU-only machine), the package and the test runner; no dev or cloud extras.
+# torch 2.9.0 + torch-xla 2.9.0 (~4.2 GB download, 8.2 GB installed: PyPI's Linux torch is a CUDA
+# build, which runs fine on a CPU-only machine), the package and the test runner; no dev or cloud
+# extras. --no-cache-dir here and for Python 3.12 (whose torch is also PyPI's CUDA build, 6.7 GB):
+# pip's cache would otherwise keep another copy of each download on the disk the tiers share.
 $(XLA_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(XLA_VENV)
 	$(XLA_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(XLA_VENV)/bin/python -m pip install --quiet -e ".[train,xla]" "pytest>=8" "pytest-timeout>=2.3"
+	$(XLA_VENV)/bin/python -m pip install --quiet --no-cache-dir -e ".[train,xla]" "pytest>=8" "pytest-timeout>=2.3"
 	touch $@
 
 $(PY312_STAMP): pyproject.toml
 	$(PY312) -m venv $(PY312_VENV)
 	$(PY312_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(PY312_VENV)/bin/python -m pip install --quiet -e ".[cloud,train,torch,dev]"
+	$(PY312_VENV)/bin/python -m pip install --quiet --no-cache-dir -e ".[cloud,train,torch,dev]"
 	touch $@
 
 demo: $(STAMP)
