@@ -139,6 +139,39 @@ EDITS: list[Edit] = [
         "nucleus centres given as (x, y)",
     ),
     Edit(
+        "dino-anchor-nucleus",
+        "octtrain/data/cellpainting.py",
+        '        centres = self.nuclei(array) if c.anchor == "nucleus" else None',
+        "        centres = None",
+        (
+            OT + "test_cellpainting_data.py::"
+            "test_anchor_nucleus_centres_the_first_global_crop_on_a_nucleus",
+        ),
+        "crops.anchor: nucleus is ignored: the first global crop is drawn anywhere",
+    ),
+    Edit(
+        "dino-anchor-centred",
+        "octtrain/data/cellpainting.py",
+        "    y = min(max(0, int(np.rint(centre[0] - (h - 1) / 2)) + dy), height - h)",
+        "    y = min(max(0, int(np.rint(centre[0])) + dy), height - h)",
+        (
+            OT + "test_cellpainting_data.py::"
+            "test_anchor_regions_are_centred_within_the_jitter_and_inside_the_field",
+            OT + "test_cellpainting_data.py::"
+            "test_anchor_nucleus_centres_the_first_global_crop_on_a_nucleus",
+        ),
+        "the anchored crop starts at the nucleus instead of centring on it",
+    ),
+    Edit(
+        "dino-anchor-checked",
+        "octtrain/config/dino.py",
+        '        check(self.anchor in ANCHORS, f"anchor must be one of {ANCHORS}, '
+        'got {self.anchor!r}")',
+        "",
+        (OT + "test_cellpainting_data.py::test_anchor_is_checked",),
+        "an unknown crops.anchor is accepted (and means random)",
+    ),
+    Edit(
         "embed-cell-views-centred",
         "octtrain/embed/encode.py",
         "    top = np.clip(np.rint(centres[:, 0] - (tile - 1) / 2).astype(int), 0, h - tile)",

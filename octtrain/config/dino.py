@@ -58,6 +58,7 @@ VIT2D_PRESETS: dict[str, Vit2dPreset] = {
 
 CENTERINGS = ("center", "sinkhorn_knopp")
 SCALE_UNITS = ("field", "crop")
+ANCHORS = ("random", "nucleus")  # where the first global crop of a field is placed
 JOBS = ("jepa", "dino")  # what ``octtrain pretrain`` can run; a YAML without ``job`` is jepa
 PARALLEL = ("ddp", "fsdp")
 COMPILES = ("none", "inductor", "aot_eager")
@@ -142,6 +143,14 @@ class CropConfig:
     # native-scale crops of a large field otherwise show different cells: views that share only
     # what every crop of the well shares, and DINO's targets for them go uniform.
     global_window: float = 0.0
+    # Where the first global crop goes: "random" (anywhere in the field, DINOv2) or "nucleus"
+    # (centred, within ``anchor_jitter`` pixels, on one of the field's nuclei drawn at random:
+    # DINO4Cells' single-cell views, the views ``octtrain profile`` and ``embed`` describe a
+    # field by). A field where the segmentation finds no nucleus gets a random crop. The
+    # nuclei are segmented per item from the field's whole first (DNA) channel
+    # (``data/nuclei.py``): one more channel read and an Otsu segmentation per item.
+    anchor: str = "random"
+    anchor_jitter: int = 4
     ratio: tuple[float, float] = (0.75, 1.333)
     flip: float = 0.5
     rot90: bool = True
@@ -162,6 +171,8 @@ class CropConfig:
             "global_window must be 0 (anywhere in the field) or >= 1 (crop sides)",
         )
         check(self.scale_unit in SCALE_UNITS, f"scale_unit must be one of {SCALE_UNITS}")
+        check(self.anchor in ANCHORS, f"anchor must be one of {ANCHORS}, got {self.anchor!r}")
+        check(self.anchor_jitter >= 0, f"anchor_jitter must be >= 0, got {self.anchor_jitter}")
         if self.scale_unit == "field":
             check(self.global_scale[1] <= 1 and self.local_scale[1] <= 1, "scales must be <= 1")
         check(0.0 <= self.flip <= 1.0, "flip must be a probability")

@@ -5,9 +5,10 @@ with the uint8 ``[C, Y, X]`` array at ``zarr_path/0``, ``shape``, ``split``, ``l
 cache root; it never lists a folder. A training item (``dataset[(index, seed)]``) is DINOv2's
 multi-crop of one field: 2 global and ``n_local`` local crops, random regions read through
 ``data/arrayread.py`` (only the chunks the regions touch are read, each decoded once; a missing
-data object is a DataError, never zeros), resized, flipped and
-rotated by multiples of 90 degrees, all on **uint8** in the loader worker. The channel-aware
-intensity jitter (a gain and a shift per channel) and channel drop travel as small float
+data object is a DataError, never zeros), resized, flipped and rotated by multiples of 90
+degrees, all on **uint8** in the loader worker; with ``crops.anchor: nucleus`` the first global
+crop is centred on one of the field's nuclei (``data/nuclei.py``). The channel-aware intensity
+jitter (a gain and a shift per channel) and channel drop travel as small float
 tensors; ``to_views`` applies them with the scaling to [-1, 1] on the device, inside the step,
 so a batch crosses the worker pipe and the host-to-device link at a quarter of float32's bytes.
 Channels are never mixed (no colour jitter: a Cell Painting channel is a stain, not a colour).
@@ -37,6 +38,7 @@ from octtrain.config.sections import DataConfig
 from octtrain.data.arrayread import CachedArray, PackedItem, open_array, open_item
 from octtrain.data.ibot_masks import IbotCollate
 from octtrain.data.loaders import loader_kwargs
+from octtrain.data.nuclei import nucleus_centres, segment
 from octtrain.data.samplers import EpochSampler
 from octtrain.errors import DataError
 
@@ -147,6 +149,24 @@ def sample_region_in(
     oy, ox, oh, ow = outer
     h, w = shape if shape is not None else (oh, ow)
     return _place(rng, oy, oh, h, height), _place(rng, ox, ow, w, width), h, w
+
+
+def centred_on(
+    region: Region,
+    centre: tuple[float, float],
+    jitter: int,
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+) -> Region:
+    """``region``'s size placed with its centre on ``centre`` (y, x) moved by up to ``jitter``
+    pixels per axis, kept inside the field (the crop start ``rint(centre - (side - 1) / 2)``,
+    as ``embed``'s single-cell views place theirs)."""
+    _, _, h, w = region
+    dy, dx = (int(d) for d in rng.integers(-jitter, jitter + 1, size=2))
+    y = min(max(0, int(np.rint(centre[0] - (h - 1) / 2)) + dy), height - h)
+    x = min(max(0, int(np.rint(centre[1] - (w - 1) / 2)) + dx), width - w)
+    return y, x, h, w
 
 
 def around(region: Region, factor: float, height: int, width: int) -> Region:
@@ -266,13 +286,30 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
     def _crop(self, pixels: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray:
         return flip_rotate(resize(pixels, size), rng, self.crops.flip, self.crops.rot90)
 
-    def regions(self, rng: np.random.Generator, height: int, width: int) -> list[Region]:
+    def nuclei(self, array: CachedArray | PackedItem) -> np.ndarray:
+        """``[N, 2]``: the (y, x) centres of the field's nuclei, segmented in its whole first
+        (DNA) channel (``crops.anchor: nucleus``)."""
+        dna = array.read((slice(0, 1), slice(None), slice(None)))
+        return nucleus_centres(segment(dna)[0])
+
+    def regions(
+        self,
+        rng: np.random.Generator,
+        height: int,
+        width: int,
+        centres: np.ndarray | None = None,
+    ) -> list[Region]:
         """The 2 global crops' regions, then the local crops' (each inside global crop
-        ``i % 2`` with ``crops.local_in_global``), in pixels of a ``height x width`` field."""
+        ``i % 2`` with ``crops.local_in_global``), in pixels of a ``height x width`` field; the
+        first centred on one of ``centres`` (nuclei, y and x) drawn at random when any are
+        given (``crops.anchor``)."""
         c = self.crops
         field = c.scale_unit == "field"
         unit_g, unit_l = (None, None) if field else (c.global_size**2, c.local_size**2)
         first = sample_region(rng, height, width, c.global_scale, c.ratio, unit_g)
+        if centres is not None and len(centres):
+            centre = centres[int(rng.integers(len(centres)))]
+            first = centred_on(first, (centre[0], centre[1]), c.anchor_jitter, rng, height, width)
         if c.global_window:
             window = around(first, c.global_window, height, width)
             second = sample_region_in(rng, window, height, width, c.global_scale, c.ratio, unit_g)
@@ -304,7 +341,8 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
             image = read_region(array, ((h - g) // 2, (w - g) // 2, g, g))
             return {"image": torch.from_numpy(image), "label": label, "index": index}
         rng = np.random.default_rng(seed)
-        pixels = read_regions(array, self.regions(rng, array.shape[1], array.shape[2]))
+        centres = self.nuclei(array) if c.anchor == "nucleus" else None
+        pixels = read_regions(array, self.regions(rng, array.shape[1], array.shape[2], centres))
         globals_ = [self._crop(p, rng, c.global_size) for p in pixels[:2]]
         locals_ = [self._crop(p, rng, c.local_size) for p in pixels[2:]]
         jitter = [channel_jitter(rng, array.shape[0], c) for _ in range(2 + c.n_local)]

@@ -12,6 +12,7 @@ import torch
 import zarr
 
 from octstage import manifest
+from octstage.cellpainting.fieldstore import write_field
 from octtrain.config.dino import CropConfig
 from octtrain.data.cellpainting import (
     CellPaintingDataset,
@@ -288,3 +289,70 @@ def test_global_window_keeps_the_two_global_crops_on_shared_cells(tmp_path: Path
 def test_global_window_is_checked() -> None:
     with pytest.raises(ConfigError, match="global_window"):
         CropConfig(global_window=0.5)
+
+
+ANCHORED = dict(
+    global_size=32,
+    local_size=16,
+    n_local=1,
+    scale_unit="crop",
+    global_scale=(1.0, 1.0),
+    local_scale=(1.0, 1.0),
+    ratio=(1.0, 1.0),
+    flip=0.0,
+    rot90=False,
+    channel_drop=0.0,
+)
+
+
+def test_anchor_nucleus_centres_the_first_global_crop_on_a_nucleus(tmp_path: Path) -> None:
+    """``crops.anchor: nucleus``: the first global crop shows a nucleus (segmented in the DNA
+    channel) at its centre; the random anchor, on the same field, mostly does not."""
+    field = np.zeros((5, 128, 128), np.uint8)
+    yy, xx = np.mgrid[:128, :128]
+    field[0][np.hypot(yy - 90, xx - 40) < 5] = 200  # one nucleus, far from the field's centre
+    write_field(tmp_path, "f", field, manifest.CELLPAINTING_CHANNELS, {})
+    records = [CellField("f", (5, 128, 128), "train", 0)]
+
+    def dna_centres(anchor: str) -> list[tuple[float, float] | None]:
+        ds = CellPaintingDataset(records, tmp_path, CropConfig(**ANCHORED, anchor=anchor), 4)
+        out: list[tuple[float, float] | None] = []
+        for seed in range(20):
+            dna = ds[(0, seed)]["global"][0, 0].numpy().astype(float)
+            ys, xs = np.nonzero(dna)
+            out.append((float(ys.mean()), float(xs.mean())) if len(ys) else None)
+        return out
+
+    anchored = dna_centres("nucleus")  # anchor_jitter 4 (the default)
+    assert all(c is not None and max(abs(c[0] - 15.5), abs(c[1] - 15.5)) <= 4.5 for c in anchored)
+    assert len({c for c in anchored}) > 1  # jittered, not one fixed crop
+    randomly = dna_centres("random")
+    assert sum(c is None for c in randomly) >= 10
+
+
+def test_anchor_regions_are_centred_within_the_jitter_and_inside_the_field() -> None:
+    ds = CellPaintingDataset([], ".", CropConfig(**ANCHORED, anchor="nucleus", anchor_jitter=3), 4)
+    centres = np.array([[2.0, 60.0], [40.0, 125.0], [70.0, 70.0]])
+    seen = set()
+    for seed in range(200):
+        y, x, h, w = ds.regions(np.random.default_rng(seed), 128, 128, centres)[0]
+        assert 0 <= y <= 128 - h and 0 <= x <= 128 - w
+        # The nearest nucleus to the crop's centre, once the crop was moved inside the field.
+        cy, cx = y + (h - 1) / 2, x + (w - 1) / 2
+        ny, nx = min(centres, key=lambda c: np.hypot(c[0] - cy, c[1] - cx))
+        seen.add((ny, nx))
+        assert abs(np.clip(ny - (h - 1) / 2, 0, 128 - h) - y) <= 3.5
+        assert abs(np.clip(nx - (w - 1) / 2, 0, 128 - w) - x) <= 3.5
+    assert len(seen) == 3  # every nucleus drawn
+    # No nucleus found: the random region, as without the anchor.
+    empty = np.zeros((0, 2))
+    for seed in range(5):
+        plain = ds.regions(np.random.default_rng(seed), 128, 128)
+        assert ds.regions(np.random.default_rng(seed), 128, 128, empty) == plain
+
+
+def test_anchor_is_checked() -> None:
+    with pytest.raises(ConfigError, match="anchor must be one of"):
+        CropConfig(anchor="cell")
+    with pytest.raises(ConfigError, match="anchor_jitter"):
+        CropConfig(anchor_jitter=-1)
