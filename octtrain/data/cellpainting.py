@@ -38,7 +38,7 @@ from octtrain.config.sections import DataConfig
 from octtrain.data.arrayread import CachedArray, PackedItem, open_array, open_item
 from octtrain.data.ibot_masks import IbotCollate
 from octtrain.data.loaders import loader_kwargs
-from octtrain.data.nuclei import nucleus_centres, segment
+from octtrain.data.nuclei import nucleus_centres, segment_nuclei
 from octtrain.data.samplers import EpochSampler
 from octtrain.errors import DataError
 
@@ -290,7 +290,7 @@ class CellPaintingDataset(Dataset[dict[str, Any]]):
         """``[N, 2]``: the (y, x) centres of the field's nuclei, segmented in its whole first
         (DNA) channel (``crops.anchor: nucleus``)."""
         dna = array.read((slice(0, 1), slice(None), slice(None)))
-        return nucleus_centres(segment(dna)[0])
+        return nucleus_centres(segment_nuclei(dna))
 
     def regions(
         self,

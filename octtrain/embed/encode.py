@@ -43,7 +43,7 @@ from torch import nn
 
 from octtrain.data.cellpainting import scale
 from octtrain.data.dataset import to_model_input
-from octtrain.data.nuclei import nucleus_centres, segment
+from octtrain.data.nuclei import nucleus_centres, segment_nuclei
 from octtrain.runtime.backend import Backend
 
 STAT_EPS = 1.0 / 255.0  # one grey level of the uint8 field
@@ -83,7 +83,7 @@ def field_views(field: np.ndarray, tile: int) -> np.ndarray:
     _, h, w = field.shape
     if h < tile or w < tile:
         raise ValueError(f"a field of {h}x{w} pixels holds no {tile}x{tile} tile")
-    centres = nucleus_centres(segment(field)[0])
+    centres = nucleus_centres(segment_nuclei(field))
     if not len(centres):
         return field_tiles(field, tile)
     cap = max((h // tile) * (w // tile), MIN_VIEW_CAP)
