@@ -35,6 +35,12 @@ Import from ``octstage.manifest``: octtrain imports nothing else of octstage.
 
 from __future__ import annotations
 
+# Files written whole (octstage/atomic.py) and, at the end, the one rule for output folders
+# (octstage/outputs.py), for octtrain too: this module is the only one of octstage that octtrain
+# imports.
+from octstage.atomic import atomic_write_bytes as atomic_write_bytes
+from octstage.atomic import atomic_write_text as atomic_write_text
+from octstage.atomic import ctrl_c_deferred as ctrl_c_deferred
 from octstage.errors import ManifestError as ManifestError  # octtrain catches it from here
 from octstage.manifest.checks import CHECKS as CHECKS
 from octstage.manifest.checks import FATAL as FATAL
@@ -80,15 +86,9 @@ from octstage.manifest.serial import to_header as to_header
 from octstage.manifest.serial import write as write
 from octstage.manifest.spool import FieldSpool as FieldSpool
 from octstage.manifest.spool import PlateSpool as PlateSpool
-from octstage.outputs import atomic_write_bytes as atomic_write_bytes
-from octstage.outputs import atomic_write_text as atomic_write_text
-
-# The one rule for output folders (octstage/outputs.py), for octtrain too: this module is the only
-# one of octstage that octtrain imports.
 from octstage.outputs import check_feature_cache as check_feature_cache
 from octstage.outputs import check_output_folder as check_output_folder
 from octstage.outputs import claim_export_folder as claim_export_folder
 from octstage.outputs import claim_run_folder as claim_run_folder
-from octstage.outputs import ctrl_c_deferred as ctrl_c_deferred
 from octstage.outputs import move_aside as move_aside
 from octstage.outputs import replace_report as replace_report

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from octstage.atomic import atomic_write_text
 from octstage.errors import ManifestError
 from octstage.manifest.columnar import FORMAT as TABLE_FORMAT
 from octstage.manifest.columnar import TableInfo, items_name, json_row, read_items, write_items
@@ -33,7 +34,7 @@ from octstage.manifest.model import (
     Rejected,
     Volume,
 )
-from octstage.outputs import ITEMS_SUFFIX, atomic_write_text
+from octstage.outputs import ITEMS_SUFFIX
 
 
 def to_dict(manifest: Manifest) -> dict[str, Any]:
