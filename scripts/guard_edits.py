@@ -139,6 +139,17 @@ EDITS: list[Edit] = [
         "nucleus centres given as (x, y)",
     ),
     Edit(
+        "chunk-pieces-last-whole",
+        "octtrain/data/chunk_regions.py",
+        "    whole = n if v == n * chunk else n - 1",
+        "    whole = n - 1",
+        (
+            OT + "test_chunk_regions.py::"
+            "test_axis_pieces_copy_exactly_the_span_in_at_most_three_pieces",
+        ),
+        "a span that ends on a chunk's edge copies its last chunk twice over the output",
+    ),
+    Edit(
         "dino-anchor-nucleus",
         "octtrain/data/cellpainting.py",
         '        centres = self.nuclei(array) if c.anchor == "nucleus" else None',
