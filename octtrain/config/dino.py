@@ -148,7 +148,9 @@ class CropConfig:
     # DINO4Cells' single-cell views, the views ``octtrain profile`` and ``embed`` describe a
     # field by). A field where the segmentation finds no nucleus gets a random crop. The
     # nuclei are segmented per item from the field's whole first (DNA) channel
-    # (``data/nuclei.py``): one more channel read and an Otsu segmentation per item.
+    # (``data/nuclei.py``): one more channel read and an Otsu segmentation per item. On the
+    # twin's dense fields it lowered DINO's profiles (activity 0.686 -> 0.644,
+    # docs/benchmarks.md): for fields where random crops often miss the cells.
     anchor: str = "random"
     anchor_jitter: int = 4
     ratio: tuple[float, float] = (0.75, 1.333)
