@@ -100,7 +100,7 @@ def train_checkpoint(manifest: Path, run: Path) -> Path:
 
 
 def loader_floor(manifest: Path, checkpoint: Path, items: int, args: argparse.Namespace) -> float:
-    """Fields read and tiled per second by the export's loader, no model."""
+    """Fields per second the export's loader reads, segments and cuts into views, no model."""
     url = resolve_checkpoint(str(checkpoint))
     encoder = checkpoint_encoder(load_checkpoint(url), url, "auto")
     fields = mf.load(manifest).fields[:items]
@@ -210,8 +210,8 @@ def main() -> None:
               f"parts of {args.part_size}, {os.cpu_count()} cores")  # fmt: skip
         loader = floor("loader", small, checkpoint, items, args)
         forward = floor("forward", small, checkpoint, items, args)
-        print(f"loader floor:  {loader:8.1f} fields/s (read and tiled, no model)")
-        print(f"forward floor: {forward:8.1f} fields/s (in-memory tiles, "
+        print(f"loader floor:  {loader:8.1f} fields/s (read, segmented, cut into views; no model)")
+        print(f"forward floor: {forward:8.1f} fields/s (in-memory views, "
               f"{cpu_threads(0, args.workers)} intra-op thread(s))")  # fmt: skip
         runs = {}
         for n in sizes:
