@@ -150,6 +150,16 @@ EDITS: list[Edit] = [
         "a span that ends on a chunk's edge copies its last chunk twice over the output",
     ),
     Edit(
+        "ci-venv-removed-too-early",
+        ".ci/run",
+        "make test-slow\nrm -rf .venv\n",
+        "rm -rf .venv\nmake test-slow\n",
+        (
+            "tests/test_project.py::test_ci_removes_an_environment_only_after_every_tier_that_uses_it",
+        ),
+        "CI removes .venv before the slow tier that needs it (which then rebuilds it)",
+    ),
+    Edit(
         "dino-anchor-nucleus",
         "octtrain/data/cellpainting.py",
         '        centres = self.nuclei(array) if c.anchor == "nucleus" else None',

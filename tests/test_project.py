@@ -27,6 +27,18 @@ def test_ci_runs_the_default_suite_on_a_newer_python_too() -> None:
     assert "test-py312:" in (ROOT / "Makefile").read_text()
 
 
+def test_ci_removes_an_environment_only_after_every_tier_that_uses_it() -> None:
+    """CI frees each environment's ~3-8 GB once its tiers are done (its disk is not sized); a
+    tier run after its environment went would rebuild it, and the disk it was freed for."""
+    lines = [line.split() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    uses = {".venv": {"test", "test-slow"}, ".venv-py312": {"test-py312"}}
+    for venv, targets in uses.items():
+        gone = [i for i, words in enumerate(lines) if words == ["rm", "-rf", venv]]
+        runs = [i for i, words in enumerate(lines) if words[:1] == ["make"] and words[1] in targets]
+        assert runs, f"no tier of {venv} in .ci/run"
+        assert not gone or max(runs) < min(gone), f"{venv} removed before {targets} ran"
+
+
 # Folders the standard Python .gitignore template (GitHub's Python.gitignore) ignores anywhere in
 # a tree: a package folder with one of these names vanishes from a fork that adopts it.
 IGNORED_BY_THE_PYTHON_TEMPLATE = {"build", "dist", "develop-eggs", "downloads", "eggs", "lib"}
