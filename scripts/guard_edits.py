@@ -171,19 +171,6 @@ EDITS: list[Edit] = [
         "crops.anchor: nucleus is ignored: the first global crop is drawn anywhere",
     ),
     Edit(
-        "dino-anchor-centred",
-        "octtrain/data/cellpainting.py",
-        "    y = min(max(0, int(np.rint(centre[0] - (h - 1) / 2)) + dy), height - h)",
-        "    y = min(max(0, int(np.rint(centre[0])) + dy), height - h)",
-        (
-            OT + "test_cellpainting_data.py::"
-            "test_anchor_regions_are_centred_within_the_jitter_and_inside_the_field",
-            OT + "test_cellpainting_data.py::"
-            "test_anchor_nucleus_centres_the_first_global_crop_on_a_nucleus",
-        ),
-        "the anchored crop starts at the nucleus instead of centring on it",
-    ),
-    Edit(
         "dino-anchor-checked",
         "octtrain/config/dino.py",
         '        check(self.anchor in ANCHORS, f"anchor must be one of {ANCHORS}, '
@@ -194,25 +181,33 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "embed-cell-views-centred",
-        "octtrain/embed/encode.py",
-        "    top = np.clip(np.rint(centres[:, 0] - (tile - 1) / 2).astype(int), 0, h - tile)",
-        "    top = np.clip(np.rint(centres[:, 0]).astype(int), 0, h - tile)",
+        "octtrain/data/nuclei.py",
+        "    start = np.rint(np.asarray(centre, np.float64) - (side - 1) / 2).astype(np.int64) "
+        "+ shift",
+        "    start = np.rint(np.asarray(centre, np.float64)).astype(np.int64) + shift",
         (
             OT + "test_profiles.py::"
             "test_a_field_s_views_are_crops_centred_on_its_nuclei_kept_inside_the_field",
+            OT + "test_cellpainting_data.py::"
+            "test_anchor_regions_are_centred_within_the_jitter_and_inside_the_field",
+            OT + "test_cellpainting_data.py::"
+            "test_anchor_nucleus_centres_the_first_global_crop_on_a_nucleus",
         ),
-        "a field's single-cell views start at the nucleus instead of centring on it",
+        "single-cell views and anchored training crops start at the nucleus instead of centring "
+        "on it",
     ),
     Edit(
         "embed-cell-views-clamped",
-        "octtrain/embed/encode.py",
-        "    left = np.clip(np.rint(centres[:, 1] - (tile - 1) / 2).astype(int), 0, w - tile)",
-        "    left = np.rint(centres[:, 1] - (tile - 1) / 2).astype(int)",
+        "octtrain/data/nuclei.py",
+        "    return np.clip(start, 0, limit - side)",
+        "    return start",
         (
             OT + "test_profiles.py::"
             "test_a_field_s_views_are_crops_centred_on_its_nuclei_kept_inside_the_field",
+            OT + "test_cellpainting_data.py::"
+            "test_anchor_regions_are_centred_within_the_jitter_and_inside_the_field",
         ),
-        "a view of a nucleus near the field's edge falls partly outside the field",
+        "a view or anchored crop of a nucleus near the field's edge falls partly outside it",
     ),
     Edit(
         "embed-cell-views-fallback",

@@ -38,7 +38,7 @@ from octtrain.config.sections import DataConfig
 from octtrain.data.arrayread import CachedArray, PackedItem, open_array, open_item
 from octtrain.data.ibot_masks import IbotCollate
 from octtrain.data.loaders import loader_kwargs
-from octtrain.data.nuclei import nucleus_centres, segment_nuclei
+from octtrain.data.nuclei import crop_start, nucleus_centres, segment_nuclei
 from octtrain.data.samplers import EpochSampler
 from octtrain.errors import DataError
 
@@ -160,13 +160,11 @@ def centred_on(
     width: int,
 ) -> Region:
     """``region``'s size placed with its centre on ``centre`` (y, x) moved by up to ``jitter``
-    pixels per axis, kept inside the field (the crop start ``rint(centre - (side - 1) / 2)``,
-    as ``embed``'s single-cell views place theirs)."""
+    pixels per axis, kept inside the field (``crop_start``, the rule ``embed``'s single-cell
+    views are placed by)."""
     _, _, h, w = region
     dy, dx = (int(d) for d in rng.integers(-jitter, jitter + 1, size=2))
-    y = min(max(0, int(np.rint(centre[0] - (h - 1) / 2)) + dy), height - h)
-    x = min(max(0, int(np.rint(centre[1] - (w - 1) / 2)) + dx), width - w)
-    return y, x, h, w
+    return int(crop_start(centre[0], h, height, dy)), int(crop_start(centre[1], w, width, dx)), h, w
 
 
 def around(region: Region, factor: float, height: int, width: int) -> Region:

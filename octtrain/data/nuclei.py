@@ -8,6 +8,9 @@ views (``embed/encode.py``) and the handcrafted baseline's measurements
   (``skimage.segmentation.expand_labels``): the simple nuclei + propagated-cells recipe of a
   CellProfiler pipeline, without a membrane channel.
 * ``nucleus_centres``: each nucleus's centre of mass, in label order.
+* ``crop_start``: where a crop centred on a nucleus starts, kept inside the field (the one rule
+  for the single-cell views of ``embed/encode.py`` and the anchored training crops of
+  ``data/cellpainting.py``).
 """
 
 from __future__ import annotations
@@ -58,3 +61,15 @@ def nucleus_centres(nuclei: npt.NDArray[np.int32]) -> npt.NDArray[np.float64]:
     pixels = np.bincount(labels, minlength=count + 1)[1:]
     sums = [np.bincount(labels, weights=c, minlength=count + 1)[1:] for c in (ys, xs)]
     return np.stack(sums, axis=1) / np.maximum(pixels, 1)[:, None]
+
+
+def crop_start(
+    centre: float | npt.NDArray[np.float64], side: int, limit: int, shift: int = 0
+) -> npt.NDArray[np.int64]:
+    """Along one axis of ``limit`` pixels, where a crop of ``side`` pixels centred on ``centre``
+    (one or many) starts: ``rint(centre - (side - 1) / 2)`` moved by ``shift``, kept inside
+    ``[0, limit - side]``. rint (half to even) and the clip are symmetric under a flip (start ->
+    limit - side - start) when ``limit - side`` is even: a turned field gets the same crops,
+    turned."""
+    start = np.rint(np.asarray(centre, np.float64) - (side - 1) / 2).astype(np.int64) + shift
+    return np.clip(start, 0, limit - side)

@@ -43,7 +43,7 @@ from torch import nn
 
 from octtrain.data.cellpainting import scale
 from octtrain.data.dataset import to_model_input
-from octtrain.data.nuclei import nucleus_centres, segment_nuclei
+from octtrain.data.nuclei import crop_start, nucleus_centres, segment_nuclei
 from octtrain.runtime.backend import Backend
 
 STAT_EPS = 1.0 / 255.0  # one grey level of the uint8 field
@@ -93,11 +93,9 @@ def field_views(field: np.ndarray, tile: int) -> np.ndarray:
         distance = np.hypot(centres[:, 0] - (h - 1) / 2, centres[:, 1] - (w - 1) / 2)
         order = np.argsort(distance, kind="stable")
         centres = centres[order[np.rint(np.linspace(0, len(order) - 1, cap)).astype(int)]]
-    # rint (half to even) of the centre less (tile - 1) / 2, then the clip, are symmetric under a
-    # flip (start -> side - tile - start) when side - tile is even: a turned field gets the same
-    # views, turned, and the same embedding.
-    top = np.clip(np.rint(centres[:, 0] - (tile - 1) / 2).astype(int), 0, h - tile)
-    left = np.clip(np.rint(centres[:, 1] - (tile - 1) / 2).astype(int), 0, w - tile)
+    # Symmetric under a flip (crop_start): a turned field gets the same views, turned, and the
+    # same embedding.
+    top, left = crop_start(centres[:, 0], tile, h), crop_start(centres[:, 1], tile, w)
     return np.stack([field[:, y : y + tile, x : x + tile] for y, x in zip(top, left, strict=True)])
 
 
