@@ -1434,7 +1434,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "exitcode-data",
-        "octtrain/cli.py",
+        "octtrain/cli/__init__.py",
         "        return EXIT_DATA\n",
         "        return EXIT_REFUSED\n",
         (OT + "test_doctor.py",),
@@ -1867,6 +1867,22 @@ EDITS: list[Edit] = [
         "after a Ctrl-C, a thread's broken connection prints a traceback",
     ),
     Edit(
+        "ctrl-c-dropped-quiet",
+        "octtrain/runtime/interrupt.py",
+        "    if issubclass(unraisable.exc_type, KeyboardInterrupt) and _PENDING.is_set():\n",
+        "    if False:\n",
+        (OT + "test_interrupt.py::test_a_dropped_ctrl_c_is_raised_again_without_a_traceback",),
+        "a Ctrl-C Python dropped in a weakref callback prints 'Exception ignored' and a traceback",
+    ),
+    Edit(
+        "ctrl-c-dropped-others-printed",
+        "octtrain/runtime/interrupt.py",
+        "    _PREVIOUS_UNRAISABLE_HOOK(unraisable)\n",
+        "",
+        (OT + "test_interrupt.py::test_a_dropped_ctrl_c_is_raised_again_without_a_traceback",),
+        "after a Ctrl-C, every exception Python drops is hidden, not only the interrupt",
+    ),
+    Edit(
         "dino-objective-compiled",
         "octtrain/train/dino.py",
         "                self.objective = torch.compile(objective, backend=backend)\n",
@@ -1915,7 +1931,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "ctrl-c-import-at-cli",
-        "octtrain/cli.py",
+        "octtrain/cli/__init__.py",
         "        if not caused_by_ctrl_c(exc):",
         "        if True:",
         (OT + "test_interrupt.py::test_an_import_a_ctrl_c_cut_short_is_the_interrupt",),

@@ -57,7 +57,7 @@ from octtrain.runtime.interrupt import interrupt_pending
 log = logging.getLogger("octtrain")
 
 # The kinds ``agree`` carries between hosts (their index + 1 is the flag; 0: no failure), so
-# every host raises the class its exit code comes from (cli.py: 3 non-finite, 2 the others).
+# every host raises the class its exit code comes from (cli.main: 3 non-finite, 2 the others).
 AGREED_KINDS: tuple[type[OcttrainError], ...] = (
     OcttrainError,
     ConfigError,

@@ -29,6 +29,13 @@ command said "interrupted" (CI, Python 3.12, 1 run in many). Once a Ctrl-C arriv
 connection errors from other threads (reported through ``sys.excepthook`` as the sharer does, or
 ``threading.excepthook`` as any other thread does) are the interrupt's echo: they go to the
 debug log.
+
+The KeyboardInterrupt Python drops is reported too, through ``sys.unraisablehook``: "Exception
+ignored in: <function _get_module_lock.<locals>.cb ...>" and its traceback, printed above
+"interrupted" (CI, Python 3.12: a Ctrl-C landed in the import lock's weakref callback as a
+validation imported a module). That interrupt is not lost (it is remembered and raised again
+at the next check), so its report is not an error either: once a Ctrl-C arrived, a dropped
+KeyboardInterrupt goes to the debug log; any other dropped exception is printed as before.
 """
 
 from __future__ import annotations
@@ -72,16 +79,29 @@ def _quiet_thread_echoes(args: threading.ExceptHookArgs) -> None:
         _PREVIOUS_THREAD_HOOK(args)
 
 
+def _quiet_dropped_ctrl_c(unraisable: sys.UnraisableHookArgs) -> None:
+    """``sys.unraisablehook`` after a Ctrl-C: the KeyboardInterrupt Python dropped (in a
+    ``__del__``, a weakref callback, an at-fork hook) is remembered, so it is logged at debug;
+    any other dropped exception goes to the hook this replaced."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt) and _PENDING.is_set():
+        log.debug("a Ctrl-C landed where Python drops exceptions (%r)", unraisable.object)
+        return
+    _PREVIOUS_UNRAISABLE_HOOK(unraisable)
+
+
 _PREVIOUS_HOOK = sys.excepthook
 _PREVIOUS_THREAD_HOOK = threading.excepthook
+_PREVIOUS_UNRAISABLE_HOOK = sys.unraisablehook
 
 
 def _install_quiet_hooks() -> None:
-    global _PREVIOUS_HOOK, _PREVIOUS_THREAD_HOOK
+    global _PREVIOUS_HOOK, _PREVIOUS_THREAD_HOOK, _PREVIOUS_UNRAISABLE_HOOK
     if sys.excepthook is not _quiet_echoes:
         _PREVIOUS_HOOK, sys.excepthook = sys.excepthook, _quiet_echoes
     if threading.excepthook is not _quiet_thread_echoes:
         _PREVIOUS_THREAD_HOOK, threading.excepthook = threading.excepthook, _quiet_thread_echoes
+    if sys.unraisablehook is not _quiet_dropped_ctrl_c:
+        _PREVIOUS_UNRAISABLE_HOOK, sys.unraisablehook = sys.unraisablehook, _quiet_dropped_ctrl_c
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
