@@ -259,9 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="octtrain",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Pretrain (3D V-JEPA), finetune (4 study groups) and evaluate on an octstage "
-        "cache. Reads only the manifest and the arrays it lists, from local disk; any config "
-        "value can be overridden as KEY=VALUE (e.g. train.max_steps=20).",
+        # Raw (the epilog's exit-code table keeps its columns): the lines are broken here.
+        description=(
+            "Train and use encoders on an octstage cache: pretrain (V-JEPA on OCT volumes, or\n"
+            "DINOv2 on Cell Painting fields with `job: dino`), finetune (the 4 study groups),\n"
+            "evaluate, probe, profile (Cell Painting well profiles) and embed (every item's\n"
+            "embedding as Parquet). Reads only the manifest and the arrays it lists, from local\n"
+            "disk; any config value can be overridden as KEY=VALUE (e.g. train.max_steps=20)."
+        ),
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
