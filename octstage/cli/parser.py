@@ -88,8 +88,10 @@ def _seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="octstage",
-        description="Stage AI-READI retinal OCT once: mirror B2 to a region-local bucket, audit "
-        "participant IDs, build a verified uint8 Zarr cache and the manifest octtrain reads.",
+        description="Stage AI-READI retinal OCT volumes or JUMP Cell Painting fields once: mirror "
+        "B2 or S3 to a region-local bucket, audit participant IDs (OCT), build a verified uint8 "
+        "Zarr cache and the manifest octtrain reads (build-cache --kind), and stage it onto each "
+        "host's disk.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
