@@ -93,6 +93,8 @@ def test_a_dropped_ctrl_c_is_raised_again_without_a_traceback(mode: str) -> None
     script = (
         "import gc, os, signal, time\n"
         "from octtrain.runtime.interrupt import check_interrupted, remembered_ctrl_c\n"
+        # A shell without job control (CI's, in the background) starts it with SIGINT ignored.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "class CtrlCInDel:\n"
         "    def __del__(self):\n"
         "        os.kill(os.getpid(), signal.SIGINT)\n"
