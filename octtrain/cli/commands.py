@@ -133,7 +133,7 @@ def doctor(args: argparse.Namespace) -> int:
         # A refusal to launch (exit 2), not a data error: the hosts' views differ.
         raise OcttrainError("doctor: the hosts disagree: " + "; ".join(problems))
     print("doctor: every host agrees", flush=True)
-    return 0
+    return EXIT_OK
 
 
 def probe(args: argparse.Namespace) -> int:
@@ -157,14 +157,14 @@ def probe(args: argparse.Namespace) -> int:
         bootstrap=bootstrap_spec(args),
         max_share=args.collapse_max_share,
     )
-    return 0
+    return EXIT_OK
 
 
 def profile(args: argparse.Namespace) -> int:
     from octtrain.eval.cellpainting.profile_run import run_profile
 
     run_profile(args.checkpoint, args.manifest, args.cache, args.out, args.device)
-    return 0
+    return EXIT_OK
 
 
 def embed(args: argparse.Namespace) -> int:
@@ -187,4 +187,4 @@ def embed(args: argparse.Namespace) -> int:
         limit=args.limit,
     )
     print_summary(run_embed(cfg), args.json)
-    return 0
+    return EXIT_OK

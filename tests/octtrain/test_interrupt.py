@@ -4,7 +4,6 @@ as it started its loaders (issue 29: "hangs forever")."""
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import subprocess
@@ -23,24 +22,7 @@ from octtrain.runtime.interrupt import (
     interrupt_pending,
     remembered_ctrl_c,
 )
-
-
-class CtrlCInDel:
-    """Ctrl-C arrives while this object's ``__del__`` runs: Python raises KeyboardInterrupt
-    there, prints "Exception ignored in" and drops it (as in a DataLoader iterator's
-    ``__del__``, or the logging module's at-fork hook, where finetune lost it)."""
-
-    def __del__(self) -> None:
-        os.kill(os.getpid(), signal.SIGINT)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # the handler runs between these bytecodes
-            pass
-
-
-def drop_a_ctrl_c() -> None:
-    obj = CtrlCInDel()
-    del obj
-    gc.collect()
+from tests.octtrain.ctrl_c_in_del import drop_a_ctrl_c
 
 
 @pytest.fixture
@@ -91,19 +73,15 @@ def test_a_dropped_ctrl_c_is_raised_again_without_a_traceback(mode: str) -> None
     raised again at the next check, so its report goes to the debug log; another exception
     dropped after the Ctrl-C (``plain``: a ``__del__``'s own ValueError) is still printed."""
     script = (
-        "import gc, os, signal, time\n"
+        "import gc, signal\n"
         "from octtrain.runtime.interrupt import check_interrupted, remembered_ctrl_c\n"
+        "from tests.octtrain.ctrl_c_in_del import drop_a_ctrl_c\n"
         # A shell without job control (CI's, in the background) starts it with SIGINT ignored.
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "class CtrlCInDel:\n"
-        "    def __del__(self):\n"
-        "        os.kill(os.getpid(), signal.SIGINT)\n"
-        "        deadline = time.monotonic() + 5\n"
-        "        while time.monotonic() < deadline: pass\n"
         "class Fails:\n"
         "    def __del__(self): raise ValueError('a finalizer of its own')\n"
         "with remembered_ctrl_c():\n"
-        "    obj = CtrlCInDel(); del obj; gc.collect()\n"
+        "    drop_a_ctrl_c()\n"
         f"    if {mode == 'plain'}:\n"
         "        obj = Fails(); del obj; gc.collect()\n"
         "    try:\n"
