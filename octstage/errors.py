@@ -34,6 +34,16 @@ class ManifestError(OctstageError):
     """A manifest is missing, malformed, of another schema or cache version."""
 
 
+class ManifestTypeError(ManifestError):
+    """A manifest's values are not of its schema's types, or keys of its items are missing,
+    unknown or given twice (``manifest.itemtypes``): it does not load. ``problems``: one line
+    each, naming the item, the key, the value and what was expected."""
+
+    def __init__(self, message: str, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 class StorageError(OctstageError):
     """A storage backend failed (missing object, refused name, remote error)."""
 

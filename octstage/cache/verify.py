@@ -10,6 +10,9 @@ missing (its folder, its metadata or a data object that held values: zarr would 
 fill values), changed (the bytes are there and differ: the
 values' checksum, or the crc32c that caches written since it have after each chunk), extra,
 a schema violation, or the manifest contradicting itself (``manifest.consistency_problems``).
+A manifest whose values are not of the schema's types, or whose keys are missing, unknown or
+given twice, does not load (``manifest.itemtypes``): those are its schema problems, and no item
+is read.
 A packed Cell Painting field (``pack_index``) is checked in its pack (``check_packed``: its
 members' tiles read from the shard directly, ``packread``; a pack or member that does not read
 cleanly there is opened through zarr once, its values read a run at a time); a pack whose shard
@@ -22,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +42,7 @@ from octstage import manifest as mf
 from octstage.bounded import bounded_map
 from octstage.cache import volumestore
 from octstage.cellpainting import packread, packstore
-from octstage.errors import VerificationError
+from octstage.errors import ManifestError, ManifestTypeError, VerificationError
 from octstage.manifest import rowschema
 from octstage.manifest.columnar import json_row
 from octstage.progress import Advance, counter, interval
@@ -124,6 +128,9 @@ def check_packed(cache: Path, items: Sequence[Listed], opener: Opener) -> list[F
     relpath = items[0].zarr_path
     if not (cache / relpath).exists():
         return [("missing", "not in the cache")] * len(items)
+    irregular = _irregular(cache, relpath)
+    if irregular is not None:
+        return [irregular] * len(items)
     members = [(_pack_index(item), tuple(item.shape), item.checksum) for item in items]
     direct = packread.fields(cache / relpath / "0", [(i, s) for i, s, _ in members])
     if direct is None:
@@ -195,6 +202,9 @@ def check_entry(cache: Path, volume: Listed) -> Finding:
     """
     if not (cache / volume.zarr_path).exists():
         return "missing", "not in the cache"
+    irregular = _irregular(cache, volume.zarr_path)
+    if irregular is not None:
+        return irregular
     for meta in ("zarr.json", "0/zarr.json"):
         if not (cache / volume.zarr_path / meta).is_file():
             return "missing", f"{meta} gone"
@@ -211,6 +221,27 @@ def check_entry(cache: Path, volume: Listed) -> Finding:
             f"data object(s) {shown} gone: zarr would read them as fill value ({finding})"
         )
     return "changed", finding
+
+
+def _irregular(cache: Path, relpath: str) -> Finding:
+    """A FIFO or device in the array folder: opening it would block verify for good."""
+    try:
+        volumestore.refuse_irregular(cache, relpath)
+    except VerificationError as exc:
+        return "missing", str(exc).removeprefix(f"{relpath}: ")
+    return None
+
+
+def _regular(path: Path) -> None:
+    """ManifestError when ``path`` exists and is no regular file (reading a FIFO blocks)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # absent or unreadable: the load names it
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ManifestError(
+            f"{path}: not a regular file (a FIFO or device): not read; name the manifest file"
+        )
 
 
 def _compare(cache: Path, volume: Listed) -> str | None:
@@ -315,8 +346,15 @@ def verify(
     """Check every volume of the manifest against the cache (local folder). Progress is a bar
     on a terminal, else a plain line every ``progress_seconds``."""
     every = interval(progress_seconds)  # checked before any work starts
-    loaded = mf.load(manifest_path)
+    for path in (manifest_path, manifest_path.with_name(manifest_path.stem + ".items.parquet")):
+        _regular(path)
     root = cache if cache is not None else manifest_path.parent
+    try:
+        loaded = mf.load(manifest_path)
+    except ManifestTypeError as exc:  # values the schema refuses: its problems, nothing compared
+        return VerifyReport(
+            str(manifest_path), str(root), schema="invalid", schema_errors=exc.problems[:50]
+        )
     items = loaded.items  # OCT volumes or Cell Painting fields: the common part is enough
     report = VerifyReport(str(manifest_path), str(root), volumes=len(items), kind=loaded.kind)
     data = json.loads(manifest_path.read_text())
@@ -389,14 +427,16 @@ def run_verify(
 
 
 def extra_way_out(report: VerifyReport) -> str:
-    """What extra arrays are and how to be rid of them: build-cache keeps an earlier build's
-    arrays (another --shape, a source file replaced and restored) so that going back reuses
-    them; nothing reads them, but they take space and make verify report problems."""
+    """What extra arrays are and how to be rid of them: a rebuild removes the arrays it
+    replaced (``cache.stale``) but keeps those of items it left out, so that a re-run reuses
+    them, and an older build removed none; nothing reads them, but they take space and make
+    verify report problems."""
     items = "fields" if report.kind == "cellpainting" else "volumes"
     return (
         f"extra: {len(report.extra)} {items} the manifest does not list, most likely of an earlier "
-        "build (another --shape, a source file replaced since): build-cache keeps them so a "
-        "rebuild at those settings reuses them, and no command reads them. To drop them, copy "
+        "build: items this build left out (build-cache keeps them so a re-run that takes them "
+        "back reuses them), or arrays a build before this version replaced without removing "
+        "them; no command reads them. To drop them, copy "
         f"the cache without them (`octstage stage {report.cache} NEW_FOLDER` copies only what "
         "the manifest lists) or delete the folders named above"
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -214,8 +215,38 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fh.fileno())
 
 
+def irregular_files(folder: Path) -> list[str]:
+    """The entries under ``folder`` that are neither folders nor regular files (a FIFO, a
+    device, a socket; a link is followed), relative to it: opening one blocks or reads what
+    is no stored object, so every reader of a cache refuses it first."""
+    found = []
+    for top, dirs, files in os.walk(folder):
+        for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]:
+            path = Path(top) / name
+            try:
+                mode = path.stat().st_mode
+            except OSError:
+                continue  # gone or a dangling link: the read that follows names it
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(path.relative_to(folder).as_posix())
+    return sorted(found)
+
+
+def refuse_irregular(cache_root: Path, relpath: str) -> None:
+    """VerificationError naming every non-regular file of the array folder ``relpath``."""
+    bad = irregular_files(cache_root / relpath)
+    if bad:
+        shown = ", ".join(f"{relpath}/{b}" for b in bad[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise VerificationError(
+            f"{relpath}: {shown}{more}: not a regular file (a FIFO or device), never read: "
+            "put the stored file back (octstage stage fetches it again) or rebuild"
+        )
+
+
 def read_volume(cache_root: Path, relpath: str) -> npt.NDArray[np.uint8]:
-    """The stored array of a volume, fully read."""
+    """The stored array of a volume, fully read (a non-regular file in it refused first)."""
+    refuse_irregular(cache_root, relpath)
     arr = zarr.open_array(store=str(cache_root / relpath / "0"), mode="r")
     return np.asarray(arr[...], dtype=np.uint8)
 

@@ -12,6 +12,7 @@ counts.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -41,6 +42,27 @@ def software_versions() -> dict[str, str]:
     """What, besides the parameters, decides a cached volume's values: pydicom and every
     decoder plugin's version, OpenCV's, and the hand-bumped preprocessing code version."""
     return {**dicom.decoder_versions(), **normalize.preprocess_versions()}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's share, not the host's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def capped_workers(asked: int, items: int, cores: int, flag: str, what: str) -> tuple[int, str]:
+    """Local worker processes for ``items`` units of work (plates, files) on ``cores`` cores:
+    ``asked`` capped at both, at least 1 (64 processes for two plates on two cores took 35
+    times as long as two: each process starts, imports and competes for the cores); and the
+    line that says so ("" when nothing was capped)."""
+    n = max(1, min(asked, items, cores))
+    if n >= asked:
+        return asked, ""
+    return n, (
+        f"{flag} {asked}: {items} {what}(s) on {cores} core(s): starting {n} worker "
+        "process(es); more would only wait, or compete for the cores"
+    )
 
 
 def software_mismatch(driver: Mapping[str, str], workers: Mapping[str, Mapping[str, str]]) -> str:

@@ -54,6 +54,7 @@ from rich.console import Console
 from rich.table import Table
 
 from octstage import manifest as mf
+from octstage.cache.stale import listed_arrays, tidy
 from octstage.cache.store import CacheStore
 from octstage.cachebuild.cluster import execute
 from octstage.cachebuild.lock import exclusive, open_cache
@@ -65,11 +66,13 @@ from octstage.cachebuild.plan import (
     Record,
     Tally,
     cache_key,
+    capped_workers,
     parse_inventory,
     precheck,
     sha1_mismatch,
     software_versions,
     summary,
+    usable_cores,
     volume_entry,
 )
 from octstage.cachebuild.qc import qc_sheet
@@ -181,6 +184,9 @@ def _run(
         # Never over another cache: its manifest would be replaced by this one's.
         written = [p for p in (manifest, cache.local and cache.local / MANIFEST) if p]
         check_cache_folder(cache.local, written, "oct", OctstageError, source)
+        # What the manifest this build replaces listed: its arrays this one replaces go after it.
+        replaced = manifest or (cache.local and cache.local / MANIFEST) or None
+        earlier = listed_arrays(replaced) if replaced is not None and cache.local else None
         tsv = read_manifest_tsv(storage)  # the release's index: regions, and a fourth witness
         clinical, concept_rows = read_concepts(storage, concepts) if concepts else ({}, ())
         if from_tsv and tsv is None:
@@ -213,6 +219,12 @@ def _run(
             else:
                 state.add(obj.name, known, reused=True)
 
+        if scheduler is None and tasks:
+            workers, capped = capped_workers(
+                workers, len(tasks), usable_cores(), "--workers", "file to decode"
+            )
+            if capped:
+                console.print(f"build-cache: {capped}", highlight=False)
         saved = time.monotonic()
         access = credential_env([parse_location(source), parse_location(cache.url)])
         try:
@@ -248,6 +260,9 @@ def _run(
             json_out,
             concept_rows,
         )
+        if cache.local is not None and replaced is not None:
+            own = replaced.resolve() == (cache.local / MANIFEST).resolve()
+            tidy(cache.local, earlier, replaced, own, _say)
     _print_summary(stats)
     for ref, why in label_problems[:20]:
         console.print(f"label row {ref}: {why}", markup=False, highlight=False)
@@ -444,3 +459,8 @@ def _print_summary(stats: dict[str, Any]) -> None:
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
+
+
+def _say(line: str) -> None:
+    """One line of the build's, printed as it is (paths hold brackets rich would read)."""
+    console.print(line, markup=False, highlight=False)

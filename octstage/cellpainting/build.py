@@ -59,7 +59,9 @@ import numpy as np
 from rich.console import Console
 
 from octstage import manifest as mf
+from octstage.cache.stale import listed_arrays, tidy
 from octstage.cachebuild.lock import exclusive, open_cache
+from octstage.cachebuild.plan import capped_workers, usable_cores
 from octstage.cellpainting import layout
 from octstage.cellpainting.metadata import (
     PERTURBATION_TYPES,
@@ -73,7 +75,7 @@ from octstage.cellpainting.plate import BuildReport, CellPaintingConfig, build_p
 from octstage.cellpainting.platetask import ClusterRun, build_on_cluster
 from octstage.errors import CellPaintingError, ConfigError, ObjectNotFoundError
 from octstage.heap import fix_mmap_threshold
-from octstage.outputs import check_cache_folder
+from octstage.outputs import MANIFEST, check_cache_folder
 from octstage.progress import interval
 from octstage.provenance import code_version
 from octstage.storage import Storage, open_storage, split_url
@@ -111,6 +113,16 @@ class Selection:
                 f"perturbation type(s) {', '.join(bad)}: choose from "
                 f"{', '.join(PERTURBATION_TYPES)}, unknown"
             )
+
+    def flags(self) -> str:
+        """The selection as its command-line flags (``--select-plate BR1 --select-plate BR2``)."""
+        given = (
+            ("source", self.sources),
+            ("batch", self.batches),
+            ("plate", self.plates),
+            ("type", self.types),
+        )
+        return " ".join(f"--select-{flag} {v}" for flag, values in given for v in values)
 
     def table(self, name: str) -> bool:
         """Whether a table at ``[<source>/]workspace/load_data_csv/<batch>/<plate>/...`` is in."""
@@ -241,22 +253,29 @@ def build(
     storage = open_storage(source, anonymous=anonymous) if isinstance(source, str) else source
     names = list(load_data) or find_tables(storage, select)
     if not names:
+        found = ""
+        if select != ALL:  # what is there, to choose from (the sources asked for may hold none)
+            tables = find_tables(storage, Selection(select.sources))
+            found = _found(tables or (find_tables(storage, ALL) if select.sources else []))
         raise CellPaintingError(
             f"{storage.url}: no load-data table under [<source>/]{layout.LOAD_DATA_ROOT}"
-            f"{' for the selection' if select != ALL else ''} (give --load-data)"
+            f"{f' for {select.flags()}' if select != ALL else ''}{found}; "
+            f"{'select from those, or ' if found else ''}give --load-data"
         )
     # The metadata first: a bad table stops the build before any image is read.
     perturbations = load_metadata(metadata, storage, anonymous) if metadata else {}
 
-    def table_rows(name: str) -> Iterator[layout.FieldRow]:
-        """The selected fields of one table, one at a time (a bare name is under the source
-        root; a path or URL is read where it is)."""
+    def table_rows(name: str, selected: bool = True) -> Iterator[layout.FieldRow]:
+        """The selected fields of one table (every field: ``selected`` False), one at a time (a
+        bare name is under the source root; a path or URL is read where it is)."""
         where, data = (
             _table(name, anonymous)
             if ("://" in name or Path(name).is_absolute())
             else (name, storage.read_bytes(name))
         )
         rows = layout.iter_load_data(layout.iter_table(data, where), where, storage.url, prefixes)
+        if not selected:
+            return rows
         return (r for r in rows if select.row(r, perturbations.get((r.plate, r.well))))
 
     # Pass over the tables: their plates and field counts, checked, nothing kept per field; each
@@ -275,11 +294,24 @@ def build(
             plate_fields[r.plate] += 1
     ids.check(lambda: (r.item_id for n in names for r in table_rows(n)))
     if not plate_fields:
-        raise CellPaintingError(f"no field of {len(names)} load-data table(s) is selected")
+        there = sorted({r.plate for n in names for r in table_rows(n, selected=False)})
+        raise CellPaintingError(
+            f"no field of {len(names)} load-data table(s) is selected by {select.flags()}"
+            + _plates(there)
+        )
     # Before any image is read: tables that disagree would build fields that silently carry
     # no perturbation (an empty class list, and verify would say OK).
     if unlabelled.count and not allow_unlabelled:
         raise CellPaintingError(unlabelled.refusal(str(metadata)))
+    if not metadata:
+        console.print(
+            f"[yellow]build-cache: no --metadata: the {sum(plate_fields.values())} fields will "
+            "carry no perturbation or control labels, so `octtrain profile` cannot score this "
+            "cache (pretraining needs none); to label them pass --metadata with the datasets "
+            "repository's metadata/ folder or one table of Metadata_Plate, Metadata_Well, "
+            "Metadata_JCP2022, Metadata_perturbation_type",
+            highlight=False,
+        )
     splits = plate_splits(list(plate_fields), config.val_share, config.test_share)
     report = BuildReport(
         fields=sum(plate_fields.values()), plates=len(plate_fields), unlabelled=unlabelled.count
@@ -288,6 +320,12 @@ def build(
     # Never over another cache (an OCT one, or another source's): its manifest would be replaced.
     written = [p for p in (manifest_path, cache.local and cache.local / "manifest.json") if p]
     check_cache_folder(cache.local, written, "cellpainting", CellPaintingError, storage.url)
+    if processes and scheduler is None:
+        processes, capped = capped_workers(
+            processes, len(plate_fields), usable_cores(), "--processes", "plate"
+        )
+        if capped:
+            console.print(f"build-cache: {capped}", highlight=False)
 
     @functools.lru_cache(maxsize=1)
     def table_plates(name: str) -> dict[str, list[layout.FieldRow]]:
@@ -303,6 +341,9 @@ def build(
         return [r for n in plate_tables[plate] for r in table_plates(n).get(plate, [])]
 
     with exclusive(cache), mf.FieldSpool() as spool:
+        # What the manifest this build replaces listed: its arrays this one replaces go after it.
+        replaced = manifest_path or (cache.local and cache.local / MANIFEST) or None
+        earlier = listed_arrays(replaced) if replaced is not None and cache.local else None
         if scheduler is not None or processes:
             build_on_cluster(
                 [(p, splits[p]) for p in sorted(plate_fields)],
@@ -362,8 +403,32 @@ def build(
         head = mf.Manifest(header, spool.classes, (), rejected, kind="cellpainting")
         # Last: a cache with a manifest is complete.
         cache.write_manifest(head, manifest_path, manifest_form, spool.rows)
+        if cache.local is not None and replaced is not None:
+            own = replaced.resolve() == (cache.local / MANIFEST).resolve()
+            tidy(cache.local, earlier, replaced, own, _say)
     report.seconds = time.monotonic() - started
     return report, Built(head, spool.tally.fields, manifest_path or (cache.local and written[-1]))
+
+
+def _plates(plates: Sequence[str], shown: int = 10) -> str:
+    """``: the tables list N plate(s): A, B, ...`` (the first ``shown``), for a refusal."""
+    if not plates:
+        return ""
+    more = f" ... ({len(plates) - shown} more)" if len(plates) > shown else ""
+    return f"; the tables list {len(plates)} plate(s): {', '.join(plates[:shown])}{more}"
+
+
+def _found(tables: Sequence[str]) -> str:
+    """The plates (and batches) of the load-data tables found, from their folders alone."""
+    places = [t.partition(layout.LOAD_DATA_ROOT)[2].split("/") for t in tables]
+    plates = sorted({p[1] for p in places if len(p) >= 3})
+    batches = sorted({p[0] for p in places if len(p) >= 3})
+    if not plates:
+        return "; no load-data table is there at all"
+    listed = ", ".join(batches[:5]) + (
+        f" ... ({len(batches) - 5} more)" if len(batches) > 5 else ""
+    )
+    return f"{_plates(plates)} (of batch(es) {listed})"
 
 
 class _ItemIds:
@@ -485,3 +550,8 @@ def run_build_cellpainting(
         console.print("[bold red]build-cache: nothing kept: the manifest lists no field")
         return 2
     return exit_code(report)
+
+
+def _say(line: str) -> None:
+    """One line of the build's, printed as it is (paths hold brackets rich would read)."""
+    console.print(line, markup=False, highlight=False)

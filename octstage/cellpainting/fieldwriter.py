@@ -112,7 +112,7 @@ class PackWriter:
         # per-field form (the manifest's check reports the duplicate).
         keys = list(dict.fromkeys(keys))
         for members in packstore.plan_packs(len(keys), self.size):
-            group = [keys[i] for i in members]
+            group = sorted(keys[i] for i in members)  # places in the name's order (pack_key)
             rel = packstore.pack_relpath(self.plate, packstore.pack_key(group))
             for slot, key in enumerate(group):
                 self._where[key] = (len(self._packs), slot)
@@ -131,7 +131,9 @@ class PackWriter:
                 meta = self.cache.read_json(f"{pack.relpath}/0/zarr.json")
                 pack.existing = packstore.members_of(meta) if meta else {}
         member = pack.existing.get(key)
-        if member is None or set(pack.existing) != set(pack.keys):
+        # Its members at these very places, or it is written again (a pack of other places
+        # would have each field read at another's).
+        if member is None or list(pack.existing) != pack.keys:
             return None
         return _record(pack.relpath, slot, member)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +53,9 @@ def fields(
     """Each member's values ``[C, Y, X]`` in ``places`` order (None: read it through zarr), or
     None when the pack is not one this reads (missing files, another layout, a bad index)."""
     try:
-        meta = json.loads((array_dir / "zarr.json").read_bytes())
+        meta = json.loads(_read_regular(array_dir / "zarr.json"))
         layout = _layout(meta)
-        fd = os.open(array_dir / SHARD_KEY, os.O_RDONLY)
+        fd = _open_regular(array_dir / SHARD_KEY)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
     try:
@@ -65,6 +66,22 @@ def fields(
         os.close(fd)
         return None
     return _members(fd, layout, index, places)
+
+
+def _open_regular(path: Path) -> int:
+    """A descriptor of ``path`` for reading; OSError when it is no regular file (a FIFO or a
+    device: opened without waiting for a writer, then refused, so verify never blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path}: not a regular file")
+    return fd
+
+
+def _read_regular(path: Path) -> bytes:
+    fd = _open_regular(path)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
 
 
 def _layout(meta: dict[str, Any]) -> Layout:

@@ -47,7 +47,13 @@ from zarr.codecs import BloscShuffle
 from zarr.core.buffer import Buffer
 from zarr.storage import MemoryStore
 
-from octstage.cache.volumestore import CHANGED_BYTES, array_checksum, chunk_codecs, crc_mismatch
+from octstage.cache.volumestore import (
+    CHANGED_BYTES,
+    array_checksum,
+    chunk_codecs,
+    crc_mismatch,
+    refuse_irregular,
+)
 from octstage.errors import VerificationError
 
 PACKS = "packs"  # the top folder of packed fields, beside the per-field form's ``fields``
@@ -71,8 +77,12 @@ def pack_relpath(plate: str, key: str) -> str:
 
 
 def pack_key(member_keys: Sequence[str]) -> str:
-    """A pack's name: a hash of its members' cache keys in order (same members, same pack)."""
-    return hashlib.sha256(json.dumps(list(member_keys)).encode()).hexdigest()[:32]
+    """A pack's name: a hash of its members' cache keys, sorted (same members, same pack, in
+    whatever order a table lists them). Its members take their places in that sorted order
+    (``fieldwriter.PackWriter.plan``), so one name always means one layout: a name of the keys
+    in table order would have a re-run of the same fields in another order find the old pack
+    under one name and read each field at another's place."""
+    return hashlib.sha256(json.dumps(sorted(member_keys)).encode()).hexdigest()[:32]
 
 
 def plan_packs(n: int, size: int) -> list[range]:
@@ -198,7 +208,9 @@ def members_of(meta: Any) -> dict[str, dict[str, Any]]:
 
 def open_pack(cache_root: Path, relpath: str) -> zarr.Array[Any]:
     """A stored pack's array, for reading; VerificationError when its metadata or its shard is
-    gone (zarr would read a missing shard as fill values, every member as zeros)."""
+    gone (zarr would read a missing shard as fill values, every member as zeros), or when one
+    of its files is a FIFO or device (reading it would block)."""
+    refuse_irregular(cache_root, relpath)
     array = cache_root / relpath / "0"
     if not (array / "zarr.json").is_file():
         raise VerificationError(f"{relpath}: 0/zarr.json gone")

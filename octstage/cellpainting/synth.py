@@ -59,13 +59,15 @@ from octstage.cellpainting.layout import LOAD_DATA_ROOT, write_csv, write_parque
 from octstage.cellpainting.metadata import DMSO, TABLES
 from octstage.cellpainting.microscopes import CV8000, PHENIX, TWIN_MICROSCOPES, Microscope
 from octstage.errors import ConfigError
+from octstage.twins import MARKER as TWIN_MARKER
+from octstage.twins import claim_twin
 
 DATASET = "cpg0016-jump"
 BUCKET = "cellpainting-gallery"
 METADATA_DIR = "datasets/metadata"
-# The marker of a folder synth made (the OCT twin's name, octstage/dataset/synth.py); its text
-# names the kind, so neither twin clears the other.
-MARKER = ".octstage-synth"
+# The marker of a folder synth made (``twins``); its text names the kind and the parameters,
+# so neither twin clears the other, and another twin is replaced only with --overwrite.
+MARKER = TWIN_MARKER
 ROWS, COLS = "ABCD", 6
 PLATE_384 = "ABCDEFGHIJKLMNOP", 24  # the layout once a library needs more than 24 wells
 WELLS_PER_PERTURBATION = 4
@@ -266,23 +268,16 @@ def _write_metadata(
     _write(out / "microscope_config.csv", write_csv(config))
 
 
-def _claim(out: Path, marker: str) -> None:
-    """``out`` new, empty, or a Cell Painting twin synth wrote (its trees cleared first, so no
-    file of a larger earlier twin stays): never someone else's folder, nor an OCT twin."""
-    mark = out / MARKER
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: exists and is not a folder; name a folder for the twin")
-    if out.exists() and any(out.iterdir()):
-        made = mark.is_file() and mark.read_text(encoding="utf-8").startswith("kind=cellpainting")
-        if not made:
-            raise ConfigError(
-                f"{out}: exists, is not empty and was not made by octstage synth --kind "
-                "cellpainting; name an empty or new folder"
-            )
+def _claim(out: Path, marker: str, overwrite: bool) -> None:
+    """``out`` new, empty, or a Cell Painting twin synth wrote (``twins.claim_twin``: other
+    parameters need ``overwrite``; its trees cleared first, so no file of a larger earlier twin
+    stays): never someone else's folder, nor an OCT twin."""
+
+    def clear() -> None:
         shutil.rmtree(out / DATASET, ignore_errors=True)
         shutil.rmtree(out / METADATA_DIR, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    mark.write_text(marker, encoding="utf-8")
+
+    claim_twin(out, marker, overwrite, clear, "--kind cellpainting")
 
 
 def generate(
@@ -295,11 +290,13 @@ def generate(
     replicates: int = WELLS_PER_PERTURBATION,
     bucket: str = BUCKET,
     compounds: int = 0,
+    overwrite: bool = False,
 ) -> TwinInfo:
     """Write the twin under ``out`` (see the module doc); ``replicates`` wells per
     perturbation and plate (1..4; tests use fewer to stay fast); ``bucket``: the bucket the
     tables' ``s3://`` URLs name (the twin's tree goes to ``s3://<bucket>/cpg0016-jump/``);
-    ``compounds``: library compounds beside ``PHENOTYPES`` (``library``)."""
+    ``compounds``: library compounds beside ``PHENOTYPES`` (``library``); ``overwrite``: replace
+    a twin of other parameters there (``twins``)."""
     if not (
         1 <= replicates <= WELLS_PER_PERTURBATION
         and size >= 32
@@ -312,7 +309,12 @@ def generate(
         )
     perturbations = library(seed, compounds)
     plate_map(seed, 0, replicates, perturbations)  # refuses a library too big before writing
-    _claim(out, f"kind=cellpainting seed={seed} plates={plates} sites={sites} size={size}\n")
+    _claim(
+        out,
+        f"kind=cellpainting seed={seed} plates={plates} sites={sites} size={size} "
+        f"replicates={replicates} compounds={compounds} traps={traps} bucket={bucket}\n",
+        overwrite,
+    )
     root = out / DATASET
     root.mkdir(parents=True, exist_ok=True)
     well_rows: list[dict[str, object]] = []
@@ -397,12 +399,21 @@ def generate(
 
 
 def run_synth_cellpainting(
-    out: Path, plates: int, sites: int, size: int, seed: int, traps: bool, compounds: int = 0
+    out: Path,
+    plates: int,
+    sites: int,
+    size: int,
+    seed: int,
+    traps: bool,
+    compounds: int = 0,
+    overwrite: bool = False,
 ) -> int:
     """CLI: write the twin and say what it holds."""
     console = Console(stderr=True)
     with console.status(f"writing the Cell Painting twin into {out}"):
-        info = generate(out, plates, sites, size, seed, traps, compounds=compounds)
+        info = generate(
+            out, plates, sites, size, seed, traps, compounds=compounds, overwrite=overwrite
+        )
     console.print(
         f"octstage synth --kind cellpainting: {out}: {len(info.plates)} plates "
         f"({', '.join(f'{p} of {s}' for p, s in zip(info.plates, info.sources, strict=True))}), "

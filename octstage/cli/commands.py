@@ -33,7 +33,14 @@ def synth(a: argparse.Namespace) -> int:
         from octstage.cellpainting.synth import run_synth_cellpainting
 
         return run_synth_cellpainting(
-            Path(a.out), a.plates, a.sites, a.size, a.seed, not a.no_traps, a.compounds
+            Path(a.out),
+            a.plates,
+            a.sites,
+            a.size,
+            a.seed,
+            not a.no_traps,
+            a.compounds,
+            overwrite=a.overwrite,
         )
     from octstage.dataset.synth import run_synth
 
@@ -43,6 +50,7 @@ def synth(a: argparse.Namespace) -> int:
         seed=a.seed,
         full_size=a.full_size,
         traps=not a.no_traps,
+        overwrite=a.overwrite,
     )
 
 

@@ -152,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only clean files (the planted ID conflicts and damage need >= 16 participants)",
     )
+    s.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="OUT may hold a twin of other parameters that synth wrote: replace it (its own "
+        "files only; without this it is refused, naming both; the same parameters again "
+        "write the same bytes and need no flag)",
+    )
 
     s = add(
         "audit-ids",
@@ -209,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="cellpainting: the jump-cellpainting datasets repository's metadata/ folder "
         "(well.csv.gz, compound/orf/crispr.csv.gz, perturbation_control.csv; a local folder or a "
         "URL ending in /), or one table with Metadata_Plate, Metadata_Well, Metadata_JCP2022, "
-        "Metadata_perturbation_type; joined by plate and well",
+        "Metadata_perturbation_type; joined by plate and well. Without it the build goes on "
+        "with a warning: every field carries no perturbation or control label, which "
+        "pretraining needs none of but `octtrain profile` cannot score",
     )
     for flag, what in (
         ("source", "a source (Metadata_Source, e.g. source_4)"),
@@ -293,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=_at_least(1),
         default=2,
-        help="oct: local dask worker processes; cellpainting: threads reading a plate's fields "
+        help="oct: local dask worker processes (capped at the files to decode and the cores "
+        "there are, said in one line); cellpainting: threads reading a plate's fields "
         "(network reads and decoders that release the GIL), per process",
     )
     s.add_argument(
@@ -308,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_at_least(1),
         metavar="N",
         help="cellpainting: build N plates at once on a local dask cluster of N worker "
-        "processes (default: plate after plate in this process); the manifest is the same",
+        "processes (default: plate after plate in this process); the manifest is the same. "
+        "Capped at the plates and the cores there are (said in one line)",
     )
     s.add_argument(
         "--inventory", help="source inventory JSON (from mirror) to check each file's SHA1"

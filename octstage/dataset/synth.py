@@ -83,14 +83,17 @@ from octstage.dataset.synth_clinical import (
 )
 from octstage.dataset.synth_oct import MAIN_REGION, SCANS, render_retina, write_oct_dicom
 from octstage.errors import ConfigError
+from octstage.twins import MARKER as TWIN_MARKER
+from octstage.twins import claim_twin
 
 __all__ = ["SynthInfo", "generate", "run_synth", "write_oct_dicom"]
 
-MARKER = ".octstage-synth"  # marks a folder synth made (and may therefore clear)
+MARKER = TWIN_MARKER  # marks a folder synth made (and may therefore clear: ``twins``)
 TRANSFER_SYNTAXES = (ExplicitVRLittleEndian, RLELossless, JPEGBaseline8Bit, JPEG2000Lossless)
 OCT_DIR = "retinal_oct/structural_oct"
 MIN_PARTICIPANTS_WITH_TRAPS = 16
 _SPLIT_CYCLE = ("train",) * 3 + ("val",) + ("train",) * 2 + ("test",)  # 5/7 : 1/7 : 1/7
+SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,15 @@ class _File:
 
 
 def generate(
-    out: Path, participants: int = 60, seed: int = 0, full_size: bool = False, traps: bool = True
+    out: Path,
+    participants: int = 60,
+    seed: int = 0,
+    full_size: bool = False,
+    traps: bool = True,
+    overwrite: bool = False,
 ) -> SynthInfo:
-    """Write the dataset into ``out`` (new, empty, or made by synth before: then replaced)."""
+    """Write the dataset into ``out`` (new, empty, or made by synth before: then replaced, when
+    of other parameters only with ``overwrite``: ``twins``)."""
     if participants < 1:
         raise ConfigError(f"synth needs at least 1 participant (got {participants})")
     if traps and participants < MIN_PARTICIPANTS_WITH_TRAPS:
@@ -139,7 +148,11 @@ def generate(
             f"--no-traps for a clean dataset of {participants}, or --participants "
             f"{MIN_PARTICIPANTS_WITH_TRAPS} or more"
         )
-    _prepare(out)
+    _prepare(
+        out,
+        f"kind=oct seed={seed} participants={participants} full_size={full_size} traps={traps}\n",
+        overwrite,
+    )
     rng = np.random.default_rng([seed, 0])
     ids = _participant_ids(participants + 2, rng)
     labelled, extra = ids[:participants], ids[participants:]
@@ -214,7 +227,6 @@ def generate(
     _write_manifest(out, manifest_rows)
     hba1c = write_clinical(out, labelled, {p: i % 4 for i, p in enumerate(labelled)}, onl, seed)
     write_participants_json(out, STUDY_GROUPS)
-    (out / MARKER).write_text(f"seed={seed} participants={participants} full_size={full_size}\n")
     ok_files = {f.pid for f, rel in zip(files, written, strict=True) if rel not in excluded}
     return SynthInfo(
         root=out,
@@ -337,23 +349,60 @@ def _write_manifest(out: Path, rows: list[list[str]]) -> None:
     (out / TSV_NAME).write_text(text, encoding="utf-8")
 
 
-def _prepare(out: Path) -> None:
-    """Create ``out``; clear it only when synth made it (never someone else's folder)."""
-    if out.exists() and any(out.iterdir()):
-        if not (out / MARKER).is_file():
-            raise ConfigError(f"{out}: exists, is not empty and was not made by octstage synth")
+def _prepare(out: Path, marker: str, overwrite: bool) -> None:
+    """Create ``out``; clear it only when synth made it (never someone else's folder, nor a
+    Cell Painting twin; a twin of other parameters only with ``overwrite``: ``twins``)."""
+
+    def clear() -> None:
         shutil.rmtree(out / "retinal_oct", ignore_errors=True)
         shutil.rmtree(out / CLINICAL_DIR, ignore_errors=True)
         (out / "participants.tsv").unlink(missing_ok=True)
         (out / "participants.json").unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+
+    claim_twin(out, marker, overwrite, clear)
 
 
-def run_synth(out: Path, participants: int, seed: int, full_size: bool, traps: bool = True) -> int:
-    """CLI: write the dataset and print what it holds."""
+def split_sizes(participants: int) -> dict[str, int]:
+    """How many of ``participants`` each recommended split gets (``_split``)."""
+    sizes = dict.fromkeys(("train", "val", "test"), 0)
+    for i in range(participants):
+        sizes[_split(i)] += 1
+    return sizes
+
+
+def fewest_for_every_split() -> int:
+    """The fewest participants that give every split at least one (25: the first test block of
+    four starts at participant 24)."""
+    firsts = {s: next(i for i in range(4 * len(_SPLIT_CYCLE)) if _split(i) == s) for s in SPLITS}
+    return 1 + max(firsts.values())
+
+
+def split_warning(participants: int) -> str:
+    """A warning when a split is empty ("" when every split has participants)."""
+    sizes = split_sizes(participants)
+    empty = [s for s in SPLITS if not sizes[s]]
+    if not empty:
+        return ""
+    said = ", ".join(f"{s} {n}" for s, n in sizes.items())
+    return (
+        f"{participants} participants give no {' and no '.join(empty)} split ({said}): "
+        f"nothing can be validated or evaluated on the missing split; --participants "
+        f"{fewest_for_every_split()} or more gives every split"
+    )
+
+
+def run_synth(
+    out: Path,
+    participants: int,
+    seed: int,
+    full_size: bool,
+    traps: bool = True,
+    overwrite: bool = False,
+) -> int:
+    """CLI: write the dataset and print what it holds (and a warning when a split is empty)."""
     console = Console(stderr=True)
     with console.status(f"writing {participants} participants into {out}"):
-        info = generate(out, participants, seed, full_size, traps)
+        info = generate(out, participants, seed, full_size, traps, overwrite)
     table = Table(title=f"octstage synth: {out}")
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -368,4 +417,7 @@ def run_synth(out: Path, participants: int, seed: int, full_size: bool, traps: b
     for reason, n in sorted(Counter(info.excluded.values()).items()):
         table.add_row(f"  planted: {reason}", str(n))
     console.print(table)
+    warning = split_warning(participants)
+    if warning:
+        console.print(f"[yellow]octstage synth: {warning}", highlight=False)
     return 0

@@ -27,7 +27,8 @@ common part of either kind (what ``verify`` and ``stage`` need).
 The package, by concern: ``model`` (the items, header and constants), ``checks`` (the one check
 of a manifest and which findings stop which consumer), ``tablechecks`` (the rows of an item table
 the checks must see, found in Arrow), ``repeats`` (values an item table lists twice, found by
-hashing its strings in numpy), ``serial`` (both forms, load and write), ``columnar`` (the
+hashing its strings in numpy), ``serial`` (both forms, load and write), ``itemtypes`` (the
+schema's types and keys, held as a manifest loads, before any check), ``columnar`` (the
 item table's schemas, writer and column reader), ``itemtable`` (the items over its columns),
 ``spool`` (a build's fields on disk until the manifest is written).
 Import from ``octstage.manifest``: octtrain imports nothing else of octstage.

@@ -58,7 +58,10 @@ def check(manifest: Manifest, kind: str | None = None) -> list[Finding]:
     or do not fit the dtype and channels. OCT: a participant in two splits or two study groups,
     a source file listed twice, a volume path under another participant's folder. Cell
     Painting: a plate in two splits, two fields naming the same source file (they would share
-    one array's data), a field stored under another plate's folder.
+    one array's data), a field stored under another plate's folder. Types come first: a loaded
+    manifest's values were held against the schema's as it loaded (``itemtypes``: a value of
+    another type, a key missing or given twice, does not load), so every rule here compares
+    values of their types.
     """
     found: list[Finding] = []
     if kind is not None and manifest.kind != kind:

@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from octstage.errors import ManifestError
+from octstage.errors import ManifestError, ManifestTypeError
 from octstage.outputs import ITEMS_SUFFIX  # manifest.json -> manifest.items.parquet
 
 ROWS_PER_GROUP = 16384  # rows per Parquet row group: what a writer holds as dicts at once
@@ -316,11 +316,39 @@ def read_items(source: Path | bytes, kind: str, where: str, info: dict[str, Any]
     expected = ARROW_SCHEMAS[kind]
     older = pa.schema([f for f in expected if f.name not in OPTIONAL_COLUMNS])
     if not (schema.equals(expected) or schema.equals(older)):
-        raise ManifestError(
-            f"{where}: item table columns {schema.names} differ from a {kind!r} manifest's "
-            f"({expected.names}) or their types: upgrade octstage or rebuild the cache"
+        differ = column_problems(schema, kind)
+        found = [f"{info.get('path')}: {line}" for _, line in differ]
+        shown = "".join(f"\n  {line}" for line in found[:5])
+        more = f"\n  ... and {len(found) - 5} more" if len(found) > 5 else ""
+        raise ManifestTypeError(
+            f"{where}: item table columns {[name for name, _ in differ]} differ from a {kind!r} "
+            f"manifest's:{shown}{more}\n  upgrade octstage or rebuild the cache",
+            found,
         )
     return Columns(source, kind, rows, where)
+
+
+def column_problems(schema: pa.Schema, kind: str) -> list[tuple[str, str]]:
+    """How a table's columns differ from ``kind``'s (``ARROW_SCHEMAS``): ``(column, line)`` for
+    a column of another Arrow type, one missing, one the kind does not have, or their order."""
+    expected = ARROW_SCHEMAS[kind]
+    found = []
+    for want in expected:
+        i = schema.get_field_index(want.name)
+        if i < 0:
+            if want.name not in OPTIONAL_COLUMNS:
+                found.append((want.name, f"column {want.name!r} is missing, expected {want.type}"))
+        elif not schema.field(i).type.equals(want.type):
+            line = f"column {want.name!r} is {schema.field(i).type}, expected {want.type}"
+            found.append((want.name, line))
+    what = "field" if kind == "cellpainting" else "volume"
+    for f in schema:
+        if f.name not in expected.names:
+            found.append((f.name, f"column {f.name!r} ({f.type}) is not a {what}'s key"))
+    if not found:  # the same columns and types: another order, or another nullability
+        order = [n for n in expected.names if n in schema.names]
+        found.append(("*", f"columns {schema.names} (as stored), expected {order}"))
+    return found
 
 
 def _dictionary(kind: str) -> list[str]:

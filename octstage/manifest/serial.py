@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from octstage.atomic import atomic_write_text
-from octstage.errors import ManifestError
+from octstage.errors import ManifestError, ManifestTypeError
 from octstage.manifest.columnar import FORMAT as TABLE_FORMAT
 from octstage.manifest.columnar import TableInfo, items_name, json_row, read_items, write_items
 from octstage.manifest.itemtable import ItemTable
+from octstage.manifest.itemtypes import parse, refusal, refuse_types, table_problems
 from octstage.manifest.model import (
     CACHE_VERSION,
     FORMS,
@@ -136,6 +137,7 @@ def from_dict(
         )
     if columnar_form and table is None:
         raise ManifestError(f"{source}: a manifest header without its item table")
+    refuse_types(data, source)  # every value's type and key, before anything reads them
     try:
         header = Header(**data["header"])
         if header.cache_version != CACHE_VERSION:
@@ -172,7 +174,12 @@ def _items(
     info = data["table"]
     if not isinstance(info, dict) or info.get("format") != TABLE_FORMAT:
         raise ManifestError(f"{source}: table {info!r} is not a {TABLE_FORMAT} item table")
-    arrow = read_items(table, kind, f"{source}: {info.get('path')}", info)
+    where = f"{source}: {info.get('path')}"
+    arrow = read_items(table, kind, where, info)  # the columns' types, from the footer
+    name = "item_id" if kind == "cellpainting" else "zarr_path"
+    nulls = table_problems(table, kind, name, str(info.get("path")))
+    if nulls:
+        raise ManifestTypeError(refusal(where, nulls), nulls)
     if kind == "cellpainting":
         return (), ItemTable(arrow, _field_row)
     return ItemTable(arrow, _volume_row), ()
@@ -204,10 +211,7 @@ def load(path: str | os.PathLike[str]) -> Manifest:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ManifestError(f"{p}: cannot read manifest: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{p}: not valid JSON: {exc}") from exc
+    data = parse(text, str(p))  # a key given twice is kept for ``from_dict`` to name
     table = None
     if isinstance(data, dict) and "table" in data:
         table = p.parent / table_file_name(data["table"], str(p))

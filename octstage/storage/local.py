@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -48,6 +49,12 @@ class LocalStorage:
 
     def open(self, name: str, chunk_size: int | None = None) -> BinaryIO:
         path = self._path(name)
+        try:
+            irregular = not stat.S_ISREG(path.stat().st_mode) and not path.is_dir()
+        except OSError:
+            irregular = False  # absent or unreadable: open names it
+        if irregular:  # opening a FIFO blocks until a writer comes: refused, named
+            raise StorageError(f"{path}: not a regular file (a FIFO or device): not read")
         try:
             return open(path, "rb")
         except FileNotFoundError as exc:

@@ -433,6 +433,9 @@ def test_synth_of_the_twin_writes_only_into_an_empty_folder_or_its_own_twin(
     twin = tmp_path / "twin"
     assert main(["synth", "--kind", "cellpainting", str(twin), *args]) == 0
     first = {p.name for p in twin.rglob("*.tif*")}
-    assert main(["synth", "--kind", "cellpainting", str(twin), *args[:1], "1", *args[2:]]) == 0
+    smaller = ["synth", "--kind", "cellpainting", str(twin), *args[:1], "1", *args[2:]]
+    assert main(smaller) == 2  # another twin's parameters: replaced only when asked
+    assert {p.name for p in twin.rglob("*.tif*")} == first
+    assert main([*smaller, "--overwrite"]) == 0
     again = {p.name for p in twin.rglob("*.tif*")}
     assert again and again < first

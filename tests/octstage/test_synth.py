@@ -207,7 +207,9 @@ def test_refuses_a_foreign_folder_and_replaces_its_own(tmp_path: Path) -> None:
         generate(tmp_path, participants=16)
     out = tmp_path / "d"
     generate(out, participants=20, seed=1)
-    info = generate(out, participants=16, seed=1)
+    with pytest.raises(ConfigError, match=r"holds another twin .*--overwrite"):
+        generate(out, participants=16, seed=1)  # every file of it replaced: asked for, or not
+    info = generate(out, participants=16, seed=1, overwrite=True)
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.dcm")) == sorted(info.files)
 
 
