@@ -2,8 +2,9 @@
 
 Every command that writes a folder asks this module first (the table is in
 docs/output-folders.md): a training run folder (``claim_run_folder``), a cache that build-cache
-writes (``check_cache_folder``), a ``stage`` destination (``check_destination``), a report of
-evaluate, probe or profile (``replace_report``) and a feature cache (``check_feature_cache``).
+writes (``check_cache_folder``), a report of evaluate, probe or profile (``replace_report``) and
+a feature cache (``check_feature_cache``); a ``stage`` destination, octstage's alone, asks
+``octstage.stage.destination``, which builds on the names here.
 Nothing a user made is ever deleted: what a new output replaces is renamed aside
 (``<name>.replaced-<timestamp>``), and a folder holding what the command cannot recognise as its
 own is refused. A refusal is raised through the caller's own error class (``refuse``), so each
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from octstage.atomic import ctrl_c_deferred
-from octstage.errors import MirrorError
 
 Refuse = Callable[[str], Exception]  # the caller's error class: ConfigError, MirrorError, ...
 
@@ -64,6 +64,28 @@ def move_aside(path: Path) -> Path:
 def holds_run(path: Path) -> bool:
     """Whether ``path`` holds what an earlier run left there."""
     return any((path / marker).exists() for marker in RUN_MARKERS)
+
+
+def cache_around(path: Path) -> Path | None:
+    """The cache folder ``path`` lies inside (a parent holding a manifest and its arrays'
+    folder), or None. A run, export or report written inside a cache would be among files that
+    build-cache and ``stage --replace`` manage, so every such output is refused there."""
+    for parent in Path(os.path.abspath(path)).parents:
+        if (parent / MANIFEST).is_file() and any(
+            (parent / sub).is_dir() for sub in DATA_FOLDERS.values()
+        ):
+            return parent
+    return None
+
+
+def refuse_inside_cache(path: Path, refuse: Refuse, what: str) -> None:
+    """Refuse ``path`` as an output (``what`` names the option) when it lies inside a cache."""
+    cache = cache_around(path)
+    if cache is not None:
+        raise refuse(
+            f"{what} {path}: inside the cache folder {cache} (it holds {MANIFEST}); a cache holds "
+            "only what octstage writes there: name a folder outside it"
+        )
 
 
 def holds_cache(path: Path) -> list[str]:
@@ -135,6 +157,7 @@ def claim_run_folder(
         raise refuse("train.overwrite=true and checkpoint.resume contradict each other: choose one")
     if path.exists() and not path.is_dir():
         raise refuse(f"train.run_dir {str(path)!r}: exists and is not a folder")
+    refuse_inside_cache(path, refuse, "train.run_dir")
     cache = holds_cache(path) if path.is_dir() else []
     if cache:
         raise refuse(
@@ -261,99 +284,6 @@ def check_cache_folder(
             )
 
 
-# --- stage destinations ------------------------------------------------------------------------
-
-
-def _describe(manifest: Path) -> str:
-    """A short identity of the cache whose manifest this is (never raises)."""
-    try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
-        header = data["header"]
-        kind = data.get("kind", "oct")
-        items = data["fields"] if kind == "cellpainting" else data["volumes"]
-        return (
-            f"a {kind} cache of {header['dataset']!r} built {header['created']} with "
-            f"{len(items)} items"
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return "a cache whose manifest.json cannot be read"
-
-
-def check_destination(dst: Path, manifest: bytes, replace: bool) -> bool:
-    """Whether the ``stage`` destination ``dst`` holds another cache that ``--replace`` allows to
-    be replaced (True); False when it is empty, absent or holds this cache (complete or not, so a
-    stage resumes). Raises MirrorError naming the folder and why when it may not be staged into.
-    A non-empty folder that holds no cache is never staged into: replacing it would delete files
-    octstage did not write."""
-    if not dst.exists():
-        return False
-    if not dst.is_dir():
-        raise MirrorError(f"{dst}: not a folder: stage needs a folder to write the cache into")
-    entries = {p.name for p in dst.iterdir()}
-    old = dst / MANIFEST
-    if MANIFEST in entries:
-        try:
-            same = old.read_bytes() == manifest
-        except OSError as exc:
-            raise MirrorError(f"{old}: cannot read: {exc.strerror or exc}") from None
-        if same:
-            return False
-        if not replace:
-            raise MirrorError(
-                f"{dst}: holds another cache ({_describe(old)}); staging here would mix two "
-                "caches: choose an empty folder, or pass --replace to replace it (files the new "
-                "manifest does not name are removed)"
-            )
-        return True
-    foreign = sorted(
-        e for e in entries - set(DATA_FOLDERS.values()) if not e.endswith(ITEMS_SUFFIX)
-    )
-    if foreign:
-        raise MirrorError(
-            f"{dst}: not empty and holds no cache manifest (found {', '.join(foreign[:5])}"
-            f"{' ...' if len(foreign) > 5 else ''}): stage writes only into an empty folder or "
-            "one that holds a cache, so nothing of yours is overwritten or removed"
-        )
-    return False
-
-
-def remove_unlisted(dst: Path, volumes: Iterable[str]) -> int:
-    """Remove every file under ``dst`` outside the listed volume folders (and the manifest),
-    then the folders left empty; returns how many files went. Kept volumes are not walked.
-    Only ``stage --replace`` calls it, on a folder ``check_destination`` found to hold a cache."""
-    keep = set(volumes)
-    ancestors = {str(Path(v).parents[i]) for v in keep for i in range(len(Path(v).parents) - 1)}
-    removed = 0
-    for top, dirs, files in os.walk(dst, topdown=False):
-        rel = Path(top).relative_to(dst).as_posix()
-        rel = "" if rel == "." else rel
-        if rel in keep or _inside(rel, keep):
-            continue
-        for name in files:
-            if rel or name != MANIFEST:
-                (Path(top) / name).unlink()
-                removed += 1
-        for name in dirs:
-            child = Path(top) / name
-            if child.is_symlink():
-                child.unlink()
-                removed += 1
-            elif f"{rel}/{name}".lstrip("/") not in keep | ancestors and not any(child.iterdir()):
-                child.rmdir()
-    return removed
-
-
-def _inside(rel: str, keep: set[str]) -> bool:
-    """Whether ``rel`` lies inside one of the kept volume folders."""
-    parts = rel.split("/")
-    return any("/".join(parts[:i]) in keep for i in range(1, len(parts)))
-
-
-def clear_manifest(dst: Path) -> None:
-    """The old cache's manifest goes first: the folder reads as incomplete while it changes."""
-    (dst / MANIFEST).unlink(missing_ok=True)
-
-
 # --- reports and feature caches ----------------------------------------------------------------
 
 
@@ -361,6 +291,7 @@ def check_output_folder(folder: Path, refuse: Refuse, what: str = "--out") -> No
     """``folder`` exists (made if absent) and can be written into; else refused, naming it."""
     if folder.exists() and not folder.is_dir():
         raise refuse(f"{what} {folder}: exists and is not a folder; name a folder to write into")
+    refuse_inside_cache(folder, refuse, what)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -980,8 +980,8 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "synth-cp-foreign-folder",
-        "octstage/cellpainting/synth.py",
-        "        if not made:\n",
+        "octstage/twins.py",
+        "        if old is None or _kind_of(old) != kind:\n",
         "        if False:\n",
         (
             OS + "test_cellpainting.py::"
@@ -1143,13 +1143,10 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "stage-replace-symlinked-folder",
-        "octstage/outputs.py",
-        "            if child.is_symlink():\n",
-        "            if False:\n",
-        (
-            OS + "test_outputs.py::"
-            "test_stage_replace_removes_a_linked_folder_the_new_manifest_does_not_list",
-        ),
+        "octstage/stage/destination.py",
+        "    if entry.is_symlink() or not entry.is_dir():\n",
+        "    if not entry.is_dir():\n",
+        (OS + "test_outputs.py::test_stage_replace_removes_only_what_the_replaced_cache_listed",),
         "stage --replace keeps a symlinked folder the new manifest does not list",
     ),
     Edit(
@@ -1564,11 +1561,19 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "stage-replace-old-manifest",
-        "octstage/stage.py",
-        "    if replacing:\n        clear_manifest(dst)\n",
+        "octstage/stage/run.py",
+        "        clear_manifest(dst)\n",
         "",
         (OS + "test_stage.py", BI + "test_octstage_stage_verify.py"),
         "a failed stage --replace leaves the old manifest over the new bytes",
+    ),
+    Edit(
+        "stage-ctrl-c-abandons",
+        "octstage/stage/run.py",
+        "            cancel.set()\n",
+        "",
+        (BI + "test_ctrl_c_commands.py::test_ctrl_c_in_stage_and_verify_while_a_volume_is_read",),
+        "a Ctrl-C lets the volumes in flight finish and land in the destination",
     ),
     Edit(
         "witness-laterality",
@@ -1677,7 +1682,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "table-sha-stage",
-        "octstage/stage.py",
+        "octstage/stage/run.py",
         '    if digest != info.get("sha256"):',
         "    if False:",
         (OS + "test_manifest_columnar.py", OS + "test_stage.py"),
@@ -1819,7 +1824,7 @@ EDITS: list[Edit] = [
     ),
     Edit(
         "stage-field-and-pack",
-        "octstage/stage.py",
+        "octstage/stage/run.py",
         "        if isinstance(listed, array) != (slot is not None):\n",
         "        if False:\n",
         (OS + "test_stage.py::test_an_array_listed_two_ways_is_refused_before_any_fetch",),

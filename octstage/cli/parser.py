@@ -402,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--replace",
         action="store_true",
         help="DST may hold another cache: replace it (its manifest goes first; once every new "
-        "volume verified, files the new manifest does not name are removed)",
+        "volume verified, the old cache's files the new manifest does not name are removed; "
+        "anything else in DST is kept and named)",
     )
     s.add_argument("--json", metavar="OUT", help="write the run report as JSON here")
     _progress_option(s)

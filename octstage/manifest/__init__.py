@@ -92,4 +92,5 @@ from octstage.outputs import check_output_folder as check_output_folder
 from octstage.outputs import claim_export_folder as claim_export_folder
 from octstage.outputs import claim_run_folder as claim_run_folder
 from octstage.outputs import move_aside as move_aside
+from octstage.outputs import refuse_inside_cache as refuse_inside_cache
 from octstage.outputs import replace_report as replace_report

@@ -31,7 +31,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from octstage.manifest import Manifest, atomic_write_text, claim_export_folder
+from octstage.manifest import (
+    Manifest,
+    atomic_write_text,
+    claim_export_folder,
+    refuse_inside_cache,
+)
 from octtrain import __version__
 from octtrain.config.embed import EmbedConfig
 from octtrain.data.dataset import read_manifest
@@ -94,6 +99,7 @@ def _file_sha256(path: str) -> str:
 def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
     """The encoder, the items and the export's identity; on process 0 the folder is claimed
     (one output-folder rule) and the plan written. Refusals name the file and the way out."""
+    refuse_inside_cache(Path(cfg.out), ConfigError, "--out")  # before minutes of loading
     url = resolve_checkpoint(cfg.checkpoint)
     state = load_checkpoint(url)
     encoder = checkpoint_encoder(state, url, cfg.encoder)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from octstage.dataset.synth import SynthInfo, generate
+from tests.badinput import slow_open as slow
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,9 @@ def sigint_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_as_at_a_terminal(module: str, args: list[str], root: Path) -> subprocess.Popen[bytes]:
+def start_as_at_a_terminal(
+    module: str, args: list[str], root: Path, slow_open: tuple[Path, Path] | None = None
+) -> subprocess.Popen[bytes]:
     """``MODULE.main(ARGS)`` run as its console script runs it (``octtrain ARGS``), in a process
     group of its own (a Ctrl-C test signals the whole group), SIGINT at its default, output
     merged into one pipe, wandb off.
@@ -105,9 +108,16 @@ def start_as_at_a_terminal(module: str, args: list[str], root: Path) -> subproce
     KeyboardInterrupt once left code run from a string (``exec``: a dataclass being built, say),
     even one the command then caught and turned into its exit code 130 (``Py_RunMain`` checks
     ``unhandled_keyboard_interrupt`` after ``pymain_run_module``). The console script, like
-    ``-c``, exits with the command's code."""
+    ``-c``, exits with the command's code.
+
+    ``slow_open`` (a file, a named pipe): the file's first open waits on the pipe
+    (``tests/badinput/slow_open.py``)."""
     env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled", "COLUMNS": "1000"}
     script = f"import sys; from {module} import main; sys.exit(main())"
+    if slow_open is not None:
+        target, gate = slow_open
+        env |= {slow.TARGET: str(target.absolute()), slow.GATE: str(gate)}
+        script = f"from tests.badinput.slow_open import install; install(); {script}"
     return subprocess.Popen(
         [sys.executable, "-c", script, *args],
         stdout=subprocess.PIPE,

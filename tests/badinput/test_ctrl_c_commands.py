@@ -2,16 +2,19 @@
 ``audit-ids``, sent to the process group as a terminal sends it: exit 130, one line, no
 traceback, nothing half-written.
 
-The moment is made certain, not guessed: a file the command reads (the first one, or for stage
-and verify a volume's shard, read in a worker thread) is a named pipe, and the Ctrl-C is sent
-once the command has opened it and waits on it (a slow disk or bucket). The
-pipe is closed a moment later, as the slow read would end, so nothing can hang on it."""
+The moment is made certain, not guessed: the first open of a file the command reads (the first
+one, or for stage and verify a volume's shard, read in a worker thread) waits on a named pipe
+outside the command's folders (``slow_open.py``: a slow disk or bucket), and the Ctrl-C is sent
+once it waits there. The pipe is closed a moment later, as the slow read would end, so nothing
+can hang on it."""
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,10 +25,20 @@ from tests.badinput.conftest import start_as_at_a_terminal
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _interrupted_while_reading(module: str, args: list[str], pipe: Path) -> tuple[int, str]:
-    """Run ``python -m MODULE ARGS``; Ctrl-C its group while it waits on reading ``pipe``."""
+def _interrupted_while_reading(module: str, args: list[str], slow: Path) -> tuple[int, str]:
+    """Run ``MODULE ARGS``; Ctrl-C its group while its first open of ``slow`` (made empty when
+    absent) waits."""
+    slow.touch()
+    gates = Path(tempfile.mkdtemp(prefix="slow-open-"))
+    try:
+        return _interrupt(module, args, slow, gates / "gate")
+    finally:
+        shutil.rmtree(gates)
+
+
+def _interrupt(module: str, args: list[str], slow: Path, pipe: Path) -> tuple[int, str]:
     os.mkfifo(pipe)
-    proc = start_as_at_a_terminal(module, args, ROOT)
+    proc = start_as_at_a_terminal(module, args, ROOT, slow_open=(slow, pipe))
     writer, started = -1, time.monotonic()
     try:
         while writer < 0 and proc.poll() is None and time.monotonic() - started < 120:
@@ -116,7 +129,6 @@ def test_ctrl_c_in_stage_and_verify_while_a_volume_is_read(tmp_path: Path, comma
     manifest, src = write_tiny_cache(tmp_path, counts={"train": 1, "val": 1, "test": 1})
     volume = mf.load(manifest).volumes[1]
     (shard,) = (p for p in (src / volume.zarr_path / "0" / "c").rglob("*") if p.is_file())
-    shard.unlink()
     dst = tmp_path / "staged"
     args = [command, str(src), str(dst), "--transfers", "1"]
     if command == "verify":

@@ -49,16 +49,79 @@ def test_stage_refuses_a_folder_holding_another_cache_unless_replace(
     assert {n: (dst / n).read_bytes() for n in _files(dst)} == before  # untouched
 
     ran = octstage_cli("stage", b, dst, "--replace", "--json", tmp_path / "r.json")
-    assert_clean(ran, 0)
-    assert _files(dst) == _files(b)  # A's other volumes and the stray file are gone
+    assert_clean(ran, 0, "kept in place", "notes.txt")
+    assert _files(dst) == _files(b) | {"notes.txt"}  # A's other volumes gone, the user's file not
+    assert (dst / "notes.txt").read_text() == "left by hand"
     assert (dst / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
-    assert json.loads((tmp_path / "r.json").read_text())["removed"] > 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["removed"] > 0 and report["kept"] == ["notes.txt"]
     assert octstage_cli("verify", dst / "manifest.json").code == 0
 
     again = octstage_cli("stage", b, dst, "--json", tmp_path / "r2.json")  # idempotent
     assert_clean(again, 0)
     report = json.loads((tmp_path / "r2.json").read_text())
     assert report["present"] == report["volumes"] == 4 and report["downloaded"] == 0
+
+
+def test_stage_replace_keeps_and_names_everything_the_old_manifest_does_not_list(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A user's folder, a note among the volumes and an export written inside the cache all stay
+    (named once each); only the files the replaced cache's manifest lists go."""
+    a, b = two_caches
+    dst = tmp_path / "ssd"
+    assert octstage_cli("stage", a, dst).code == 0
+    (dst / "analysis").mkdir()
+    (dst / "analysis" / "fig.png").write_bytes(b"png")
+    (dst / "volumes" / "NOTES.md").write_text("which scans looked odd")
+    listed = {v["zarr_path"] for v in json.loads((dst / "manifest.json").read_text())["volumes"]}
+    ran = octstage_cli("stage", b, dst, "--replace", "--json", tmp_path / "r.json")
+    assert_clean(ran, 0, "analysis/", "volumes/NOTES.md")
+    assert (dst / "analysis" / "fig.png").read_bytes() == b"png"
+    assert (dst / "volumes" / "NOTES.md").read_text() == "which scans looked odd"
+    assert json.loads((tmp_path / "r.json").read_text())["kept"] == [
+        "analysis/",
+        "volumes/NOTES.md",
+    ]
+    new = {v["zarr_path"] for v in json.loads((dst / "manifest.json").read_text())["volumes"]}
+    assert not any((dst / p).exists() for p in listed - new)  # A's own files did go
+    assert not (dst / ".stage-replacing.json").exists()
+    assert octstage_cli("verify", dst / "manifest.json").code == 0
+
+
+def test_an_interrupted_replace_is_finished_by_the_next_one_and_refused_without_replace(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A replace stopped after the old manifest went (here: a volume of the new cache failed)
+    still knows the old cache's files: a plain stage is refused saying how to finish, the next
+    --replace removes them and keeps the user's note."""
+    import shutil
+
+    a, b = two_caches
+    broken = Path(shutil.copytree(b, tmp_path / "b"))
+    vol = json.loads((broken / "manifest.json").read_text())["volumes"][0]
+    _flip_data(broken, vol)
+    dst = tmp_path / "ssd"
+    assert octstage_cli("stage", a, dst).code == 0
+    (dst / "notes.txt").write_text("mine")
+    assert octstage_cli("stage", broken, dst, "--replace").code == 1
+    assert_clean(octstage_cli("stage", b, dst), 2, "stopped before it finished", "--replace")
+    assert_clean(octstage_cli("stage", b, dst, "--replace"), 0, "notes.txt")
+    assert _files(dst) == _files(b) | {"notes.txt"}
+
+
+def test_stage_replace_refuses_when_the_old_manifest_cannot_be_read(
+    octstage_cli: CLI, two_caches: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Without a readable list of the old cache's files nothing is removed on a guess."""
+    a, b = two_caches
+    dst = tmp_path / "ssd"
+    assert octstage_cli("stage", a, dst).code == 0
+    (dst / "manifest.json").write_text('{"kind": "oct", "volumes": 3}')
+    before = _files(dst)
+    ran = octstage_cli("stage", b, dst, "--replace")
+    assert_clean(ran, 2, "manifest.json", "cannot be read", "nothing was changed")
+    assert _files(dst) == before and (dst / "manifest.json").exists()
 
 
 def test_a_failed_replace_leaves_no_manifest_over_the_new_bytes(

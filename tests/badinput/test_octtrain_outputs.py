@@ -64,3 +64,25 @@ def test_an_output_path_that_cannot_be_written_is_one_line_before_any_work(
     )  # fmt: skip
     assert_clean(proc, 2, str(file))
     assert file.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["embed", "--checkpoint", "{tmp}/x.pt", "--out", "{cache}/export"],
+        ["evaluate", "--checkpoint", "{tmp}/x.pt", "--out", "{cache}/eval"],
+        ["probe", "--checkpoint", "{tmp}/x.pt", "--out", "{cache}/volumes/report"],
+        ["pretrain", "--config", str(PRETRAIN), "train.run_dir={cache}/run"],
+    ],
+    ids=["embed", "evaluate", "probe", "pretrain"],
+)
+def test_an_output_inside_the_cache_folder_is_refused_before_any_work(
+    pristine: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """An export, report or run among a cache's files would be what build-cache and stage
+    --replace manage: refused up front, naming the cache, nothing written into it."""
+    before = sorted(p.relative_to(pristine).as_posix() for p in pristine.rglob("*"))
+    args = [a.format(cache=pristine, tmp=tmp_path) for a in command]
+    proc = octtrain(args[0], "--manifest", pristine / "manifest.json", *args[1:])
+    assert_clean(proc, 2, "inside the cache folder", str(pristine))
+    assert sorted(p.relative_to(pristine).as_posix() for p in pristine.rglob("*")) == before

@@ -257,7 +257,10 @@ def test_selection_by_source_batch_plate_and_type(
         build(str(root), tmp_path / "e", select=Selection(types=("negcon",)))
     with pytest.raises(ConfigError, match="perturbation type\\(s\\) trt"):
         Selection(types=("trt",))
-    with pytest.raises(CellPaintingError, match=r"no load-data table .* for the selection"):
+    with pytest.raises(
+        CellPaintingError,
+        match=r"no load-data table .* for --select-source source_99; the tables list 2 plate",
+    ):
         build(str(root), tmp_path / "f", select=Selection(sources=("source_99",)))
 
 

@@ -1,5 +1,6 @@
-"""The one rule for output folders (octstage/outputs.py): what each kind of folder may hold, what
-is refused, what is moved aside, and reports replaced whole even on Ctrl-C."""
+"""The one rule for output folders (octstage/outputs.py; stage's part in
+octstage/stage/destination.py): what each kind of folder may hold, what is refused, what is moved
+aside, and reports replaced whole even on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -10,12 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from octstage.outputs import (
-    check_cache_folder,
-    claim_run_folder,
-    remove_unlisted,
-    replace_report,
-)
+from octstage.outputs import check_cache_folder, claim_run_folder, replace_report
+from octstage.stage.destination import sweep_replaced
 
 
 class Refused(Exception):
@@ -181,22 +178,30 @@ def test_a_run_folder_that_is_a_file_is_refused_as_such(tmp_path: Path) -> None:
     assert (tmp_path / "run").read_text() == "mine"
 
 
-def test_stage_replace_removes_a_linked_folder_the_new_manifest_does_not_list(
-    tmp_path: Path,
-) -> None:
-    """``stage --replace`` clears what the new cache does not name; a symlinked folder among
-    the volumes goes as a link (unlinked), and what it points at is never walked or touched."""
+def test_stage_replace_removes_only_what_the_replaced_cache_listed(tmp_path: Path) -> None:
+    """``stage --replace`` removes the replaced cache's volumes the new one does not name, and
+    stage's own temporaries; a symlinked volume goes as a link (what it points at is never
+    walked); a user's file, folder or link that no manifest lists stays and is named."""
     dst, elsewhere = tmp_path / "dst", tmp_path / "elsewhere"
     kept = dst / "volumes" / "1001" / "a.ome.zarr"
     kept.mkdir(parents=True)
     (kept / "zarr.json").write_text("{}")
     (dst / "manifest.json").write_text("{}")
-    (dst / "volumes" / "2002").mkdir()
-    (dst / "volumes" / "2002" / "old.bin").write_bytes(b"old")
+    (dst / "volumes" / "2002" / "b.ome.zarr").mkdir(parents=True)
+    (dst / "volumes" / "2002" / "b.ome.zarr" / "old.bin").write_bytes(b"old")
+    (dst / "volumes" / "2002" / ".stage-c.ome.zarr-0123abcd").mkdir()  # a killed fetch
     elsewhere.mkdir()
     (elsewhere / "yours.txt").write_text("mine")
     (dst / "volumes" / "3003").symlink_to(elsewhere, target_is_directory=True)
-    assert remove_unlisted(dst, ["volumes/1001/a.ome.zarr"]) == 2  # old.bin and the link
-    assert sorted(p.name for p in (dst / "volumes").iterdir()) == ["1001"]
+    (dst / "volumes" / "4004").symlink_to(elsewhere, target_is_directory=True)
+    (dst / "export").mkdir()
+    (dst / "export" / "part.parquet").write_bytes(b"x")
+    (dst / "volumes" / "NOTES.md").write_text("mine")
+    replaced = {"volumes/2002/b.ome.zarr", "volumes/3003", "old.items.parquet"}
+    removed, found = sweep_replaced(dst, ["volumes/1001/a.ome.zarr"], replaced)
+    assert removed == 2  # old.bin and the link 3003
+    assert found == ["export/", "volumes/4004", "volumes/NOTES.md"]
+    assert sorted(p.name for p in (dst / "volumes").iterdir()) == ["1001", "4004", "NOTES.md"]
     assert (kept / "zarr.json").read_text() == "{}" and (dst / "manifest.json").exists()
     assert (elsewhere / "yours.txt").read_text() == "mine"
+    assert (dst / "export" / "part.parquet").read_bytes() == b"x"

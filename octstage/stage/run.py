@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 from array import array
@@ -49,10 +50,23 @@ from zarr.storage import LocalStore
 from octstage import manifest as manifest_mod
 from octstage.cache.volumestore import check_volume
 from octstage.cellpainting import packstore
-from octstage.errors import ManifestError, OctstageError, StorageError, VerificationError
+from octstage.errors import (
+    ManifestError,
+    MirrorError,
+    OctstageError,
+    StorageError,
+    VerificationError,
+)
 from octstage.manifest import atomic_write_bytes, atomic_write_text
-from octstage.outputs import check_destination, clear_manifest, remove_unlisted
 from octstage.progress import counter, interval, megabytes
+from octstage.stage.destination import (
+    check_destination,
+    clear_manifest,
+    finish_replace,
+    record_replaced,
+    replaced_paths,
+    sweep_replaced,
+)
 from octstage.storage import Storage, check_name, open_location
 from octstage.storage.locations import known_secrets, parse_location, scrub
 
@@ -74,6 +88,7 @@ class StageReport:
     seconds: float = 0.0
     manifest_written: bool = False
     removed: int = 0  # files of a replaced cache that the new manifest does not name
+    kept: list[str] = field(default_factory=list)  # found beside a replaced cache, not its own
     exit_code: int = 0
 
 
@@ -178,11 +193,20 @@ def _read_table(storage: Storage, data: Any, secrets: list[str]) -> tuple[str, b
     return name, body
 
 
-def _fetch(storage: Storage, name: str, path: Path) -> int:
-    """Stream one object to ``path``; returns its size."""
+class _Abandoned(Exception):
+    """A volume given up because the run was interrupted; it never leaves its worker's future
+    (the pool is shut down on Ctrl-C and nobody reads that future)."""
+
+
+def _fetch(storage: Storage, name: str, path: Path, cancel: threading.Event) -> int:
+    """Stream one object to ``path``; returns its size. Stops between buffers once ``cancel``
+    is set, so Ctrl-C does not wait for a 200 MB shard to arrive."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with storage.open(name) as src, open(path, "wb") as out:
-        shutil.copyfileobj(src, out, COPY_BUFFER)
+        while block := src.read(COPY_BUFFER):
+            if cancel.is_set():
+                raise _Abandoned(name)
+            out.write(block)
         out.flush()
         os.fsync(out.fileno())
         return out.tell()
@@ -212,10 +236,16 @@ def _check(dst: Path, relpath: str, checksum: str | list[packstore.Member]) -> N
 
 
 def stage_volume(
-    storage: Storage, dst: Path, relpath: str, checksum: str | list[packstore.Member]
+    storage: Storage,
+    dst: Path,
+    relpath: str,
+    checksum: str | list[packstore.Member],
+    cancel: threading.Event,
 ) -> tuple[str, int]:
     """Fetch and verify one volume (or pack of fields: ``checksum`` lists its members):
-    ("present" | "downloaded", bytes fetched)."""
+    ("present" | "downloaded", bytes fetched). Once ``cancel`` is set (Ctrl-C) a volume in
+    flight is abandoned, its temporary folder removed, and nothing is renamed into place: an
+    interrupted run adds no volume its reader did not see finish."""
     final = dst / relpath
     packed = isinstance(checksum, list)
     for stale in final.parent.glob(f".stage-{final.name}-*"):
@@ -236,10 +266,12 @@ def stage_volume(
         for key in shard_keys(tmp / "0"):
             name = check_name(f"{relpath}/0/{key}")
             try:
-                fetched += _fetch(storage, name, tmp / "0" / key)
+                fetched += _fetch(storage, name, tmp / "0" / key, cancel)
             except StorageError as exc:
                 # Zarr stores no object for an all-fill chunk; the checksum below decides.
                 skipped.append(str(exc))
+        if cancel.is_set():
+            raise _Abandoned(relpath)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -261,6 +293,7 @@ def _submitted(
     volumes: dict[str, str | array[int]],
     items: Sequence[Any],
     transfers: int,
+    cancel: threading.Event,
 ) -> Iterator[tuple[str, Future[tuple[str, int]]]]:
     """Each volume's (or pack's) staging, submitted at most ``4 * transfers`` ahead of the one
     reported (a future per item of a million-item cache at once held their results and
@@ -270,19 +303,9 @@ def _submitted(
         if len(pending) >= 4 * max(1, transfers):
             yield pending.popleft()
         check = pack_members(items, what) if isinstance(what, array) else what
-        pending.append((rel, pool.submit(stage_volume, storage, dst, rel, check)))
+        pending.append((rel, pool.submit(stage_volume, storage, dst, rel, check, cancel)))
     while pending:
         yield pending.popleft()
-
-
-def _result(future: Future[tuple[str, int]], pool: ThreadPoolExecutor) -> tuple[str, int]:
-    """The future's result; on Ctrl-C the volumes not started are dropped (the running ones
-    finish or remove their temporary folder), so the interrupt is not held up by the rest."""
-    try:
-        return future.result()
-    except KeyboardInterrupt:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
 
 
 def run_stage(
@@ -296,7 +319,7 @@ def run_stage(
 ) -> int:
     """Stage the cache at ``src`` into the local folder ``dst``; returns the exit code.
     Progress is a bar on a terminal, else a plain line every ``progress_seconds``. A ``dst``
-    holding another cache is refused unless ``replace`` (see ``octstage.outputs``)."""
+    holding another cache is refused unless ``replace`` (see ``octstage.stage.destination``)."""
     started = time.monotonic()
     every = interval(progress_seconds)  # checked before any work starts
     loc = parse_location(src)
@@ -323,33 +346,45 @@ def run_stage(
     report.volumes = len(volumes)
     replacing = check_destination(dst, raw, replace)
     if replacing:
+        record_replaced(dst, _listed_by_old(dst, raw))
         clear_manifest(dst)
     dst.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
+    cancel = threading.Event()
     with (
         counter(console, "stage", len(volumes), every) as advance,
         ThreadPoolExecutor(max_workers=max(1, transfers)) as pool,
     ):
-        for rel, future in _submitted(pool, storage, dst, volumes, parsed.items, transfers):
-            try:
-                status, nbytes = _result(future, pool)
-            except (OctstageError, OSError, ValueError) as exc:
-                report.failed.append({"volume": rel, "reason": scrub(str(exc), secrets)})
-            else:
-                report.bytes += nbytes
-                report.present += status == "present"
-                report.downloaded += status == "downloaded"
-            advance(
-                f"{report.downloaded} downloaded, {report.present} present, "
-                f"{len(report.failed)} failed, {megabytes(report.bytes)}"
-            )
+        submitted = _submitted(pool, storage, dst, volumes, parsed.items, transfers, cancel)
+        try:
+            for rel, future in submitted:
+                try:
+                    status, nbytes = future.result()
+                except (OctstageError, OSError, ValueError) as exc:
+                    report.failed.append({"volume": rel, "reason": scrub(str(exc), secrets)})
+                else:
+                    report.bytes += nbytes
+                    report.present += status == "present"
+                    report.downloaded += status == "downloaded"
+                advance(
+                    f"{report.downloaded} downloaded, {report.present} present, "
+                    f"{len(report.failed)} failed, {megabytes(report.bytes)}"
+                )
+        except KeyboardInterrupt:
+            # Volumes not started are dropped, the running ones abandoned at their next buffer
+            # (their temporary folders removed), so the interrupt is not held up by the rest.
+            cancel.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     if not report.failed:
         if replacing:
-            report.removed = remove_unlisted(dst, volumes)
+            report.removed, report.kept = sweep_replaced(dst, volumes, replaced_paths(dst))
         if table is not None:  # the items before the header that names them
             atomic_write_bytes(dst / table[0], table[1])
         atomic_write_text(dst / MANIFEST, raw.decode("utf-8"))
         report.manifest_written = True
+        if replacing:
+            finish_replace(dst)
     report.exit_code = 1 if report.failed else 0
     report.seconds = round(time.monotonic() - started, 3)
     _print_summary(report, console)
@@ -357,6 +392,33 @@ def run_stage(
         text = json.dumps({"command": "stage", **asdict(report)}, indent=1, ensure_ascii=False)
         atomic_write_text(json_out, text + "\n")
     return report.exit_code
+
+
+def _listed_by_old(dst: Path, new: bytes) -> set[str]:
+    """Every path the cache now in ``dst`` lists (its arrays and its item table), which a
+    replace may remove; empty when its manifest is the new one or gone (an unfinished replace
+    recorded them already). A manifest that cannot be read is refused: nothing is removed on a
+    guess."""
+    path = dst / MANIFEST
+    if not path.is_file():
+        return set()
+    try:
+        raw = path.read_bytes()
+        if raw == new:
+            return set()
+        data = json.loads(raw)
+        table = _read_table(open_location(parse_location(str(dst))), data, [])
+        parsed = manifest_mod.from_dict(
+            data, source=str(path), table=None if table is None else table[1]
+        )
+        listed = set(volume_paths(parsed, str(path)))
+    except (OctstageError, ValueError, OSError) as exc:
+        raise MirrorError(
+            f"{path}: the manifest of the cache --replace would replace cannot be read ({exc}); "
+            "only the files a readable manifest lists are ever removed, so nothing was changed: "
+            "move the folder's contents away yourself, or choose an empty folder"
+        ) from None
+    return listed | ({table[0]} if table is not None else set())
 
 
 def _print_summary(r: StageReport, console: Console) -> None:
@@ -371,7 +433,14 @@ def _print_summary(r: StageReport, console: Console) -> None:
     table.add_row("bytes fetched", f"{r.bytes / 1e6:,.1f} MB ({speed:,.1f} MB/s)")
     if r.removed:
         table.add_row("files of the replaced cache removed", str(r.removed))
+    if r.kept:
+        table.add_row("found beside it, not a cache's: kept", str(len(r.kept)))
     table.add_row("manifest written", "yes" if r.manifest_written else "NO: re-run to finish")
     console.print(table)
+    if r.kept:
+        shown = ", ".join(r.kept[:10]) + (
+            f" and {len(r.kept) - 10} more" if len(r.kept) > 10 else ""
+        )
+        console.print(f"  kept in place (neither cache lists them): {shown}", markup=False)
     for failure in r.failed[:20]:
         console.print(f"  failed: {failure['volume']}: {failure['reason']}", markup=False)
