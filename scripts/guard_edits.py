@@ -1576,6 +1576,50 @@ EDITS: list[Edit] = [
         "a Ctrl-C lets the volumes in flight finish and land in the destination",
     ),
     Edit(
+        "url-key-refused",
+        "octstage/storage/locations.py",
+        "    if shown == spec:\n        return\n",
+        "    return\n",
+        (
+            BI
+            + "test_octstage_flags.py::test_a_key_written_into_a_url_is_refused_and_never_printed",
+        ),
+        "a key written into a bucket URL is used and printed in the command's messages",
+    ),
+    Edit(
+        "verify-url-refused",
+        "octstage/cli/commands.py",
+        '        if "://" in given:',
+        "        if False:",
+        (
+            BI
+            + "test_octstage_flags.py::test_a_key_written_into_a_url_is_refused_and_never_printed",
+        ),
+        "verify given a URL reads it as a local path: 'no such file', the key in the message",
+    ),
+    Edit(
+        "build-cache-url-first",
+        "octstage/cachebuild/run.py",
+        "        parse_location(location)\n",
+        "        pass\n",
+        (
+            BI
+            + "test_octstage_flags.py::test_a_key_written_into_a_url_is_refused_and_never_printed",
+        ),
+        "a build refused for a key in its URL has already made --out",
+    ),
+    Edit(
+        "checkpoint-url-key-refused",
+        "octtrain/config/sections.py",
+        '                "://" not in url or "@" not in host,\n',
+        "                True,\n",
+        (
+            BI + "test_octtrain_inputs.py::"
+            "test_a_key_written_into_a_checkpoint_url_is_refused_and_never_printed",
+        ),
+        "a key written into checkpoint.dir or .resume is accepted and printed with the config",
+    ),
+    Edit(
         "witness-laterality",
         "octstage/dataset/witness.py",
         "    if row.laterality != eye:\n",

@@ -128,6 +128,8 @@ def run_build(
     every = interval(progress_seconds)  # checked before any work starts
     if inventory is not None and not verify_sources:
         raise OctstageError("--inventory and --no-verify-sources contradict each other")
+    for location in (source, str(out)):  # a key in a URL is refused before --out is made
+        parse_location(location)
     started = time.monotonic()
     try:
         return _run(

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from octstage.errors import OctstageError
+from octstage.errors import ConfigError, OctstageError
+from octstage.storage.locations import redact_url
 
 console = Console(stderr=True)
 
@@ -174,6 +175,13 @@ def build(a: argparse.Namespace) -> int:
 
 
 def verify(a: argparse.Namespace) -> int:
+    for given in (a.manifest, a.cache or ""):
+        if "://" in given:  # a path with "s3:/" in it would be read as a missing local file
+            raise ConfigError(
+                f"{redact_url(given)}: verify reads a cache in a local folder; stage it first "
+                "(`octstage stage URL FOLDER` checks every item against the manifest as it "
+                "copies), then run `octstage verify FOLDER/manifest.json`"
+            )
     from octstage.cache.verify import run_verify
 
     return run_verify(

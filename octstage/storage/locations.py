@@ -169,8 +169,34 @@ def _split_bucket(rest: str, spec: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def redact_url(spec: str) -> str:
+    """``spec`` with any credentials before an ``@`` in its host part cut out
+    (``s3://KEY:SECRET@bucket/x`` -> ``s3://***@bucket/x``); anything else as it is."""
+    scheme, sep, rest = spec.partition("://")
+    host, slash, path = rest.partition("/")
+    if not sep or "@" not in host:
+        return spec
+    return f"{scheme}://***@{host.rpartition('@')[2]}{slash}{path}"
+
+
+def _refuse_userinfo(spec: str) -> None:
+    """Refuse ``s3://KEY:SECRET@bucket/...``: no bucket name holds an ``@``, so it is always a
+    credential, and the message names the URL with it cut out (it would otherwise reach shell
+    history, logs, manifests and reports, and rclone would not read it anyway)."""
+    shown = redact_url(spec)
+    if shown == spec:
+        return
+    raise MirrorError(
+        f"{shown!r}: credentials written into the URL are refused (nothing was read or "
+        "printed with them): give them as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (s3://), "
+        "B2_APPLICATION_KEY_ID and B2_APPLICATION_KEY (b2://) or GOOGLE_APPLICATION_CREDENTIALS "
+        "(gs://), or as an rclone remote (RCLONE_CONFIG_<NAME>_*), and name the URL without them"
+    )
+
+
 def parse_location(spec: str, env: Mapping[str, str] | None = None) -> Location:
-    """Parse a location; MirrorError for an unknown remote or inline credentials."""
+    """Parse a location; MirrorError for an unknown remote or inline credentials (an
+    on-the-fly remote, or a key in a URL)."""
     env = os.environ if env is None else env
     if spec.startswith(":"):
         raise MirrorError(
@@ -184,6 +210,7 @@ def parse_location(spec: str, env: Mapping[str, str] | None = None) -> Location:
     )
     for scheme, kind, types in schemes:
         if spec.startswith(scheme):
+            _refuse_userinfo(spec)
             bucket, prefix = _split_bucket(spec[len(scheme) :], spec)
             var = f"OCTSTAGE_{kind.upper()}_REMOTE"
             name = env.get(var) or kind

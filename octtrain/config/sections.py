@@ -338,6 +338,15 @@ class CheckpointConfig:
         object.__setattr__(self, "resume", none_if_blank(self.resume))
         check(self.every > 0, "every must be positive")
         check(self.keep_last > 0, "keep_last must be positive")
+        for key in ("dir", "resume"):  # no bucket name holds an "@": a key written in the URL
+            url = getattr(self, key) or ""
+            host, _, rest = url.partition("://")[2].partition("/")
+            check(
+                "://" not in url or "@" not in host,
+                f"{key} {url.partition('://')[0]}://***@{host.rpartition('@')[2]}/{rest}: "
+                "credentials written into the URL are refused; give them to gcsfs the usual way "
+                "(GOOGLE_APPLICATION_CREDENTIALS) and name the URL without them",
+            )
         if self.dir is not None and self.dir.startswith("gs://"):
             bucket = self.dir[len("gs://") :].split("/")[0]
             check(bucket not in ("", "None", "none", "null"), f"dir {self.dir!r} has no bucket")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from octstage.dataset.synth import SynthInfo
 from tests.badinput.conftest import Ran, assert_clean
 
 CLI = Callable[..., Ran]
@@ -118,3 +119,37 @@ def test_a_bad_progress_environment_variable_is_refused_before_the_step(
     monkeypatch.setenv("OCTSTAGE_PROGRESS_SECONDS", "often")
     ran = octstage_cli("verify", tmp_path / "manifest.json")
     assert_clean(ran, 2, "$OCTSTAGE_PROGRESS_SECONDS", "'often'")
+
+
+# ---- a key written into a URL: refused, and never printed -------------------------------------
+
+KEY_ID, KEY = "AKIAEXAMPLEKEYID", "wJalrXUtnFEMIexampleSECRET"
+KEYED = f"{KEY_ID}:{KEY}@bucket"
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["stage", f"s3://{KEYED}/cache", "{tmp}/ssd"], "s3://***@bucket/cache"),
+        (["stage", f"gs://{KEYED}/cache", "{tmp}/ssd"], "gs://***@bucket/cache"),
+        (["mirror", f"b2://{KEYED}/raw", "gs://mirror/raw"], "b2://***@bucket/raw"),
+        (["mirror", "b2://raw/x", f"gs://{KEYED}/raw"], "gs://***@bucket/raw"),
+        (["verify", f"s3://{KEYED}/cache/manifest.json"], "s3://***@bucket/cache/manifest.json"),
+        (
+            [
+                *("build-cache", "--source", f"s3://{KEYED}/src"),
+                *("--labels", "{labels}", "--out", "{tmp}/cache"),
+            ],
+            "s3://***@bucket/src",
+        ),
+    ],
+    ids=["stage s3", "stage gs", "mirror source", "mirror destination", "verify", "build-cache"],
+)
+def test_a_key_written_into_a_url_is_refused_and_never_printed(
+    octstage_cli: CLI, tiny_source: SynthInfo, tmp_path: Path, args: list[str], shown: str
+) -> None:
+    labels = tiny_source.root / "participants.tsv"
+    ran = octstage_cli(*(a.format(tmp=tmp_path, labels=labels) for a in args))
+    assert_clean(ran, 2, shown)
+    assert KEY not in ran.out + ran.err and KEY_ID not in ran.out + ran.err
+    assert not any(tmp_path.iterdir())  # nothing written

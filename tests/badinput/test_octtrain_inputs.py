@@ -310,6 +310,14 @@ def test_config_refusal_blames_the_command_line_without_torch(
     assert "NO-TORCH" in proc.stdout
 
 
+def test_a_key_written_into_a_checkpoint_url_is_refused_and_never_printed() -> None:
+    secret = "GOOG1EXAMPLEKEY:s3cr3t-example-value"
+    for key in ("checkpoint.dir", "checkpoint.resume"):
+        proc = refusal("pretrain", "--config", PRETRAIN, f"{key}=gs://{secret}@bucket/ckpt")
+        assert_clean(proc, 2, key.split(".")[1], re.escape("gs://***@bucket/ckpt"), "credentials")
+        assert "s3cr3t" not in proc.stdout + proc.stderr and "NO-TORCH" in proc.stdout
+
+
 def test_config_error_in_the_yaml_blames_the_yaml(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(PRETRAIN.read_text().replace("max_steps: 30", "max_stepz: 30"))
