@@ -39,6 +39,10 @@ PACK_DIRECT = (
     OS + "test_packs.py::test_verify_reads_a_packs_members_from_its_shard_and_leaves_damage_to_zarr"
 )
 EXIT_PATH = OT + "test_exit_paths.py::test_every_exit_path_of_a_data_bound_loop_ends_the_process"
+BATCH_FITS = (
+    BI + "test_octtrain_inputs.py::"
+    "test_a_batch_larger_than_the_split_is_refused_before_anything_is_built"
+)
 POD_CTRL_C = OT + "test_pod.py::test_a_ctrl_c_mid_run_ends_every_host_with_130_at_the_same_step"
 
 EDITS: list[Edit] = [
@@ -1618,6 +1622,42 @@ EDITS: list[Edit] = [
             "test_a_key_written_into_a_checkpoint_url_is_refused_and_never_printed",
         ),
         "a key written into checkpoint.dir or .resume is accepted and printed with the config",
+    ),
+    Edit(
+        "batch-fits-every-job",
+        "octtrain/data/splits.py",
+        "    if items >= batch * accum:\n        return\n",
+        "    return\n",
+        (BATCH_FITS,),
+        "a batch larger than its split is filled by repeating items (26 GB, a stalled DINO)",
+    ),
+    Edit(
+        "batch-fits-pretrain",
+        "octtrain/train/pretrain.py",
+        "        check_batch_fits(\n",
+        "        (lambda *a: None)(\n",
+        (BATCH_FITS + "[pretrain]",),
+        "pretrain builds its model and trains on a batch its split cannot fill",
+    ),
+    Edit(
+        "batch-fits-dino",
+        "octtrain/train/dino.py",
+        "        check_batch_fits(len(train[: d.max_samples]), d.batch_size, d.train_split, "
+        '"fields")\n',
+        "",
+        (BATCH_FITS + "[dino]",),
+        "DINO builds its model and trains on a batch its split cannot fill",
+    ),
+    Edit(
+        "embed-finetuned-encoder-named",
+        "octtrain/embed/encoders.py",
+        '    if kind == "finetune" and which != "auto":',
+        "    if False:",
+        (
+            OT + "test_embed_oct.py::"
+            "test_an_encoder_named_for_a_finetuned_checkpoint_is_refused_not_ignored",
+        ),
+        "embed --encoder context on a fine-tuning checkpoint is ignored without a word",
     ),
     Edit(
         "witness-laterality",

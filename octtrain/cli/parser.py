@@ -224,7 +224,8 @@ def _add_embed(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--encoder",
         default="auto",
         choices=("auto", "teacher", "target", "context"),
-        help="DINO: its EMA teacher; V-JEPA pretraining: target (EMA, the default) or context",
+        help="DINO: its EMA teacher; V-JEPA pretraining: target (EMA, the default) or context; "
+        "fine-tuning: its one encoder (leave --encoder out)",
     )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--batch-size", type=int, default=8, help="items per forward (default 8)")

@@ -1,8 +1,12 @@
-"""What finetuning needs from the manifest: checked splits, class counts and loss weights.
+"""What training needs from the manifest: checked splits, a batch the data fills, class counts
+and loss weights.
 
 * Splits come from the manifest (``recommended_split``). A participant in two splits leaks
   test information into training and is an error, as is a volume whose label disagrees with
   its study group's position in ``manifest.classes``.
+* A batch larger than its split (after ``data.select`` and ``data.max_samples``) is refused by
+  every job before its model is built: the sampler would fill it by repeating items (pretrain
+  went on to allocate tens of GB, DINO stalled until the watchdog).
 * ``auto`` class weights are ``n / (C * n_c)`` over the training split: a class with half the
   average count weighs 2, and a balanced split gives all ones.
 """
@@ -17,7 +21,7 @@ import numpy.typing as npt
 
 from octstage.manifest import Manifest
 from octtrain.config.finetune import LossConfig
-from octtrain.errors import DataError
+from octtrain.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,23 @@ class SplitSummary:
     classes: tuple[str, ...]
     volumes: dict[str, list[int]]  # split -> count per class
     participants: dict[str, int]  # split -> participants
+
+
+def check_batch_fits(items: int, batch: int, split: str, what: str, accum: int = 1) -> None:
+    """Refuse one (effective) batch of ``batch * accum`` drawn from ``items`` ``what`` of
+    ``split`` when they are fewer (module doc); ConfigError naming the values and the way out."""
+    if items >= batch * accum:
+        return
+    one = f"{batch} x {accum} accumulation steps" if accum > 1 else str(batch)
+    fix = (
+        f"set data.batch_size to at most {items // accum}"
+        if items >= accum
+        else "lower the accumulation (effective_batch_size)"
+    )
+    raise ConfigError(
+        f"data.batch_size {batch}: split {split!r} holds {items} {what} after data.select and "
+        f"data.max_samples, fewer than one batch ({one}); {fix}, or train on more {what}"
+    )
 
 
 def check_splits(manifest: Manifest, needed: Sequence[str]) -> SplitSummary:

@@ -143,6 +143,12 @@ def checkpoint_encoder(state: dict[str, Any], url: str, which: str) -> Encoder:
             tuple(saved) if saved else None,
             cfg.crops,
         )
+    if kind == "finetune" and which != "auto":
+        raise ConfigError(
+            f"--encoder {which}: {url} is a fine-tuning checkpoint, which holds one encoder (the "
+            "fine-tuned one, embedded by default): leave --encoder out, or pass a pretraining "
+            "checkpoint to choose its target or context encoder"
+        )
     if which == "teacher":
         raise ConfigError(
             f"--encoder teacher: {url} is a V-JEPA {kind} checkpoint, not a DINO one; use "

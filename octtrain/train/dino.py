@@ -48,6 +48,7 @@ from octtrain.data.cellpainting import (
 )
 from octtrain.data.dataset import read_manifest
 from octtrain.data.intensity import pooled
+from octtrain.data.splits import check_batch_fits
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.cellpainting.cell_pictures import attention_heads, channel_strip, features_pca
 from octtrain.eval.cellpainting.profile_run import field_embeddings, profiled
@@ -513,6 +514,8 @@ def run_dino(cfg: DinoConfig) -> RunResult:
         assert cfg.data.manifest is not None
         root = Path(cfg.data.cache) if cfg.data.cache else Path(cfg.data.manifest).parent
         train = manifest_fields(manifest, cfg.data.train_split)
+        d = cfg.data
+        check_batch_fits(len(train[: d.max_samples]), d.batch_size, d.train_split, "fields")
         val = manifest.split_fields(cfg.data.val_split) if cfg.validation.every else ()
         return DinoJob(cfg, train, root, backend, val)
 

@@ -46,7 +46,7 @@ from octtrain.data.intensity import pooled
 from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.samplers import balanced_probabilities
 from octtrain.data.select import Selection, prepare
-from octtrain.data.splits import check_splits, class_weights
+from octtrain.data.splits import check_batch_fits, check_splits, class_weights
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.common import metrics as mt
 from octtrain.eval.common.validation import predict
@@ -190,12 +190,8 @@ class FinetuneJob:
         self.scale = rg.Standardizer.fit(
             [v.clinical.get(str(concept), 0.0) for v in self.train_set.volumes]
         )
+        check_batch_fits(len(self.train_set), d.batch_size, d.train_split, "volumes", self.accum)
         self.steps_per_unit = len(self.train_set) // (d.batch_size * self.accum)
-        if self.steps_per_unit == 0:
-            raise ConfigError(
-                f"{len(self.train_set)} training volumes are fewer than one effective batch "
-                f"({d.batch_size} x {self.accum}); lower data.batch_size or effective_batch_size"
-            )
         labels = [v.label for v in self.train_set.volumes]
         self.train_counts = np.bincount(labels, minlength=self.num_classes).tolist()
         self.probabilities = (
@@ -422,6 +418,8 @@ def run_finetune(cfg: FinetuneConfig, init: str | None) -> RunResult:
         # broadcast): run it here too, so a host whose copy fails it cannot pair its agreement
         # with the others' broadcast.
         check_splits(manifest, [d.train_split, d.val_split])
+        train = len(manifest.split(d.train_split)[: d.max_samples])
+        check_batch_fits(train, d.batch_size, d.train_split, "volumes", cfg.accum_steps)
         return manifest, selection
 
     try:

@@ -35,6 +35,7 @@ from octtrain.data.intensity import pooled
 from octtrain.data.loaders import padded_loader, train_loader
 from octtrain.data.masks import SampleMasker, mask_overlay, num_masked
 from octtrain.data.select import select
+from octtrain.data.splits import check_batch_fits
 from octtrain.errors import CheckpointError, ConfigError, DataError
 from octtrain.eval.common.collapse import (
     effective_rank,
@@ -327,6 +328,13 @@ def run_pretrain(cfg: PretrainConfig) -> RunResult:
     def build() -> PretrainJob:
         # data.select applies to pretraining too: e.g. pretrain on the macula scans only.
         manifest = select(read_manifest(cfg.data.manifest, "pretrain"), cfg.data.select)
+        d = cfg.data
+        check_batch_fits(
+            len(manifest.split(d.train_split)[: d.max_samples]),
+            d.batch_size,
+            d.train_split,
+            "volumes",
+        )
         resolved = resolve(cfg, manifest)
         kernel, why = check_kernel(resolved, backend.device)
         log.info("attention: %s (%s)", kernel, why)

@@ -32,6 +32,7 @@ from tests.octtrain.tiny_cache import write_tiny_cache
 ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN = ROOT / "configs" / "pretrain" / "tiny.yaml"
 FINETUNE = ROOT / "configs" / "finetune" / "tiny.yaml"
+DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
 SHARD = "0/c/0/0/0"  # the one data object of a tiny volume (one shard covers it)
 FAST = ["train.max_steps=2", "logging.log_every=1", "train.stall_timeout_s=60"]
 
@@ -308,6 +309,31 @@ def test_config_refusal_blames_the_command_line_without_torch(
     proc = refusal(*args)
     assert_clean(proc, 2, *names)
     assert "NO-TORCH" in proc.stdout
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune", "dino"])
+def test_a_batch_larger_than_the_split_is_refused_before_anything_is_built(
+    job: str, pristine: Path, tmp_path: Path
+) -> None:
+    """Every job refuses a batch its training split cannot fill (the loader would repeat items
+    to fill it), naming the value, the split and its size, before a model or a checkpoint."""
+    from tests.octtrain.cell_cache import write_cell_cache
+
+    manifest, what = pristine / "manifest.json", "volumes"
+    config = {"pretrain": PRETRAIN, "finetune": FINETUNE, "dino": DINO_TINY}[job]
+    extra = ["init_encoder=random"] if job == "finetune" else []
+    if job == "dino":
+        (tmp_path / "cells").mkdir()
+        write_cell_cache(tmp_path / "cells")
+        manifest, what = tmp_path / "cells" / "manifest.json", "fields"
+    command = "finetune" if job == "finetune" else "pretrain"
+    run = tmp_path / "run"
+    proc = octtrain(
+        command, "--config", config, "--manifest", manifest, f"train.run_dir={run}",
+        "data.batch_size=1000", *extra,
+    )  # fmt: skip
+    assert_clean(proc, 2, "data.batch_size 1000", "split 'train' holds", what, "at most")
+    assert not (run / "checkpoints").exists()
 
 
 def test_a_key_written_into_a_checkpoint_url_is_refused_and_never_printed() -> None:

@@ -123,6 +123,19 @@ def test_a_finetuned_checkpoint_embeds_with_its_encoder(
     assert set(read_items(out).to_pandas()["Metadata_Split"]) == {"test"}
 
 
+@pytest.mark.parametrize("which", ["target", "context", "teacher"])
+def test_an_encoder_named_for_a_finetuned_checkpoint_is_refused_not_ignored(
+    which: str, tiny_finetuned: RunResult, tiny_cache: tuple[Path, Path], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """A fine-tuning checkpoint holds one encoder: a choice of another is refused, not dropped."""
+    assert tiny_finetuned.best_checkpoint is not None
+    out = tmp_path / "ft"
+    assert embed(tiny_finetuned.best_checkpoint, tiny_cache[0], out, "--encoder", which) == 2
+    assert f"--encoder {which}" in caplog.text and "fine-tuning checkpoint" in caplog.text
+    assert not out.exists()
+
+
 def test_wrong_encoder_split_or_flags_are_refused_with_the_way_out(
     tiny_pretrained: str, tiny_cache: tuple[Path, Path], tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
