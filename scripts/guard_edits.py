@@ -1660,6 +1660,17 @@ EDITS: list[Edit] = [
         "embed --encoder context on a fine-tuning checkpoint is ignored without a word",
     ),
     Edit(
+        "octtrain-full-disk-one-line",
+        "octtrain/cli/__init__.py",
+        "        if exc.errno not in NO_ROOM:\n            raise\n",
+        "        raise\n",
+        (
+            OT + "test_embed_oct.py::"
+            "test_a_full_disk_names_the_part_and_the_resume_finishes_the_export",
+        ),
+        "a full disk in embed is pyarrow's traceback naming no file, exit 1",
+    ),
+    Edit(
         "witness-laterality",
         "octstage/dataset/witness.py",
         "    if row.laterality != eye:\n",

@@ -9,6 +9,7 @@ and a Ctrl-C to 130 with one line. Config errors are reported before torch is im
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from collections.abc import Sequence
@@ -25,6 +26,8 @@ log = logging.getLogger("octtrain")
 EXIT_OK, EXIT_REFUSED = exitcodes.OK.code, exitcodes.REFUSED.code
 EXIT_NONFINITE, EXIT_DATA = exitcodes.NONFINITE.code, exitcodes.DATA.code
 EXIT_INTERRUPTED = exitcodes.INTERRUPTED.code
+# A write the disk has no room for (full, over quota, over the file-size limit) or cannot take.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 EXIT_STALLED = exitcodes.STALLED.code  # runtime/watchdog.py's exit (os._exit)
 
 
@@ -63,6 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_DATA
     except OcttrainError as exc:
         log.error("%s", exc)
+        return EXIT_REFUSED
+    except OSError as exc:
+        if exc.errno not in NO_ROOM:
+            raise
+        where = exc.filename or "a file this command writes"
+        log.error(
+            "%s: %s: free space (or choose a folder on another disk) and run the same command "
+            "again: what was finished before it is kept",
+            where,
+            exc.strerror or exc,
+        )
         return EXIT_REFUSED
     except (KeyboardInterrupt, Exception) as exc:
         if not caused_by_ctrl_c(exc):  # a KeyboardInterrupt, or what one cut short (an import)

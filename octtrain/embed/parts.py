@@ -144,9 +144,12 @@ class PartWriter:
 
     def finish(self) -> PartRecord:
         """The part in place and its record written; ValueError when it holds another count
-        of rows than its items."""
-        self._flush()
-        self.writer.close()
+        of rows than its items. A failed write (a full disk) names the part's file."""
+        try:
+            self._flush()
+            self.writer.close()
+        except OSError as exc:  # pyarrow's names no file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(self.tmp)) from None
         if self.rows != self.part.rows:
             raise ValueError(f"{self.part.name}: {self.rows} rows for {self.part.rows} items")
         with self.tmp.open("rb") as fh:

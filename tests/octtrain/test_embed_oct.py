@@ -147,3 +147,33 @@ def test_wrong_encoder_split_or_flags_are_refused_with_the_way_out(
     assert embed(tiny_pretrained, tiny_cache[0], tmp_path / "c", "--part-size", "0") == 2
     assert embed(tiny_pretrained, tiny_cache[0], tmp_path / "d", "--prefix", "Metadata_x") == 2
     assert not any((tmp_path / n).exists() for n in "abcd")
+
+
+def test_a_full_disk_names_the_part_and_the_resume_finishes_the_export(
+    tiny_pretrained: str, tiny_cache: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A write the disk refuses (here the kernel's file-size limit: a real EFBIG) is one line
+    naming the part's file, exit 2; the same command run again finishes the export."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out = tmp_path / "export"
+    args = [sys.executable, "-m", "octtrain.cli", "embed", "--checkpoint", tiny_pretrained]
+    args += ["--manifest", str(tiny_cache[0]), "--out", str(out), "--device", "cpu"]
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "1000"}
+    proc = subprocess.run(
+        args, preexec_fn=small_files, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "File too large" in proc.stderr
+    assert str(out / "parts") in proc.stderr and "run the same command again" in proc.stderr
+    assert embed(tiny_pretrained, tiny_cache[0], out) == 0
+    assert read_header(out)["items"] == 48
