@@ -65,6 +65,7 @@ def checkpoint(pristine: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     run = tmp_path_factory.mktemp("types-run") / "run"
     args = ["pretrain", "--config", PRETRAIN, "--manifest", pristine / "manifest.json"]
     extra = [f"train.run_dir={run}", "train.max_steps=1", "logging.log_every=1"]
+    extra.append("data.batch_size=4")  # the 4 training volumes: a batch the split fills
     assert cli.main([*map(str, args), *extra]) == 0
     (found,) = (run / "checkpoints").glob("*.pt")
     return found
