@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from octstage.cellpainting.cells import changes
 from octstage.cellpainting.metadata import DMSO
 from octstage.cellpainting.synth import library
 from octstage.cli import main as octstage
@@ -134,7 +135,7 @@ def phenotype_kinds(twin_seed: int, compounds: int) -> dict[str, str]:
     brightness) or size only (``size``: nucleus or cell radius), from its library."""
     out = {}
     for pert, (_, phenotype, _) in library(twin_seed, compounds).items():
-        changed = {k for k, v in vars(phenotype).items() if v != 1.0}
+        changed = set(changes(phenotype))
         if changed == {"agp_membrane"}:
             out[pert] = "intensity"
         elif changed and changed <= {"nucleus_size", "cell_size"}:

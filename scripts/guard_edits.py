@@ -138,6 +138,7 @@ EDITS: list[Edit] = [
         "    sums = [np.bincount(labels, weights=c, minlength=count + 1)[1:] for c in (ys, xs)]",
         "    sums = [np.bincount(labels, weights=c, minlength=count + 1)[1:] for c in (xs, ys)]",
         (
+            ""
             "tests/octtrain/test_nuclei.py::test_nucleus_centres_are_their_centres_of_mass_in_label_order",
         ),
         "nucleus centres given as (x, y)",
@@ -159,6 +160,7 @@ EDITS: list[Edit] = [
         "make test-slow\nrm -rf .venv\n",
         "rm -rf .venv\nmake test-slow\n",
         (
+            ""
             "tests/test_project.py::test_ci_removes_an_environment_only_after_every_tier_that_uses_it",
         ),
         "CI removes .venv before the slow tier that needs it (which then rebuilds it)",
@@ -1011,6 +1013,7 @@ EDITS: list[Edit] = [
         "        if False:\n",
         (
             BI + "test_octstage_caches.py::"
+            ""
             "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
         ),
         "build-cache replaces the manifest of a staged cache of another dataset",
@@ -1022,6 +1025,7 @@ EDITS: list[Edit] = [
         "        pass\n",
         (
             BI + "test_octstage_caches.py::"
+            ""
             "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
         ),
         "a JSON manifest written over a columnar one leaves the old item table beside it",
@@ -2078,5 +2082,163 @@ EDITS: list[Edit] = [
         "                raise\n",
         (OT + "test_guards.py::test_a_validation_that_crashes_keeps_its_units_checkpoint",),
         "a validation that crashes loses the unit's training since the last checkpoint",
+    ),
+    # issue 51's learned family: written by a helper from the code alone (it read no test)
+    Edit(
+        "learned-er-mean-not-rescaled",
+        "octstage/cellpainting/arrangement.py",
+        "    network *= target_mean / max(float(network.mean()), 1e-9)\n",
+        "    network *= 1.0\n",
+        (OS + "test_cellpainting_learned.py",),
+        "the reticular ER no longer has the diffuse ring's mean: its total ER stain differs from "
+        "DMSO's",
+    ),
+    Edit(
+        "learned-er-bisection-reversed",
+        "octstage/cellpainting/arrangement.py",
+        "        low, high = (mid, high) if below else (low, mid)\n",
+        "        low, high = (low, mid) if below else (mid, high)\n",
+        (OS + "test_cellpainting_learned.py",),
+        "the ER network's sharpness runs to a bound instead of matching the diffuse ring's sd",
+    ),
+    Edit(
+        "learned-er-no-network",
+        "octstage/cellpainting/arrangement.py",
+        "    blended: Image = (diffuse * (1.0 - strength) + network * "
+        "strength).astype(np.float32)\n",
+        "    blended: Image = diffuse.astype(np.float32)\n",
+        (OS + "test_cellpainting_learned.py",),
+        "the reticular ER phenotype draws the plain diffuse ring: no tubular texture, identical "
+        "to DMSO",
+    ),
+    Edit(
+        "learned-lobes-not-area-preserving",
+        "octstage/cellpainting/arrangement.py",
+        "    r0 = r / np.sqrt(1.0 + amplitude**2 / 2.0)\n",
+        "    r0 = r\n",
+        (OS + "test_cellpainting_learned.py",),
+        "lobed nuclei are larger than the control's (area and DNA stain no longer preserved)",
+    ),
+    Edit(
+        "learned-mito-not-inward",
+        "octstage/cellpainting/arrangement.py",
+        "    radius = low + (drawn_r - low) * (1.0 - MITO_BAND * share)\n",
+        "    radius = drawn_r\n",
+        (OS + "test_cellpainting_learned.py",),
+        "perinuclear mitochondria keep their drawn distance: puncta no longer move toward the "
+        "nucleus",
+    ),
+    Edit(
+        "learned-mito-sectors-piled",
+        "octstage/cellpainting/arrangement.py",
+        "    sector = 2 * np.pi / count\n",
+        "    sector = 2 * np.pi / count / 12\n",
+        (
+            OS + "test_cellpainting_learned.py",
+            OT + "test_learned_twin_chance.py",
+        ),
+        "perinuclear puncta crowd into one narrow wedge and overlap: brighter peaks over less area",
+    ),
+    Edit(
+        "learned-fibres-not-parallel",
+        "octstage/cellpainting/arrangement.py",
+        "    turned = [a + (angles[0] - a) * share for a in angles]\n",
+        "    turned = list(angles)\n",
+        (OS + "test_cellpainting_learned.py",),
+        "actin_aligned no longer turns a cell's fibres parallel (they keep their drawn angles)",
+    ),
+    Edit(
+        "learned-nucleoli-not-to-rim",
+        "octstage/cellpainting/arrangement.py",
+        "    return drawn + (rim - drawn) * share\n",
+        "    return drawn\n",
+        (OS + "test_cellpainting_learned.py",),
+        "nucleoli_rim leaves nucleoli at their drawn place instead of moving them to the nuclear "
+        "rim",
+    ),
+    Edit(
+        "learned-everyone-responds",
+        "octstage/cellpainting/arrangement.py",
+        "    return float((cy * 7919.0 + cx * 104729.0) % 1.0) < share\n",
+        "    return share > 0.0\n",
+        (OS + "test_cellpainting_learned.py",),
+        "a responding subpopulation is no longer a share: every cell of the well shows the "
+        "phenotype",
+    ),
+    Edit(
+        "learned-phase-draws-field-rng",
+        "octstage/cellpainting/cells.py",
+        "        if p.nucleus_lobes:\n            phase = (stretch * 1000.0) % (2 * np.pi)  # no "
+        "draw of its own (arrangement.py)\n",
+        "        phase = float(rng.uniform(0, 2 * np.pi))\n        if p.nucleus_lobes:\n",
+        (OS + "test_cellpainting_learned.py",),
+        "every cell consumes an extra draw from the field rng: all earlier phenotypes' field "
+        "bytes change",
+    ),
+    Edit(
+        "learned-lobe-phase-draws-rng",
+        "octstage/cellpainting/cells.py",
+        "            phase = (stretch * 1000.0) % (2 * np.pi)  # no draw of its own "
+        "(arrangement.py)\n",
+        "            phase = float(rng.uniform(0, 2 * np.pi))\n",
+        (OS + "test_cellpainting_learned.py",),
+        "lobed fields draw an extra number: their cells no longer match the same-seed DMSO twin's",
+    ),
+    Edit(
+        "learned-marker-always-learned",
+        "octstage/cellpainting/synth.py",
+        '        + (" learned=True" if learned else "")\n',
+        '        + f" learned={learned}"\n',
+        (OS + "test_cellpainting_learned.py",),
+        "a twin without --learned gets ' learned=False' in its marker: twins written before no "
+        "longer match",
+    ),
+    Edit(
+        "learned-library-without-learned",
+        "octstage/cellpainting/synth.py",
+        "    if learned:\n        out.update(LEARNED)\n",
+        "    if learned:\n        pass\n",
+        (OS + "test_cellpainting_learned.py",),
+        "library(..., learned=True) no longer adds the learned family",
+    ),
+    Edit(
+        "learned-generate-ignores-learned",
+        "octstage/cellpainting/synth.py",
+        "    perturbations = library(seed, compounds, learned)\n",
+        "    perturbations = library(seed, compounds)\n",
+        (OS + "test_cellpainting_learned.py",),
+        "generate(learned=True) writes no learned wells (only the marker says learned)",
+    ),
+    Edit(
+        "learned-cli-learned-dropped",
+        "octstage/cli/commands.py",
+        "            learned=a.learned,\n",
+        "            learned=False,\n",
+        (OS + "test_cellpainting_learned.py",),
+        "synth --kind cellpainting --learned silently writes a twin without the learned family",
+    ),
+    Edit(
+        "learned-learned-ok-for-oct",
+        "octstage/cli/commands.py",
+        '    "cellpainting": ("plates", "sites", "size", "compounds", "learned"),\n',
+        '    "cellpainting": ("plates", "sites", "size", "compounds"),\n',
+        (OS + "test_cellpainting_learned.py",),
+        "synth --kind oct --learned is accepted (silently ignored) instead of refused",
+    ),
+    Edit(
+        "learned-family-of-learned-as-library",
+        "octstage/cellpainting/families.py",
+        '    if perturbation in LEARNED:\n        return "learned"\n',
+        '    if perturbation in LEARNED:\n        return "library"\n',
+        (OS + "test_cellpainting_learned.py",),
+        "family_of classifies the learned family's ids as library compounds",
+    ),
+    Edit(
+        "learned-subpopulation-all-respond",
+        "octstage/cellpainting/families.py",
+        "responders=0.25),",
+        "responders=1.0),",
+        (OS + "test_cellpainting_learned.py",),
+        "JCP2022_200006 is no longer a responding quarter: all its cells respond",
     ),
 ]

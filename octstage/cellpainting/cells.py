@@ -28,6 +28,16 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from octstage.cellpainting.arrangement import (
+    ER_WIDEN,
+    aligned_fibres,
+    er_network,
+    lobed_blob,
+    mito_place,
+    nucleolus_radius,
+    responds,
+)
+
 Image = npt.NDArray[np.float32]
 
 
@@ -41,12 +51,28 @@ class Phenotype:
     er_spread: float = 1.0  # width of the ER ring around the nucleus
     agp_membrane: float = 1.0  # brightness of the membrane / actin outline
     nucleoli: float = 1.0  # nucleoli per nucleus (and cytoplasmic RNA)
+    # The learned family (``arrangement.py``): where the stain lies, at the control's amount.
+    mito_perinuclear: float = 0.0  # puncta moved toward the nucleus (0..1, same count and size)
+    actin_aligned: float = 0.0  # a cell's fibres turned parallel and spread apart (0..1)
+    nucleus_lobes: float = 0.0  # amplitude of a 3-lobed nuclear outline at the same area
+    er_reticular: float = 0.0  # the ER ring as a tubular network at its mean and sd (0..1)
+    nucleoli_rim: float = 0.0  # nucleoli moved out to the nuclear rim (0..1)
+    responders: float = 1.0  # share of a well's cells that show the phenotype (others DMSO's)
+
+
+CONTROL = Phenotype()
+
+
+def changes(phenotype: Phenotype) -> dict[str, float]:
+    """The fields of ``phenotype`` that differ from ``CONTROL``'s (DMSO's), with their values."""
+    return {k: v for k, v in vars(phenotype).items() if v != getattr(CONTROL, k)}
 
 
 CHANNEL_ORDER = ("DNA", "AGP", "ER", "Mito", "RNA")
 STAIN_SD = 0.15  # log-normal sd of a well's per-channel stain intensity
 FOCUS_SIGMA = (0.0, 1.2)  # per-field blur (px at 128 px fields)
 BACKGROUND = 120.0  # camera background counts (+-25% per field)
+FIBRES = 3  # actin fibres across a cell's cytoplasm
 
 
 @dataclass(frozen=True)
@@ -80,9 +106,9 @@ def draw_field(
     """A float32 ``[5, size, size]`` field (channels in ``CHANNEL_ORDER``), values ~0..1."""
     out = np.zeros((5, size, size), dtype=np.float32)
     scale = size / 128.0
-    p = phenotype
     for _ in range(cells):
         cy, cx = rng.uniform(0.08, 0.92, size=2) * size
+        p = phenotype if responds(cy, cx, phenotype.responders) else CONTROL
         r_cell = float(rng.uniform(13, 17) * scale * p.cell_size)
         r_nuc = float(min(rng.uniform(5.0, 6.5) * scale * p.nucleus_size, 0.8 * r_cell))
         # Draw in a window around the cell (everything of it lies within r_cell + a margin).
@@ -93,30 +119,48 @@ def draw_field(
         win = out[:, y0:y1, x0:x1]
         # The nucleus is a little elliptic: stretch one axis.
         stretch = float(rng.uniform(0.8, 1.2))
-        nucleus = _blob(cy + (yy - cy) * stretch, xx, cy, cx, r_nuc)
+        if p.nucleus_lobes:
+            phase = (stretch * 1000.0) % (2 * np.pi)  # no draw of its own (arrangement.py)
+            nucleus = lobed_blob(
+                cy + (yy - cy) * stretch, xx, cy, cx, r_nuc, p.nucleus_lobes, phase
+            )
+        else:
+            nucleus = _blob(cy + (yy - cy) * stretch, xx, cy, cx, r_nuc)
         cell = _blob(yy, xx, cy, cx, r_cell)
         cytoplasm = np.clip(cell - nucleus, 0.0, 1.0)
         win[0] += nucleus * float(rng.uniform(0.7, 1.0))
         # ER: a ring hugging the nucleus, wider when spread, inside the cell.
         er_width = 2.5 * scale * p.er_spread
-        win[2] += _ring(yy, xx, cy, cx, r_nuc + er_width, er_width) * cell * 0.8 / p.er_spread**0.5
+        er = _ring(yy, xx, cy, cx, r_nuc + er_width, er_width) * cell * 0.8 / p.er_spread**0.5
+        if p.er_reticular:
+            wide = _ring(yy, xx, cy, cx, r_nuc + er_width * ER_WIDEN, er_width * ER_WIDEN)
+            er = er_network(er, wide, cell, cy, cx, p.er_reticular)
+        win[2] += er
         # AGP: the membrane outline plus a few actin fibres across the cytoplasm.
         win[1] += _ring(yy, xx, cy, cx, r_cell, 1.2 * scale) * 0.7 * p.agp_membrane
-        for _ in range(3):
-            angle = rng.uniform(0, np.pi)
-            dist = np.abs((yy - cy) * np.cos(angle) - (xx - cx) * np.sin(angle))
+        angles = [float(rng.uniform(0, np.pi)) for _ in range(FIBRES)]
+        offsets = [0.0] * FIBRES
+        if p.actin_aligned:
+            angles, offsets = aligned_fibres(angles, r_nuc, p.actin_aligned)
+        for angle, offset in zip(angles, offsets, strict=True):
+            dist = np.abs((yy - cy) * np.cos(angle) - (xx - cx) * np.sin(angle) - offset)
             win[1] += np.exp(-((dist / (0.8 * scale)) ** 2)) * cytoplasm * 0.3 * p.agp_membrane
         # Mito: puncta in the cytoplasm; more and smaller when fragmented.
         n_mito = round(12 * p.mito_count)
         r_mito = 1.6 * scale / max(p.mito_count, 1.0) ** 0.5
-        for _ in range(n_mito):
+        for k in range(n_mito):
             a = rng.uniform(0, 2 * np.pi)
-            rr = rng.uniform(r_nuc + 0.5, max(r_nuc + 0.6, r_cell - 0.5))
+            low, high = r_nuc + 0.5, max(r_nuc + 0.6, r_cell - 0.5)
+            rr = rng.uniform(low, high)
+            if p.mito_perinuclear:
+                rr, a = mito_place(rr, a, k, n_mito, low, high, p.mito_perinuclear)
             my, mx = cy + rr * np.sin(a), cx + rr * np.cos(a)
             win[3] += np.exp(-((yy - my) ** 2 + (xx - mx) ** 2) / (2 * r_mito**2)) * 0.9
         # RNA: nucleoli inside the nucleus, and a faint cytoplasm.
         for _ in range(max(1, round(2 * p.nucleoli))):
             a, rr = rng.uniform(0, 2 * np.pi), rng.uniform(0, 0.5 * r_nuc)
+            if p.nucleoli_rim:
+                rr = nucleolus_radius(rr, r_nuc, p.nucleoli_rim)
             win[4] += _blob(yy, xx, cy + rr * np.sin(a), cx + rr * np.cos(a), 1.5 * scale)
         win[4] += cytoplasm * 0.15 * p.nucleoli
     return out

@@ -32,6 +32,8 @@ Every field is multiplied by its channel's illumination (a vignette; the illum `
 it, up to the plate's residual: its true vignette's peak is shifted) and a plate gain (a batch
 effect, 0.8..1.2), plus the nuisance of ``cells.py`` (per well: stain intensity per channel, cell
 density; per field: focus, background) and Poisson noise. One phenotype is strong, four subtle.
+With ``learned`` the six of the learned family join them (``families.py``: changes of
+arrangement at DMSO's intensity, area and pixel spread, on a 384-well plate).
 With ``traps`` one TIFF (the second plate, its last well, site 1, Mito) is truncated: build-cache
 must reject that field with the reason, and nothing else.
 """
@@ -55,6 +57,7 @@ from octstage.cellpainting.cells import (
     illumination,
     to_uint16,
 )
+from octstage.cellpainting.families import LEARNED
 from octstage.cellpainting.layout import LOAD_DATA_ROOT, write_csv, write_parquet
 from octstage.cellpainting.metadata import DMSO, TABLES
 from octstage.cellpainting.microscopes import CV8000, PHENIX, TWIN_MICROSCOPES, Microscope
@@ -122,9 +125,10 @@ CONTROL_SHARE = 4  # a library plate's DMSO wells per compound's wells
 LIBRARY_FIRST_ID = 100001  # the library's JCP2022 ids count up from here (JUMP's compound range)
 
 
-def library(seed: int, compounds: int) -> Library:
+def library(seed: int, compounds: int, learned: bool = False) -> Library:
     """``PHENOTYPES`` plus ``compounds`` compounds drawn from ``seed``: each changes one or two
-    features of ``LIBRARY_FEATURES``, up or down, by a strength drawn in ``LIBRARY_STRENGTH``."""
+    features of ``LIBRARY_FEATURES``, up or down, by a strength drawn in ``LIBRARY_STRENGTH``;
+    with ``learned``, the learned family (``families.LEARNED``) after them."""
     out = dict(PHENOTYPES)
     names = sorted(LIBRARY_FEATURES)
     for i in range(compounds):
@@ -141,6 +145,8 @@ def library(seed: int, compounds: int) -> Library:
             Phenotype(**change),
             f"library compound: {what}",
         )
+    if learned:
+        out.update(LEARNED)
     return out
 
 
@@ -183,10 +189,13 @@ def plate_map(
     ]
     rows, cols = (ROWS, COLS) if len(ids) <= len(ROWS) * COLS else PLATE_384
     if len(ids) > len(rows) * cols:
-        most = (len(rows) * cols) // replicates - CONTROL_SHARE - len(PHENOTYPES) + 1
+        learned = sum(p in LEARNED for p in perturbations)
+        most = (len(rows) * cols) // replicates - CONTROL_SHARE - len(PHENOTYPES) + 1 - learned
+        also = f" beside the {learned} of --learned" if learned else ""
         raise ConfigError(
-            f"compounds {len(perturbations) - len(PHENOTYPES)}: with {replicates} wells each and "
-            f"DMSO in {CONTROL_SHARE * replicates}, at most {most} fit a 384-well plate"
+            f"compounds {len(perturbations) - len(PHENOTYPES) - learned}: with {replicates} wells "
+            f"each and DMSO in {CONTROL_SHARE * replicates}, at most {most} fit a 384-well "
+            f"plate{also}"
         )
     wells = [f"{r}{c:02d}" for r in rows for c in range(1, cols + 1)][: len(ids)]
     order = np.random.default_rng([seed, plate_index, 17]).permutation(len(wells))
@@ -291,12 +300,14 @@ def generate(
     bucket: str = BUCKET,
     compounds: int = 0,
     overwrite: bool = False,
+    learned: bool = False,
 ) -> TwinInfo:
     """Write the twin under ``out`` (see the module doc); ``replicates`` wells per
     perturbation and plate (1..4; tests use fewer to stay fast); ``bucket``: the bucket the
     tables' ``s3://`` URLs name (the twin's tree goes to ``s3://<bucket>/cpg0016-jump/``);
-    ``compounds``: library compounds beside ``PHENOTYPES`` (``library``); ``overwrite``: replace
-    a twin of other parameters there (``twins``)."""
+    ``compounds``: library compounds beside ``PHENOTYPES`` (``library``); ``learned``: the
+    learned family too (``families.py``); ``overwrite``: replace a twin of other parameters
+    there (``twins``)."""
     if not (
         1 <= replicates <= WELLS_PER_PERTURBATION
         and size >= 32
@@ -307,12 +318,15 @@ def generate(
         raise ConfigError(
             "twin needs 1..4 replicates, size >= 32, at least one plate and site, compounds >= 0"
         )
-    perturbations = library(seed, compounds)
+    perturbations = library(seed, compounds, learned)
     plate_map(seed, 0, replicates, perturbations)  # refuses a library too big before writing
     _claim(
         out,
         f"kind=cellpainting seed={seed} plates={plates} sites={sites} size={size} "
-        f"replicates={replicates} compounds={compounds} traps={traps} bucket={bucket}\n",
+        f"replicates={replicates} compounds={compounds} traps={traps} bucket={bucket}"
+        # Added only when set: a twin written before the family existed keeps its marker.
+        + (" learned=True" if learned else "")
+        + "\n",
         overwrite,
     )
     root = out / DATASET
@@ -407,12 +421,21 @@ def run_synth_cellpainting(
     traps: bool,
     compounds: int = 0,
     overwrite: bool = False,
+    learned: bool = False,
 ) -> int:
     """CLI: write the twin and say what it holds."""
     console = Console(stderr=True)
     with console.status(f"writing the Cell Painting twin into {out}"):
         info = generate(
-            out, plates, sites, size, seed, traps, compounds=compounds, overwrite=overwrite
+            out,
+            plates,
+            sites,
+            size,
+            seed,
+            traps,
+            compounds=compounds,
+            overwrite=overwrite,
+            learned=learned,
         )
     console.print(
         f"octstage synth --kind cellpainting: {out}: {len(info.plates)} plates "
@@ -422,6 +445,6 @@ def run_synth_cellpainting(
         f"  the bucket's tree: {out / info.dataset} (upload it as s3://{info.bucket}/{info.dataset})"
         f"\n  the datasets repository's tables: {out / info.metadata}"
     )
-    for pert, (kind, _, what) in library(seed, compounds).items():
+    for pert, (kind, _, what) in library(seed, compounds, learned).items():
         console.print(f"  {pert:16s} {kind:9s} {what}")
     return 0

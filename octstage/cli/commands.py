@@ -20,9 +20,16 @@ console = Console(stderr=True)
 # synth's options that only one kind reads, and their defaults (the parser leaves them None).
 SYNTH_KIND_ONLY = {
     "oct": ("participants", "full_size"),
-    "cellpainting": ("plates", "sites", "size", "compounds"),
+    "cellpainting": ("plates", "sites", "size", "compounds", "learned"),
 }
-SYNTH_DEFAULTS = {"participants": 60, "plates": 4, "sites": 3, "size": 128, "compounds": 0}
+SYNTH_DEFAULTS = {
+    "participants": 60,
+    "plates": 4,
+    "sites": 3,
+    "size": 128,
+    "compounds": 0,
+    "learned": False,
+}
 
 
 def synth(a: argparse.Namespace) -> int:
@@ -42,6 +49,7 @@ def synth(a: argparse.Namespace) -> int:
             not a.no_traps,
             a.compounds,
             overwrite=a.overwrite,
+            learned=a.learned,
         )
     from octstage.dataset.synth import run_synth
 

@@ -133,7 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_at_least(0),
         help="cellpainting: library compounds beside the six named perturbations (subtle "
         "changes drawn from --seed; more than 0 makes each plate a 384-well plate with DMSO in "
-        "4x a compound's wells; at most 87; default 0)",
+        "4x a compound's wells; at most 87, 81 with --learned; default 0)",
+    )
+    s.add_argument(
+        "--learned",
+        action="store_true",
+        default=None,
+        help="cellpainting: add the learned family, six changes of arrangement at DMSO's "
+        "intensity, area and pixel spread (perinuclear mitochondria, parallel actin, lobed "
+        "nuclei, reticular ER, nucleoli at the rim, a responding quarter of the cells), which "
+        "per-crop statistics cannot separate; a 384-well plate like --compounds",
     )
     s.add_argument(
         "--size", type=_at_least(32), help="cellpainting: field size in pixels (default 128)"
