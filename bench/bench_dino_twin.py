@@ -72,12 +72,18 @@ CP_MARGIN = 0.05  # "within 0.05 of cp-measure" (the issue's bar)
 
 
 def build_twin(
-    tmp: Path, plates: int, twin_seed: int, compounds: int = 0, sites: int = 3
+    tmp: Path,
+    plates: int,
+    twin_seed: int,
+    compounds: int = 0,
+    sites: int = 3,
+    learned: bool = True,
 ) -> tuple[Path, list[Any]]:
-    """The twin's cache under ``tmp`` and its fields."""
+    """The twin's cache under ``tmp`` and its fields (``learned``: with the learned family)."""
     src, root = tmp / "src", tmp / "cache"
     synth = ["synth", "--kind", "cellpainting", "--seed", str(twin_seed), "--plates", str(plates)]
     synth += ["--compounds", str(compounds), "--sites", str(sites)]
+    synth += ["--learned"] if learned else []
     assert octstage([*synth, str(src)]) == 0
     twin = src / "cpg0016-jump"  # its tables name s3://cellpainting-gallery/: map them
     build = ["build-cache", "--kind", "cellpainting", "--source", str(twin)]
@@ -152,18 +158,31 @@ def unseen_perturbations(fields: list[Any], every: int) -> list[str]:
 
 
 def verdict(section: dict[str, Any], kinds: dict[str, str]) -> tuple[str, dict[str, bool]]:
-    """Under one recipe: DINO against every random-init seed (non-overlapping intervals and a
+    """Under one recipe: DINO's tokens against every random init's tokens (paired activity
+    interval above 0, over every perturbation and over the learned family: what training
+    taught the network), DINO against every random-init seed (non-overlapping intervals and a
     paired interval above 0, per kind), against the handcrafted set (paired activity interval
     above 0) and cp-measure (activity within ``CP_MARGIN`` or above), and on each intensity-only
     and size-only perturbation (activity AP above every random seed's)."""
     enc, diff, per = section["encoders"], section["dino_minus"], section["per_perturbation"]
-    randoms = [n for n in enc if n.startswith("random_init")]
+    randoms = [n for n in enc if n.startswith("random_init") and not n.endswith("_tokens")]
     wins, parts = {}, []
+    tokens = section.get("dino_tokens_minus", {})
+    for key in ("activity", "learned_activity"):
+        rivals = [tokens.get(f"{r}_tokens", {}).get(key) for r in randoms]
+        if tokens and all(rivals):
+            wins[f"tokens_{key}"] = all(d["low"] > 0 for d in rivals)
+            worst = min(d["value"] for d in rivals)
+            parts.append(
+                f"DINO's tokens above random init's ({key.replace('_', ' ')}) "
+                f"{'YES' if wins[f'tokens_{key}'] else 'NO'} (least {worst:+.3f})"
+            )
     for kind in KINDS:
         low = enc["dino"][f"{kind}_map_low"]
         wins[f"{kind}_apart"] = all(low > enc[r][f"{kind}_map_high"] for r in randoms)
         wins[f"{kind}_paired"] = all(diff[r][kind]["low"] > 0 for r in randoms)
-    parts.append("above random init " + ("YES" if all(wins[k] for k in list(wins)) else "NO"))
+    apart = [k for k in wins if k.endswith(("_apart", "_paired"))]
+    parts.append("above random init " + ("YES" if all(wins[k] for k in apart) else "NO"))
     if "handcrafted" in diff:
         wins["above_handcrafted"] = diff["handcrafted"]["activity"]["low"] > 0
         parts.append(f"activity above handcrafted {'YES' if wins['above_handcrafted'] else 'NO'}")
@@ -187,22 +206,32 @@ def verdict(section: dict[str, Any], kinds: dict[str, str]) -> tuple[str, dict[s
 
 def print_section(name: str, section: dict[str, Any], report: dict[str, Any]) -> None:
     """One recipe's table, paired differences and per-perturbation activity APs."""
-    enc = section["encoders"]
-    unseen = bool(report.get("unseen_perturbations"))
+    enc, floor = section["encoders"], section["floor"]
+    subsets = ["activity", "distinctiveness"]
+    subsets += ["unseen_activity"] if report.get("unseen_perturbations") else []
+    subsets += [f"{family}_activity" for family in report.get("families", {})]
     print(f"-- recipe {name} --")
-    head = f"{'encoder':<14} {'activity mAP [95% CI]':>24} {'distinct. mAP [95% CI]':>24}"
-    if unseen:
-        head += f" {'unseen activity [95% CI]':>26}"
+    print(
+        "chance floor (noise features on the same wells, controls and draws): "
+        + ", ".join(f"{k} {floor[f'{k}_map']:.3f}" for k in subsets)
+    )
+    head = f"{'encoder':<22}" + "".join(f" {k + ' [95% CI]':>26}" for k in subsets)
     print(head + f" {'well kNN':>8} {'features':>8}")
     for enc_name, m in enc.items():
-        row = f"{enc_name:<14} {_ci(m, 'activity'):>24} {_ci(m, 'distinctiveness'):>24}"
-        if unseen:
-            row += f" {_ci(m, 'unseen_activity'):>26}"
+        row = f"{enc_name:<22}" + "".join(f" {_ci(m, k):>26}" for k in subsets)
         print(row + f" {m['well_probe_knn_balanced_accuracy']:>8.3f} {m['features_kept']:>8.0f}")
-    print("DINO minus rival, paired (the same plates, controls, perturbations and wells drawn):")
-    for rival, d in section["dino_minus"].items():
-        cells = [f"{k} {d[k]['value']:+.3f} [{d[k]['low']:+.3f}, {d[k]['high']:+.3f}]" for k in d]
-        print(f"  {rival:<14} " + "   ".join(cells))
+    for title, diffs in (
+        ("DINO minus rival", section["dino_minus"]),
+        ("DINO's tokens minus rival (the network's part)", section.get("dino_tokens_minus", {})),
+    ):
+        print(f"{title}, paired (the same plates, controls, perturbations and wells drawn):")
+        for rival, d in diffs.items():
+            cells = [
+                f"{k} {d[k]['value']:+.3f} [{d[k]['low']:+.3f}, {d[k]['high']:+.3f}]"
+                for k in d
+                if k in subsets
+            ]
+            print(f"  {rival:<22} " + "   ".join(cells))
     perts = [p for p in report["perturbations"] if p != DMSO]
     print("activity AP per perturbation: " + " ".join(f"{p[-6:]:>7}" for p in perts))
     for enc_name, per in section["per_perturbation"].items():
@@ -218,7 +247,9 @@ def run_twin(twin_seed: int, args: argparse.Namespace, tmp: Path) -> list[dict[s
         root = tmp / "cache"  # a twin of an earlier run with --work: the same flags
         fields = list(load(root / "manifest.json").fields)
     else:
-        root, fields = build_twin(tmp, args.plates, twin_seed, args.compounds, args.sites)
+        root, fields = build_twin(
+            tmp, args.plates, twin_seed, args.compounds, args.sites, not args.no_learned
+        )
     plates = sorted({f.plate for f in fields})
     trained_on = set(plates[: args.train_plates])
     unseen = unseen_perturbations(fields, args.unseen_every)
@@ -287,6 +318,12 @@ def main() -> None:
     parser.add_argument("--train-plates", type=int, default=2)
     parser.add_argument("--compounds", type=int, default=30, help="octstage synth --compounds")
     parser.add_argument("--sites", type=int, default=2, help="octstage synth --sites")
+    parser.add_argument(
+        "--no-learned",
+        action="store_true",
+        help="a twin without the learned family (octstage synth --learned; the twins of the "
+        "benchmarks before it)",
+    )
     parser.add_argument(
         "--unseen-every",
         type=int,
@@ -357,6 +394,7 @@ def main() -> None:
         "plates": args.plates,
         "compounds": args.compounds,
         "sites": args.sites,
+        "learned": not args.no_learned,
         "train_plates": args.train_plates,
         "unseen_every": args.unseen_every,
         "steps": args.steps,

@@ -139,6 +139,7 @@ EDITS: list[Edit] = [
         "    sums = [np.bincount(labels, weights=c, minlength=count + 1)[1:] for c in (xs, ys)]",
         (
             ""
+            ""
             "tests/octtrain/test_nuclei.py::test_nucleus_centres_are_their_centres_of_mass_in_label_order",
         ),
         "nucleus centres given as (x, y)",
@@ -160,6 +161,7 @@ EDITS: list[Edit] = [
         "make test-slow\nrm -rf .venv\n",
         "rm -rf .venv\nmake test-slow\n",
         (
+            ""
             ""
             "tests/test_project.py::test_ci_removes_an_environment_only_after_every_tier_that_uses_it",
         ),
@@ -1014,6 +1016,7 @@ EDITS: list[Edit] = [
         (
             BI + "test_octstage_caches.py::"
             ""
+            ""
             "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
         ),
         "build-cache replaces the manifest of a staged cache of another dataset",
@@ -1025,6 +1028,7 @@ EDITS: list[Edit] = [
         "        pass\n",
         (
             BI + "test_octstage_caches.py::"
+            ""
             ""
             "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
         ),
@@ -2240,5 +2244,220 @@ EDITS: list[Edit] = [
         "responders=1.0),",
         (OS + "test_cellpainting_learned.py",),
         "JCP2022_200006 is no longer a responding quarter: all its cells respond",
+    ),
+    # issue 51's measurement apart (tokens, statistics, floor, families, JUMP's var step and
+    # same-plate distinctiveness): written by a helper from the code alone (it read no test)
+    Edit(
+        "measure-parts-swapped",
+        "octtrain/embed/encode.py",
+        "    return columns[within < half - stats], columns[within >= half - stats]\n",
+        "    return columns[within >= half - stats], columns[within < half - stats]\n",
+        (OT + "test_learned_part.py",),
+        "embedding_parts returns the statistics columns as the tokens and the tokens as the "
+        "statistics",
+    ),
+    Edit(
+        "measure-parts-overlap",
+        "octtrain/embed/encode.py",
+        "columns[within < half - stats]",
+        "columns[within <= half - stats]",
+        (OT + "test_learned_part.py",),
+        "the token columns include the first statistics column of each half: tokens and "
+        "statistics overlap",
+    ),
+    Edit(
+        "measure-stats-mean-half-only",
+        "octtrain/embed/encode.py",
+        "columns[within >= half - stats]\n",
+        "columns[(within >= half - stats) & (columns < half)]\n",
+        (OT + "test_learned_part.py",),
+        "the statistics part keeps only the mean half's statistics and drops the spread's",
+    ),
+    Edit(
+        "measure-statistics-from-random-tokens",
+        "octtrain/eval/cellpainting/profile_run.py",
+        '    out["statistics"] = features["dino"][:, stats]\n',
+        '    out["statistics"] = features[sorted(features)[-1]][:, tokens]\n',
+        (
+            OT + "test_learned_part.py",
+            OT + "test_profiles.py",
+        ),
+        "the 'statistics' feature set is a random encoder's tokens, not the restored per-crop "
+        "statistics",
+    ),
+    Edit(
+        "measure-tokens-only-for-dino",
+        "octtrain/eval/cellpainting/profile_run.py",
+        '    out = {f"{name}_tokens": x[:, tokens] for name, x in features.items()}\n',
+        '    out = {f"{name}_tokens": x[:, tokens] for name, x in features.items() if name == '
+        '"dino"}\n',
+        (
+            OT + "test_learned_part.py",
+            OT + "test_profiles.py",
+        ),
+        "random encoders get no tokens-alone feature set, so dino_tokens_minus has no random rival",
+    ),
+    Edit(
+        "measure-parts-without-restored-stats",
+        "octtrain/eval/cellpainting/profile_run.py",
+        "    if not stats_restored(trained):\n        return {}\n",
+        "    if False:\n        return {}\n",
+        (OT + "test_learned_part.py",),
+        "an encoder that restores no statistics still gets tokens/statistics parts split out of "
+        "its plain token embedding",
+    ),
+    Edit(
+        "measure-floor-reseeded",
+        "octtrain/eval/cellpainting/profile_run.py",
+        "np.random.default_rng(FLOOR_SEED)",
+        "np.random.default_rng()",
+        (OT + "test_learned_part.py",),
+        "the noise floor is drawn from a fresh random seed each call: not reproducible across runs",
+    ),
+    Edit(
+        "measure-floor-wrong-width",
+        "octtrain/eval/cellpainting/profile_run.py",
+        ".standard_normal((fields, width))",
+        ".standard_normal((fields, max(1, width // 2)))",
+        (OT + "test_learned_part.py",),
+        "the noise floor has half the embedding's width, so it is not the chance floor of an "
+        "embedding that wide",
+    ),
+    Edit(
+        "measure-floor-from-dino",
+        "octtrain/eval/cellpainting/profile_run.py",
+        '        "floor": scores["noise_floor"].metrics,\n',
+        '        "floor": scores["dino"].metrics,\n',
+        (OT + "test_profiles.py",),
+        "the reported chance floor is DINO's own metrics instead of the Gaussian-noise encoder's",
+    ),
+    Edit(
+        "measure-tokens-minus-full-embedding",
+        "octtrain/eval/cellpainting/profile_run.py",
+        'minus("dino_tokens", token_rivals)',
+        'minus("dino", token_rivals)',
+        (OT + "test_profiles.py",),
+        "dino_tokens_minus subtracts rivals from DINO's full embedding (tokens+statistics), not "
+        "from its tokens alone",
+    ),
+    Edit(
+        "measure-tokens-minus-no-statistics",
+        "octtrain/eval/cellpainting/profile_run.py",
+        '    token_rivals = [n for n in scores if n.endswith("_tokens") and n != "dino_tokens"] '
+        '+ [\n        "statistics",\n        "noise_floor",\n    ]\n',
+        '    token_rivals = [n for n in scores if n.endswith("_tokens") and n != "dino_tokens"] '
+        '+ [\n        "noise_floor",\n    ]\n',
+        (OT + "test_profiles.py",),
+        "dino_tokens_minus no longer compares DINO's tokens against the statistics alone",
+    ),
+    Edit(
+        "measure-families-default-none",
+        "octtrain/eval/cellpainting/profile_run.py",
+        "        families = twin_families({f.perturbation for f in fields if not f.is_control})\n",
+        "        families = {}\n",
+        (OT + "test_profiles.py",),
+        "profile_fields no longer defaults families to twin_families: a learned twin gets no "
+        "per-family scores",
+    ),
+    Edit(
+        "measure-family-subset-scores-all",
+        "octtrain/eval/cellpainting/scores.py",
+        '*((f"{n}_", i) for n, i in (families or {}).items())',
+        '*((f"{n}_", present) for n, i in (families or {}).items())',
+        (OT + "test_learned_part.py",),
+        "each family's subset scores every present perturbation, not just that family's",
+    ),
+    Edit(
+        "measure-subset-not-restricted-to-present",
+        "octtrain/eval/cellpainting/scores.py",
+        "        only = sorted(set(ids) & set(present))\n",
+        "        only = sorted(set(ids))\n",
+        (OT + "test_learned_part.py",),
+        "a subset lists perturbations absent from the wells (and a family with none present "
+        "still gets keys)",
+    ),
+    Edit(
+        "measure-families-for-real-plates",
+        "octstage/cellpainting/families.py",
+        "    if not present & set(LEARNED):\n",
+        "    if not present:\n",
+        (OS + "test_cellpainting_learned.py",),
+        "twin_families reports families for real plates that hold no learned id",
+    ),
+    Edit(
+        "measure-families-keep-dmso",
+        "octstage/cellpainting/families.py",
+        "    present = set(perturbations) - {DMSO}\n",
+        "    present = set(perturbations)\n",
+        (OS + "test_cellpainting_learned.py",),
+        "DMSO is no longer left out of the families: it lands in 'named'",
+    ),
+    Edit(
+        "measure-family-of-named-library-swapped",
+        "octstage/cellpainting/families.py",
+        '    return "named" if perturbation in PHENOTYPES else "library"\n',
+        '    return "library" if perturbation in PHENOTYPES else "named"\n',
+        (OS + "test_cellpainting_learned.py",),
+        "family_of calls the named phenotypes 'library' and the library's ids 'named'",
+    ),
+    Edit(
+        "measure-variant-skips-last-plate",
+        "octtrain/eval/cellpainting/recipe.py",
+        "    for plate in sorted(set(plates)):\n        rows = plate_of == plate\n        ref = "
+        "rows & controls if",
+        "    for plate in sorted(set(plates))[:-1]:\n        rows = plate_of == plate\n        "
+        "ref = rows & controls if",
+        (OT + "test_recipe.py",),
+        "variant ignores the last plate: a feature constant on that plate's controls is kept",
+    ),
+    Edit(
+        "measure-variant-keeps-nan",
+        "octtrain/eval/cellpainting/recipe.py",
+        "np.asarray(np.isfinite(x).all(axis=0), dtype=bool)",
+        "np.asarray(~np.isinf(x).any(axis=0), dtype=bool)",
+        (OT + "test_recipe.py",),
+        "variant keeps features holding a NaN (only infinities are dropped)",
+    ),
+    Edit(
+        "measure-variant-zero-median-kept",
+        "octtrain/eval/cellpainting/recipe.py",
+        "    cv = np.where(np.isfinite(cv), cv, 0.0)",
+        "    cv = np.where(np.isfinite(cv), cv, np.inf)",
+        (OT + "test_recipe.py",),
+        "a feature whose controls' median is 0 passes the coefficient-of-variation test instead "
+        "of counting as 0",
+    ),
+    Edit(
+        "measure-variant-threshold-loose",
+        "octtrain/eval/cellpainting/recipe.py",
+        "(cv > VAR_MIN_CV)",
+        "(cv > VAR_MIN_CV / 10)",
+        (OT + "test_recipe.py",),
+        "variant keeps near-constant features with MAD/median between 1e-4 and 1e-3",
+    ),
+    Edit(
+        "measure-variant-all-wells",
+        "octtrain/eval/cellpainting/recipe.py",
+        "        ref = rows & controls if int((rows & controls).sum()) >= MIN_CONTROLS else rows\n",
+        "        ref = rows\n",
+        (OT + "test_recipe.py",),
+        "variant judges a plate's MAD on all its wells, not its control wells",
+    ),
+    Edit(
+        "measure-kept-not-mapped-back",
+        "octtrain/eval/cellpainting/recipe.py",
+        "    kept = variants[chosen]\n",
+        "    kept = chosen\n",
+        (OT + "test_recipe.py",),
+        "RecipeResult.kept indexes the var-filtered columns, not the original feature columns",
+    ),
+    Edit(
+        "measure-distinctiveness-pooled-plates",
+        "octtrain/eval/cellpainting/retrieval.py",
+        'profiles[treated], ["plate"], ["perturbation"])',
+        'profiles[treated], [], ["perturbation"])',
+        (OT + "test_retrieval.py",),
+        "distinctiveness negatives are pooled across plates again instead of restricted to the "
+        "same plate",
     ),
 ]

@@ -4,7 +4,7 @@ Pure numpy, no I/O. Each cell has a nucleus (DNA, filled), nucleoli inside it (R
 spots, plus faint cytoplasmic RNA), endoplasmic reticulum as a diffuse ring around the nucleus
 (ER), mitochondria as puncta scattered in the cytoplasm (Mito) and a membrane outline with
 actin fibres (AGP). A perturbation's ``Phenotype`` changes the morphology in documented ways
-(``PHENOTYPES`` in ``synth.py`` names them); the negative control is ``Phenotype()``.
+(``PHENOTYPES`` in ``families.py`` names them); the negative control is ``Phenotype()``.
 
 Nuisance, the variation of a real screen that carries no phenotype (the profiling recipe and a
 good encoder must see through it; a random encoder, which weighs raw intensity and texture,

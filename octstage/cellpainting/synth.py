@@ -57,7 +57,7 @@ from octstage.cellpainting.cells import (
     illumination,
     to_uint16,
 )
-from octstage.cellpainting.families import LEARNED
+from octstage.cellpainting.families import LEARNED, PHENOTYPES
 from octstage.cellpainting.layout import LOAD_DATA_ROOT, write_csv, write_parquet
 from octstage.cellpainting.metadata import DMSO, TABLES
 from octstage.cellpainting.microscopes import CV8000, PHENIX, TWIN_MICROSCOPES, Microscope
@@ -74,39 +74,6 @@ MARKER = TWIN_MARKER
 ROWS, COLS = "ABCD", 6
 PLATE_384 = "ABCDEFGHIJKLMNOP", 24  # the layout once a library needs more than 24 wells
 WELLS_PER_PERTURBATION = 4
-# id -> (perturbation type the build assigns, phenotype, what changes; a probe should tell them
-# apart). Ids follow JUMP's numbering: compounds below 800000, CRISPR 8xxxxx, ORF 9xxxxx. One
-# strong phenotype and four subtle ones, so that encoders do not all score AP ~1: their sizes sit
-# near the well-to-well nuisance of ``cells.py`` (stain intensity, cell density, focus), which a
-# random encoder cannot see through.
-PHENOTYPES: dict[str, tuple[str, Phenotype, str]] = {
-    DMSO: ("negcon", Phenotype(), "DMSO, the negative control"),
-    "JCP2022_037716": (
-        "poscon",
-        Phenotype(nucleus_size=1.45),
-        "AMG900 (positive control): nuclei 45% larger (DNA)",
-    ),
-    "JCP2022_012567": (
-        "compound",
-        Phenotype(mito_count=2.5),
-        "mitochondria fragmented: 2.5x the puncta, smaller (Mito; subtle)",
-    ),
-    "JCP2022_904321": (
-        "orf",
-        Phenotype(er_spread=1.4),
-        "ER spread 40% wider, dimmer (ER; subtle)",
-    ),
-    "JCP2022_801234": (
-        "crispr",
-        Phenotype(cell_size=0.9, agp_membrane=0.75),
-        "cells 10% smaller, membrane/actin 25% fainter (AGP; subtle)",
-    ),
-    "JCP2022_047355": (
-        "compound",
-        Phenotype(nucleoli=1.5),
-        "more nucleoli and cytoplasmic RNA, +50% (RNA; subtle)",
-    ),
-}
 Library = dict[str, tuple[str, Phenotype, str]]
 # A library compound changes one or two of these by a factor drawn log-uniform in
 # [LIBRARY_STRENGTH]: at most ``cap`` up or down (sizes move less than counts, as in real screens,

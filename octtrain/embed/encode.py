@@ -144,6 +144,19 @@ def field_embedding(per_tile: torch.Tensor) -> torch.Tensor:
     return torch.cat([mean, spread])
 
 
+def embedding_parts(width: int, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """The columns of a Cell Painting field embedding ``width`` wide, of an encoder whose
+    ``stats_restored`` holds, that carry its tokens, and those that carry the restored per-crop
+    statistics (``tile_stats``: the last ``2 x channels`` of each half, the mean's and the
+    spread's). Scoring the two apart shows what the network adds to the statistics."""
+    half, stats = width // 2, 2 * channels
+    if width % 2 or half <= stats:
+        raise ValueError(f"an embedding of {width} features holds no {stats} statistics a half")
+    within = np.arange(width) % half
+    columns = np.arange(width)
+    return columns[within < half - stats], columns[within >= half - stats]
+
+
 def embed_fields(
     backbone: nn.Module, tiles: Sequence[torch.Tensor], device: torch.device
 ) -> np.ndarray:

@@ -21,10 +21,11 @@ from octstage import manifest as mf
 from octstage.cache.verify import verify
 from octstage.cellpainting import layout
 from octstage.cellpainting.build import build, exit_code, find_tables, plate_splits
+from octstage.cellpainting.families import PHENOTYPES
 from octstage.cellpainting.metadata import DMSO
 from octstage.cellpainting.normalize import decode_tiff, histogram, plate_normalization, to_uint8
 from octstage.cellpainting.plate import CellPaintingConfig
-from octstage.cellpainting.synth import PHENOTYPES, TwinInfo, generate
+from octstage.cellpainting.synth import TwinInfo, generate
 from octstage.cli import main
 from octstage.errors import CellPaintingError
 from octstage.stage import run_stage

@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from octstage.cellpainting import synth
+from octstage.cellpainting import families, synth
 from octstage.cellpainting.arrangement import responds
 from octstage.cellpainting.cells import CONTROL, Phenotype, draw_field
-from octstage.cellpainting.families import LEARNED, family_of
-from octstage.cellpainting.metadata import TABLES
+from octstage.cellpainting.families import LEARNED, family_of, twin_families
+from octstage.cellpainting.metadata import DMSO, TABLES
 from octstage.cli import main
 
 SIZE = 192  # one cell a field: large enough that a binary mask's area and outline are not pixels
@@ -36,14 +36,14 @@ def _inside(seed: int) -> bool:
 
 
 SEEDS = [seed for seed in range(40) if _inside(seed)][:12]
-# draw_field over synth.PHENOTYPES (fresh default_rng([4, 2]) each, 96 px, 6 cells), the bytes
+# draw_field over families.PHENOTYPES (fresh default_rng([4, 2]) each, 96 px, 6 cells), the bytes
 # concatenated in PHENOTYPES order, as drawn before the learned family existed (commit aa58242).
 GOLDEN = "f630da8baad46d6ee3b4cbb96f2e057ed31aee7ff838358fb846ce70784e344c"
 
 
 def test_the_earlier_phenotypes_keep_their_bytes() -> None:
     digest = hashlib.sha256()
-    for _, phenotype, _ in synth.PHENOTYPES.values():
+    for _, phenotype, _ in families.PHENOTYPES.values():
         digest.update(draw_field(np.random.default_rng([4, 2]), 96, phenotype, 6).tobytes())
     assert digest.hexdigest() == GOLDEN
 
@@ -159,13 +159,21 @@ def test_a_subpopulation_responds_in_its_share_of_cells_and_the_rest_are_dmso() 
 
 
 def test_the_family_is_its_own_ids_in_jumps_compound_range() -> None:
-    named = set(synth.PHENOTYPES)
+    named = set(families.PHENOTYPES)
     assert len(LEARNED) >= 6
     assert all(kind == "compound" for kind, _, _ in LEARNED.values())
     assert not set(LEARNED) & set(synth.library(0, 87))
-    assert {family_of(p, named) for p in LEARNED} == {"learned"}
-    assert family_of(next(iter(named)), named) == "named"
-    assert family_of("JCP2022_100001", named) == "library"
+    assert {family_of(p) for p in LEARNED} == {"learned"}
+    assert family_of(next(iter(named))) == "named"
+    assert family_of("JCP2022_100001") == "library"
+    # families only for a twin with the learned family; real plates (named ids are JUMP's) none
+    assert twin_families(named) == {}
+    lib = synth.library(3, 2, learned=True)
+    assert twin_families(lib) == {
+        "named": sorted(named - {DMSO}),
+        "library": ["JCP2022_100001", "JCP2022_100002"],
+        "learned": sorted(LEARNED),
+    }
     assert synth.library(3, 5, learned=True) == {**synth.library(3, 5), **LEARNED}
 
 

@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from octstage.cellpainting import synth
+from octstage.cellpainting import families, synth
 from octstage.cellpainting.cells import changes
 from octstage.cellpainting.metadata import DMSO, TABLES
 from octstage.cli import main
 
 
 def test_no_library_is_the_six_named_perturbations_on_the_24_well_block() -> None:
-    assert synth.library(7, 0) == synth.PHENOTYPES
+    assert synth.library(7, 0) == families.PHENOTYPES
     wells = synth.plate_map(7, 0)
     assert set(wells) == {f"{r}{c:02d}" for r in "ABCD" for c in range(1, 7)}
 
@@ -28,7 +28,7 @@ def test_no_library_is_the_six_named_perturbations_on_the_24_well_block() -> Non
 def test_library_compounds_are_drawn_from_the_seed_and_change_one_or_two_features_subtly() -> None:
     lib = synth.library(7, 40)
     assert lib == synth.library(7, 40) and lib != synth.library(8, 40)
-    drawn = {k: v for k, v in lib.items() if k not in synth.PHENOTYPES}
+    drawn = {k: v for k, v in lib.items() if k not in families.PHENOTYPES}
     assert len(drawn) == 40 and all(kind == "compound" for kind, _, _ in drawn.values())
     assert sorted(drawn)[0] == f"JCP2022_{synth.LIBRARY_FIRST_ID:06d}"
     counts: Counter[int] = Counter()
@@ -85,7 +85,7 @@ def test_the_twin_lists_its_library_in_the_datasets_tables(tmp_path: Path) -> No
         return pd.read_csv(io.BytesIO(gzip.decompress((meta / TABLES[name]).read_bytes())))
 
     lib = synth.library(0, 3)
-    drawn = sorted(set(lib) - set(synth.PHENOTYPES))
+    drawn = sorted(set(lib) - set(families.PHENOTYPES))
     assert set(drawn) <= set(table("compound")["Metadata_JCP2022"])
     wells = table("well")
     assert Counter(wells["Metadata_JCP2022"]) == Counter(synth.plate_map(0, 0, 4, lib).values())

@@ -15,7 +15,7 @@ from octstage.cellpainting.cells import (
     illumination,
     to_uint16,
 )
-from octstage.cellpainting.synth import PHENOTYPES
+from octstage.cellpainting.families import PHENOTYPES
 
 C = len(CHANNEL_ORDER)
 

@@ -25,6 +25,7 @@ from octstage import manifest as mf
 from octstage.bounded import bounded_map
 from octstage.cellpainting import layout
 from octstage.cellpainting.build import Selection, build, find_tables
+from octstage.cellpainting.families import PHENOTYPES
 from octstage.cellpainting.metadata import DMSO, TABLES
 from octstage.cellpainting.normalize import (
     correct,
@@ -34,7 +35,7 @@ from octstage.cellpainting.normalize import (
     percentile,
     to_uint8,
 )
-from octstage.cellpainting.synth import PHENOTYPES, TwinInfo, plate_name
+from octstage.cellpainting.synth import TwinInfo, plate_name
 from octstage.cli import main
 from octstage.errors import CellPaintingError, ConfigError
 from octstage.storage import ObjectInfo, Storage, open_storage

@@ -179,7 +179,9 @@ def test_cli_pretrain_then_profile_on_a_cell_painting_manifest(tmp_path: Path) -
     report = json.loads((ckpt.parent / "profile.json").read_text())
     assert report["fields"] == 16 and report["plates"] == ["P1", "P2"]  # held-out plates only
     randoms = {f"random_init_{i}" for i in range(3)}
-    assert set(report["encoders"]) == {"dino", "handcrafted", "cp_measure"} | randoms
+    tokens = {f"{name}_tokens" for name in randoms | {"dino"}}
+    baselines = {"handcrafted", "cp_measure", "statistics", "noise_floor"}
+    assert set(report["encoders"]) == {"dino"} | randoms | tokens | baselines
 
 
 def test_validation_scores_the_teacher_s_well_profiles_on_the_validation_plate(

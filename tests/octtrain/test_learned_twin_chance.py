@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from octstage.cellpainting import synth
+from octstage.cellpainting import families
 from octstage.cellpainting.cells import (
     BACKGROUND,
     CHANNEL_ORDER,
@@ -103,6 +103,6 @@ NAMED = ["JCP2022_037716", "JCP2022_904321", "JCP2022_801234", "JCP2022_047355"]
 def test_the_same_measure_sees_a_named_phenotype(
     perturbation: str, dmso: tuple[np.ndarray, np.ndarray]
 ) -> None:
-    stats, hand = _wells(synth.PHENOTYPES[perturbation][1])
+    stats, hand = _wells(families.PHENOTYPES[perturbation][1])
     assert _largest_shift(dmso[0], stats) > SEEN, perturbation
     assert _largest_shift(dmso[1], hand) > SEEN, perturbation

@@ -3,6 +3,7 @@ a DINO checkpoint of the tiny Cell Painting cache with its baselines, on held-ou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from octstage.cellpainting.families import LEARNED
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.data.cellpainting import scale
@@ -44,6 +46,7 @@ from tests.octtrain.cell_cache import synth_field, write_cell_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
+LEARNED_ID = sorted(LEARNED)[0]
 
 
 def test_well_means_average_each_well_s_fields_in_order_of_appearance() -> None:
@@ -232,7 +235,32 @@ def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) 
     assert report["plates"] == ["P1", "P2"] and report["perturbations"] == ["DMSO", "cmpd1"]
     assert report["fields"] == 16
     randoms = {"random_init_0", "random_init_1", "random_init_2"}
-    assert set(report["encoders"]) == {"dino", "handcrafted", "cp_measure"} | randoms
+    tokens = {"dino_tokens"} | {f"{r}_tokens" for r in randoms}
+    # the full embeddings, the tokens alone, the restored statistics alone, the noise floor
+    parts = {"statistics", "noise_floor"}
+    assert (
+        set(report["encoders"]) == {"dino", "handcrafted", "cp_measure"} | randoms | tokens | parts
+    )
+    assert report["statistics_restored"] and report["families"] == {}
+    for recipe in report["recipes"].values():
+        assert recipe["floor"] == recipe["encoders"]["noise_floor"]
+        assert set(recipe["dino_tokens_minus"]) == tokens - {"dino_tokens"} | parts
+    # noise ranks nothing (with 2 wells a class a plate chance is high: 0.79 here), the nucleus
+    # size does
+    assert report["floor"]["activity_map"] < report["encoders"]["handcrafted"]["activity_map"]
+    # DINO's tokens minus a random init's tokens: the two token sets' mAPs, paired
+    enc, tokens_minus = report["encoders"], report["dino_tokens_minus"]
+    for rival in ("random_init_1_tokens", "statistics"):
+        gap = enc["dino_tokens"]["activity_map"] - enc[rival]["activity_map"]
+        assert tokens_minus[rival]["activity"]["value"] == pytest.approx(gap)
+    # a twin's learned ids make their family a subset of its own, without being told
+    twin = [
+        dataclasses.replace(f, perturbation=LEARNED_ID) if f.perturbation == "cmpd1" else f
+        for f in fields
+    ]
+    learned = profile_fields(ckpt, twin, root, resamples=20, random_seeds=1)
+    assert learned["families"] == {"learned": [LEARNED_ID]}
+    assert "learned_activity_map" in learned["encoders"]["dino_tokens"]
     assert len(set(report["random_seeds"])) == 3
     for metrics in report["encoders"].values():
         assert metrics["wells"] == 8.0  # 2 held-out plates x 4 wells

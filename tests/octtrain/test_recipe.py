@@ -20,6 +20,7 @@ from octtrain.eval.cellpainting.recipe import (
     robust_z_by_plate,
     select_features,
     sphere,
+    variant,
 )
 
 
@@ -190,3 +191,21 @@ def test_each_step_of_the_recipe_is_pinned_on_a_small_plate() -> None:
     result = apply_recipe(x, plates, controls, cfg)
     np.testing.assert_allclose(result.profiles, expect[:, result.kept], atol=1e-12)
     assert list(result.kept) == [0, 1, 2] and not result.sphered
+
+
+def test_jumps_var_step_drops_a_feature_without_spread_on_any_plates_controls() -> None:
+    rng = np.random.default_rng(0)
+    plates = ["P0"] * 8 + ["P1"] * 8
+    controls = np.array(([True] * 4 + [False] * 4) * 2)
+    x = rng.normal(5.0, 1.0, (16, 5))
+    x[8:12, 0] = 3.0  # constant over P1's controls (it varies elsewhere): MAD 0 there
+    x[13, 1] = np.nan  # not finite in one well
+    x[0:4, 2] = [-1.0, 0.0, 0.0, 1.0]  # P0's controls' median 0: JUMP's coefficient 0
+    # controls' MAD 0.25 at a median of 1000: 2.5e-4, below JUMP's 1e-3
+    x[:, 3] = 1000.0 + np.tile([-0.5, 0.0, 0.0, 0.5], 4)
+    assert variant(x, plates, controls).tolist() == [False, False, False, False, True]
+    result = apply_recipe(x, plates, controls, RecipeConfig(sphere=False))
+    assert result.kept.tolist() == [4]  # the input's column, not the filtered one's
+    assert any(note.startswith("var: 4 of 5 features dropped") for note in result.notes)
+    # every feature varies: nothing dropped, no note
+    assert variant(rng.normal(5.0, 1.0, (16, 3)), plates, controls).all()

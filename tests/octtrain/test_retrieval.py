@@ -46,3 +46,20 @@ def test_retrieval_keeps_per_well_aps_of_treated_wells_only() -> None:
     r = retrieval(x, wells)
     ap = r.aps["activity"]
     assert ap is not None and set(ap["perturbation"]) == {"a", "b"} and len(ap) == 6
+
+
+def test_distinctiveness_negatives_are_the_same_plates_other_perturbations_as_jumps() -> None:
+    # a's replicates are each plate's nearest well, but b and c lie near a only on other plates:
+    # a plate's own negatives (JUMP's nonrep: neg_sameby Metadata_Plate) never outrank a, the
+    # pooled ones would.
+    wells = [
+        WellKey("P0", "W0", "a", False),
+        WellKey("P0", "W1", "b", False),
+        WellKey("P1", "W0", "a", False),
+        WellKey("P1", "W1", "c", False),
+    ]
+    x = np.array([[1.0, 0.0, 0.1], [0.0, 1.0, 0.0], [0.8, 0.6, 0.0], [1.0, 0.0, 0.3]])
+    ap = retrieval(x, wells).aps["distinctiveness"]
+    assert ap is not None
+    a = ap[ap["perturbation"] == "a"]["average_precision"]
+    assert (a == 1.0).all()  # pooled: P1's c outranks a's replicate for P0's a (AP 0.5)

@@ -19,16 +19,28 @@ random-init encoder is embedded the same way. The profiles' normalisation
 perturbation classes (``eval/common/knn.py``) on well profiles and on field embeddings
 (``eval/cellpainting/scores.py``). Each encoder is scored under JUMP's deep-learning recipe
 (no sphering; the primary one) and the sphered one, over every perturbation and over those the
-checkpoint never trained on; beside each mAP and its interval (``resample.py``: plates, control
-wells, perturbations and wells resampled), DINO minus each rival with a paired interval (the
-same draws for both). The report goes to ``<out>/profile.json``.
+checkpoint never trained on and, on a twin with phenotype families
+(``octstage.cellpainting.families``), over each family; beside each mAP and its interval
+(``resample.py``: plates, control wells, perturbations and wells resampled), DINO minus each
+rival with a paired interval (the same draws for both). The report goes to
+``<out>/profile.json``.
+
+What the network adds is scored apart (``network_parts``): an encoder that standardises each
+crop gets back the crops' per-channel statistics in its embedding (``embed/encode.py``), and
+those alone separate every phenotype that changes an amount, at any weights. So beside each full
+embedding come its tokens alone (``dino_tokens``, ``random_init_<i>_tokens``), the statistics
+alone (``statistics``: no network at all), and Gaussian noise of the embedding's width on the
+same wells (``noise_floor``: the chance floor under the same recipe, controls and draws; the
+sphered recipe's floor sits above the deep-learning one's, as its ZCA is fitted on the DMSO wells
+it then ranks). ``dino_tokens_minus`` is DINO's tokens minus each rival's tokens, paired: whether
+training taught the network anything a random one lacks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +48,20 @@ import numpy as np
 import torch
 from torch import nn
 
+from octstage.cellpainting.families import twin_families
 from octstage.manifest import atomic_write_text, check_output_folder, replace_report
 from octtrain.config.dino import DinoConfig
 from octtrain.data.cellpainting import CellPaintingDataset
 from octtrain.data.dataset import read_manifest
-from octtrain.embed.encode import embed_fields, field_views
+from octtrain.embed.encode import embed_fields, embedding_parts, field_views, stats_restored
 from octtrain.embed.encoders import dino_in_chans, dino_teacher
 from octtrain.errors import ConfigError, DataError
 from octtrain.eval.cellpainting import cp_features
 from octtrain.eval.cellpainting.profiles import Array, handcrafted_features
-from octtrain.eval.cellpainting.retrieval import KINDS
 from octtrain.eval.cellpainting.scores import (
     PRIMARY,
     RECIPES,
     RESAMPLES,
-    SUBSETS,
     ProfiledField,
     Scored,
     paired_difference,
@@ -67,6 +78,7 @@ log = logging.getLogger("octtrain")
 RANDOM_SEEDS = 3
 REPORT = "profile.json"
 FIELDS_PER_BATCH = 8
+FLOOR_SEED = 0  # the noise features' generator: the floor is the same on every run
 
 
 def encoders(
@@ -121,6 +133,28 @@ def _field_batches(dataset: CellPaintingDataset, tile: int) -> Iterator[list[tor
         ]
 
 
+def network_parts(
+    features: Mapping[str, Array], trained: nn.Module, channels: int
+) -> dict[str, Array]:
+    """The encoders' tokens alone (``<name>_tokens``) and the restored statistics alone
+    (``statistics``; the same for every encoder: they are the crops', not the network's), for
+    the full embeddings in ``features`` (``dino``, ``random_init_<i>``); ``{}`` when the encoder
+    restores none (its embedding is its tokens)."""
+    if not stats_restored(trained):
+        return {}
+    tokens, stats = embedding_parts(features["dino"].shape[1], channels)
+    out = {f"{name}_tokens": x[:, tokens] for name, x in features.items()}
+    out["statistics"] = features["dino"][:, stats]
+    return out
+
+
+def noise_floor(fields: int, width: int) -> Array:
+    """Gaussian features ``[fields, width]`` (``FLOOR_SEED``): scored as an encoder on the same
+    wells, the chance floor of every mAP under the same recipe and draws."""
+    floor: Array = np.random.default_rng(FLOOR_SEED).standard_normal((fields, width))
+    return floor
+
+
 def profiled(fields: Sequence[ProfiledField]) -> list[ProfiledField]:
     """The fields a profile can use: a field whose plate and well the metadata does not list has
     no perturbation to profile."""
@@ -145,6 +179,7 @@ def profile_fields(
     only_held_out: bool = True,
     fixed: dict[str, Array] | None = None,
     unseen: Collection[str] | None = None,
+    families: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, Any]:
     """The report: under each recipe (``scores.RECIPES``; the primary one's also at the top),
     per encoder (dino, random_init_<i> for each seed, handcrafted, cp_measure when installed)
@@ -154,7 +189,8 @@ def profile_fields(
     perturbations DINO never trained on, also scored alone (default: with ``only_held_out``,
     those absent from the training split's fields). ``fixed``: a cache of the features that do
     not depend on the checkpoint (handcrafted, cp_measure), filled by the first call and reused
-    by the next ones on the same fields."""
+    by the next ones on the same fields. ``families``: family -> its perturbations, each scored
+    apart (default: ``twin_families``, the twin's when it has the learned family, else none)."""
     fields = profiled(fields)
     if not fields:
         raise DataError("no Cell Painting fields with perturbation metadata to profile")
@@ -175,6 +211,8 @@ def profile_fields(
     features = {"dino": field_embeddings(trained, dataset, tile, dev)}
     for i, random in enumerate(randoms):
         features[f"random_init_{i}"] = field_embeddings(random, dataset, tile, dev)
+    features.update(network_parts(features, trained, fields[0].shape[0]))
+    features["noise_floor"] = noise_floor(len(dataset), features["dino"].shape[1])
     fixed = {} if fixed is None else fixed
     if "handcrafted" not in fixed:
         fixed["handcrafted"] = np.stack(
@@ -188,16 +226,20 @@ def profile_fields(
         raise ValueError("fixed features of other fields: a cache is for one set of fields")
     features.update(fixed)
     classes = sorted({f.perturbation for f in fields})
+    if families is None:  # the twin's families, of the treated perturbations (not the controls)
+        families = twin_families({f.perturbation for f in fields if not f.is_control})
     report: dict[str, Any] = {
         "fields": len(fields),
         "plates": sorted({f.plate for f in fields}),
         "perturbations": classes,
         "unseen_perturbations": sorted(set(unseen or ()) & set(classes)),
+        "families": {name: sorted(set(ids) & set(classes)) for name, ids in families.items()},
+        "statistics_restored": "statistics" in features,
         "random_seeds": [cfg.train.seed + 1 + i for i in range(random_seeds)],
         "resamples": resamples,
         "recipe": PRIMARY,
         "recipes": {
-            name: recipe_section(features, fields, resamples, name, unseen or ())
+            name: recipe_section(features, fields, resamples, name, unseen or (), families)
             for name in RECIPES
         },
     }
@@ -211,27 +253,40 @@ def recipe_section(
     resamples: int,
     recipe: str,
     unseen: Collection[str],
+    families: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, Any]:
     """Every encoder's scores under one recipe: metrics, per-perturbation APs, the recipe's
-    notes, and DINO minus each rival with paired intervals (every kind and subset)."""
+    notes, the chance floor (``noise_floor``'s metrics), DINO minus each rival and DINO's
+    tokens minus each rival's tokens (and the statistics, and the floor), with paired intervals
+    (every kind and subset)."""
     scores: dict[str, Scored] = {
-        name: profile_scores(x, fields, resamples, RECIPES[recipe], unseen)
+        name: profile_scores(x, fields, resamples, RECIPES[recipe], unseen, families)
         for name, x in features.items()
     }
-    keys = [prefix + kind for prefix in SUBSETS for kind in KINDS]
+    keys = list(scores["dino"].samples)
+    token_rivals = [n for n in scores if n.endswith("_tokens") and n != "dino_tokens"] + [
+        "statistics",
+        "noise_floor",
+    ]
+
+    def minus(mine: str, rivals: Sequence[str]) -> dict[str, dict[str, dict[str, float]]]:
+        return {
+            name: {
+                key: vars(paired_difference(scores[mine], scores[name], key))
+                for key in keys
+                if key in scores[name].samples
+            }
+            for name in rivals
+            if name in scores
+        }
+
     return {
         "encoders": {name: s.metrics for name, s in scores.items()},
+        "floor": scores["noise_floor"].metrics,
         "per_perturbation": {name: per_perturbation(s) for name, s in scores.items()},
         "notes": {name: s.notes for name, s in scores.items()},
-        "dino_minus": {
-            name: {
-                key: vars(paired_difference(scores["dino"], s, key))
-                for key in keys
-                if key in s.samples
-            }
-            for name, s in scores.items()
-            if name != "dino"
-        },
+        "dino_minus": minus("dino", [n for n in scores if n != "dino"]),
+        "dino_tokens_minus": minus("dino_tokens", token_rivals) if "dino_tokens" in scores else {},
     }
 
 
@@ -251,18 +306,30 @@ def run_profile(
         atomic_write_text(tmp / REPORT, text)
 
     replace_report(folder, REPORT.__eq__, write, ConfigError)
+    floor = report["floor"]
     for name, m in report["encoders"].items():
         log.info(
-            "%s: activity mAP %.3f [%.3f, %.3f] (retrieved %.2f), distinctiveness mAP %.3f "
-            "[%.3f, %.3f], well probe %.3f",
+            "%s: activity mAP %.3f [%.3f, %.3f] (floor %.3f, retrieved %.2f), distinctiveness "
+            "mAP %.3f [%.3f, %.3f] (floor %.3f), well probe %.3f",
             name,
             m["activity_map"],
             m["activity_map_low"],
             m["activity_map_high"],
+            floor["activity_map"],
             m["activity_retrieved"],
             m["distinctiveness_map"],
             m["distinctiveness_map_low"],
             m["distinctiveness_map_high"],
+            floor["distinctiveness_map"],
             m["well_probe_knn_balanced_accuracy"],
+        )
+    for rival, d in report["dino_tokens_minus"].items():
+        a = d["activity"]
+        log.info(
+            "DINO's tokens minus %s: activity mAP %+.3f [%+.3f, %+.3f]",
+            rival,
+            a["value"],
+            a["low"],
+            a["high"],
         )
     return report

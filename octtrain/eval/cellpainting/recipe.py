@@ -1,8 +1,12 @@
 """JUMP's profiling recipe for learned features, on well profiles (pure numpy: arrays in and out).
 
 The steps, in the order the JUMP consortium's profiling recipe (``jump-profiling-recipe``, the
-``mad_int_featselect`` pipelines, with pycytominer's operations) runs them:
+``var_mad_int_featselect`` pipelines, with pycytominer's operations) runs them:
 
+0. ``variant`` (JUMP's ``var`` step, ``select_variant_features``): a feature with a NaN or an
+   infinity anywhere is dropped, and so is one whose control wells, on any plate, have a median
+   absolute deviation of 0 or one below ``VAR_MIN_CV`` x their median (JUMP's ``abs_coef_var``,
+   which is 0 where the median is 0).
 1. ``robust_z``, per plate: each feature minus the median of the plate's negative-control wells,
    over 1.4826 x their median absolute deviation (the MAD scaled to a normal's sd) plus
    ``epsilon`` (pycytominer's ``mad_robustize``). A plate with fewer than ``MIN_CONTROLS``
@@ -24,7 +28,11 @@ The steps, in the order the JUMP consortium's profiling recipe (``jump-profiling
    only for some, would score them under another recipe.
 
 JUMP then corrects batches (Harmony) across sources; the twin has one source and the per-plate
-robust z-score is its batch correction.
+robust z-score is its batch correction. JUMP runs this recipe, unsphered, on its compound
+profiles, CellProfiler's and deep-learning features alike (``compound.json``,
+``compound_DL.json``: ``profiles_var_mad_int_featselect_harmony``): that is ``dl`` in
+``scores.py``, the primary one. Sphering belongs to its ORF and CRISPR pipelines (with
+well-position and cell-count corrections the twin does not need): that is ``sphered``.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ Mask = npt.NDArray[np.bool_]
 MAD_SCALE = 1.4826  # MAD of a normal distribution = 0.6745 sd
 MIN_CONTROLS = 2  # control wells a plate needs for a median and a MAD
 SPHERE_RATIO = 1.0  # a plain covariance needs more control wells than this x features
+VAR_MIN_CV = 1e-3  # JUMP's var step: a feature's controls' MAD over their median, at least
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,25 @@ class RecipeResult:
     kept: npt.NDArray[np.int64]
     sphered: bool
     notes: list[str] = field(default_factory=list)
+
+
+def variant(x: Array, plates: Sequence[str], controls: Mask) -> Mask:
+    """JUMP's ``var`` step: True for a feature to keep (module docstring). A plate with fewer
+    than ``MIN_CONTROLS`` control wells is judged on all its wells, as ``robust_z_by_plate``
+    scales it."""
+    keep: Mask = np.asarray(np.isfinite(x).all(axis=0), dtype=bool)
+    plate_of = np.asarray(plates)
+    for plate in sorted(set(plates)):
+        rows = plate_of == plate
+        ref = rows & controls if int((rows & controls).sum()) >= MIN_CONTROLS else rows
+        values = np.where(np.isfinite(x[ref]), x[ref], 0.0)
+        centre = np.median(values, axis=0)
+        mad = np.median(np.abs(values - centre), axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cv = np.abs(mad / centre)
+        cv = np.where(np.isfinite(cv), cv, 0.0)  # JUMP's: 0/0 and x/0 count as 0
+        keep = np.asarray(keep & (mad != 0) & (cv > VAR_MIN_CV), dtype=bool)
+    return keep
 
 
 def robust_z(x: Array, controls: Mask, epsilon: float = 1e-6) -> Array:
@@ -187,10 +215,20 @@ def apply_recipe(
     cfg = cfg or RecipeConfig()
     if x.shape[0] != len(plates) or x.shape[0] != len(controls):
         raise ValueError(f"{x.shape[0]} wells, {len(plates)} plates, {len(controls)} flags")
-    z, notes = robust_z_by_plate(np.asarray(x, np.float64), plates, controls, cfg.epsilon)
+    x = np.asarray(x, np.float64)
+    variants = np.flatnonzero(variant(x, plates, controls)).astype(np.int64)
+    notes = []
+    if len(variants) < x.shape[1]:
+        notes.append(
+            f"var: {x.shape[1] - len(variants)} of {x.shape[1]} features dropped (not finite, or "
+            f"a plate's controls' MAD 0 or below {VAR_MIN_CV:g} x their median)"
+        )
+    z, plate_notes = robust_z_by_plate(x[:, variants], plates, controls, cfg.epsilon)
+    notes += plate_notes
     z = rank_inverse_normal(z)
-    kept = select_features(z, cfg)
-    z = z[:, kept]
+    chosen = select_features(z, cfg)
+    kept = variants[chosen]
+    z = z[:, chosen]
     if not cfg.sphere:
         return RecipeResult(z, kept, False, [*notes, "sphering off"])
     n_controls = int(np.sum(controls))

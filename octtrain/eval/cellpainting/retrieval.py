@@ -9,8 +9,9 @@ intervals (pure: arrays and tables in, numbers out).
   pathway, which the twin has no annotation for), so the keys are ``distinctiveness_*`` now.
 
 Activity ranks a treated well's replicates (its perturbation's other wells, any plate) against
-the control wells of its own plate, distinctiveness against the other perturbations' wells, as
-JUMP runs copairs (``neg_sameby`` the plate for activity). Each is reported as the mean over
+the control wells of its own plate, distinctiveness against the other perturbations' wells of
+its own plate, as JUMP runs copairs (``neg_sameby`` the plate for both: jump-profiling-recipe's
+``average_precision_negcon`` and ``average_precision_nonrep``). Each is reported as the mean over
 perturbations of the perturbation's mean AP (copairs' ``mean_average_precision``) and the share
 of perturbations retrieved at p < 0.05 (its permutation test with a null of ``NULL_SIZE``,
 FDR-corrected). The bootstrap intervals, which resample plates, control wells, perturbations
@@ -116,7 +117,7 @@ def retrieval(profiles: Array, wells: Sequence[WellKey]) -> Retrieval:
     }
     treated = ~meta["is_control"].to_numpy()
     aps["distinctiveness"] = (
-        _aps(meta[treated].reset_index(drop=True), profiles[treated], [], ["perturbation"])
+        _aps(meta[treated].reset_index(drop=True), profiles[treated], ["plate"], ["perturbation"])
         if len(set(meta["perturbation"][treated])) > 1
         else None
     )

@@ -3,24 +3,28 @@
 Field embeddings become well profiles (the mean of a well's fields) and go through one of the
 recipes of ``recipe.py``:
 
-* ``dl``, JUMP's recipe for deep-learning features (jump-profiling-recipe's ``compound_DL``
-  configurations: near-constant features dropped, per-plate robust z-score to the control
-  wells, rank inverse normal transform, feature selection; Harmony across sources, which the
-  one-source twin does not need; no sphering). The primary recipe: it is what JUMP runs.
-* ``sphered``: the same, then ZCA sphering fitted on the control wells (JUMP's CellProfiler
-  pipelines). Sphering alone moves an encoder's ranking, so both are reported.
+* ``dl``, JUMP's compound recipe, for CellProfiler and deep-learning features alike
+  (jump-profiling-recipe's ``compound`` and ``compound_DL`` configurations: the variance
+  filter, per-plate robust z-score to the control wells, rank inverse normal transform,
+  feature selection; Harmony across sources, which the one-source twin does not need; no
+  sphering). The primary recipe: it is what JUMP runs on compound plates.
+* ``sphered``: the same, then ZCA sphering fitted on the control wells (JUMP's ORF and CRISPR
+  pipelines). Sphering alone moves an encoder's ranking, and raises the chance floor (the
+  controls it is fitted on are the negatives it ranks), so both are reported.
 
 Then copairs' activity and distinctiveness mAP (``retrieval.py``) with intervals that resample
-plates, control wells, perturbations and wells (``resample.py``), over every perturbation and,
-where some perturbations were kept out of training (``unseen``), over those alone: keys
-``<kind>_map`` / ``_low`` / ``_high`` and ``unseen_<kind>_map`` / ... The k-NN probes of the
-perturbation classes on well profiles and on field embeddings come beside them.
+plates, control wells, perturbations and wells (``resample.py``), over every perturbation and
+over subsets (``subsets``): where some perturbations were kept out of training (``unseen``),
+those alone, and for a twin with phenotype families (``families``: ``named``, ``library``,
+``learned``), each family alone. Keys ``<kind>_map`` / ``_low`` / ``_high``, then
+``unseen_<kind>_map`` / ..., ``learned_<kind>_map`` / ... The k-NN probes of the perturbation
+classes on well profiles and on field embeddings come beside them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,7 +47,6 @@ from octtrain.eval.common.knn import knn_balanced_accuracy
 RESAMPLES = 1000
 RECIPES = {"dl": RecipeConfig(sphere=False), "sphered": RecipeConfig(sphere=True)}
 PRIMARY = "dl"
-SUBSETS = ("", "unseen_")  # every perturbation; those kept out of training
 
 
 class ProfiledField(FieldRecord, Protocol):
@@ -75,16 +78,33 @@ def well_keys(fields: Sequence[ProfiledField]) -> list[WellKey]:
     return [WellKey(f.plate, f.well, f.perturbation, f.is_control) for f in fields]
 
 
+def subsets(
+    present: Collection[str],
+    unseen: Collection[str] = (),
+    families: Mapping[str, Collection[str]] | None = None,
+) -> dict[str, list[str] | None]:
+    """key prefix -> the perturbations it scores (``None``: every one): ``""``, then
+    ``unseen_`` and ``<family>_`` for each that holds any of the ``present`` perturbations."""
+    out: dict[str, list[str] | None] = {"": None}
+    for prefix, ids in [("unseen_", unseen), *((f"{n}_", i) for n, i in (families or {}).items())]:
+        only = sorted(set(ids) & set(present))
+        if only:
+            out[prefix] = only
+    return out
+
+
 def profile_scores(
     x: Array,
     fields: Sequence[ProfiledField],
     resamples: int = RESAMPLES,
     recipe: RecipeConfig | None = None,
     unseen: Collection[str] = (),
+    families: Mapping[str, Collection[str]] | None = None,
 ) -> Scored:
     """One encoder's scores from its field embeddings ``x`` (a row per field of ``fields``)
     under ``recipe`` (default: the primary one); ``unseen``: perturbations kept out of
-    training, scored apart as well (module docstring)."""
+    training, and ``families``: family -> its perturbations, each scored apart as well (module
+    docstring)."""
     keys = well_keys(fields)
     classes = sorted({k.perturbation for k in keys})
     field_labels = np.array([classes.index(k.perturbation) for k in keys])
@@ -93,11 +113,8 @@ def profile_scores(
     scored = score_retrieval(result.profiles, wells)
     metrics = dict(scored.maps)
     samples: dict[str, tuple[float, Array]] = {}
-    present = set(unseen) & {w.perturbation for w in wells if not w.is_control}
-    for prefix in SUBSETS:
-        only = sorted(present) if prefix else None
-        if prefix and not only:
-            continue
+    treated = {w.perturbation for w in wells if not w.is_control}
+    for prefix, only in subsets(treated, unseen, families).items():
         draws = plan_draws(wells, resamples, perturbations=only)
         for kind in KINDS:
             ap = scored.aps[kind]
