@@ -40,6 +40,16 @@ class CellField:
     intensity: manifest.Intensity | None = None
 
 
+@dataclass(frozen=True)
+class WellField:
+    """The part of a field that well profiles group by (what ``scores.profile_scores`` reads)."""
+
+    plate: str
+    well: str
+    perturbation: str
+    is_control: bool
+
+
 def synth_field(
     rng: np.random.Generator,
     label: int,

@@ -5,7 +5,6 @@ weights (``profile_run.network_parts``), the noise floor, and the family subsets
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from octtrain.embed.encode import (
 from octtrain.eval.cellpainting.profile_run import network_parts, noise_floor
 from octtrain.eval.cellpainting.scores import paired_difference, profile_scores, subsets
 from octtrain.models.dino import build_student
+from tests.octtrain.cell_cache import WellField
 
 CHANNELS = 5
 DINO_TINY = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "dino-tiny.yaml"
@@ -86,21 +86,13 @@ def test_the_noise_floor_is_fixed_gaussian_features_of_the_width() -> None:
     assert abs(float(floor.mean())) < 0.1 and 0.9 < float(floor.std()) < 1.1
 
 
-@dataclass(frozen=True)
-class _Field:
-    plate: str
-    well: str
-    perturbation: str
-    is_control: bool
-
-
-def _screen() -> tuple[np.ndarray, list[_Field]]:
+def _screen() -> tuple[np.ndarray, list[WellField]]:
     """Three plates: DMSO in 4 wells, ``a`` and ``b`` (strong) and ``c`` (absent) in 2 each."""
     rng = np.random.default_rng(0)
     fields, rows = [], []
     for p in range(3):
         for w, pert in enumerate(["DMSO"] * 4 + ["a", "a", "b", "b", "c", "c"]):
-            fields.append(_Field(f"P{p}", f"W{w:02d}", pert, pert == "DMSO"))
+            fields.append(WellField(f"P{p}", f"W{w:02d}", pert, pert == "DMSO"))
             centre = {"DMSO": 0.0, "a": 2.0, "b": -2.0, "c": 0.0}[pert]
             rows.append(centre * np.eye(6)[0] + rng.normal(0, 0.5, 6))
     return np.stack(rows), fields

@@ -3,8 +3,6 @@ its APs are copairs' on the controls as drawn, and its draws move with plates an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,6 +20,7 @@ from octtrain.eval.cellpainting.resample import (
 from octtrain.eval.cellpainting.retrieval import Retrieval, retrieval
 from octtrain.eval.cellpainting.scores import Scored, paired_difference, profile_scores
 from octtrain.eval.common.bootstrap import Interval
+from tests.octtrain.cell_cache import WellField
 
 
 def _screen(seed: int = 0, plates: int = 3) -> tuple[np.ndarray, list[WellKey]]:
@@ -156,17 +155,9 @@ def test_a_paired_difference_refuses_scores_of_other_draws() -> None:
         )
 
 
-@dataclass(frozen=True)
-class _Field:
-    plate: str
-    well: str
-    perturbation: str
-    is_control: bool
-
-
 def test_held_out_compounds_are_scored_apart() -> None:
     x, wells = _screen(2, plates=4)
-    fields = [_Field(w.plate, w.well, w.perturbation, w.is_control) for w in wells]
+    fields = [WellField(w.plate, w.well, w.perturbation, w.is_control) for w in wells]
     a = profile_scores(x, fields, resamples=100, unseen=["c", "not screened"])  # type: ignore[arg-type]
     b = profile_scores(x + 0.5, fields, resamples=100, unseen=["c"])  # type: ignore[arg-type]
     ap = a.retrieval.aps["activity"]
