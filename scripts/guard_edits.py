@@ -140,6 +140,11 @@ EDITS: list[Edit] = [
         (
             ""
             ""
+            ""
+            ""
+            ""
+            ""
+            ""
             "tests/octtrain/test_nuclei.py::test_nucleus_centres_are_their_centres_of_mass_in_label_order",
         ),
         "nucleus centres given as (x, y)",
@@ -161,6 +166,11 @@ EDITS: list[Edit] = [
         "make test-slow\nrm -rf .venv\n",
         "rm -rf .venv\nmake test-slow\n",
         (
+            ""
+            ""
+            ""
+            ""
+            ""
             ""
             ""
             "tests/test_project.py::test_ci_removes_an_environment_only_after_every_tier_that_uses_it",
@@ -1017,6 +1027,11 @@ EDITS: list[Edit] = [
             BI + "test_octstage_caches.py::"
             ""
             ""
+            ""
+            ""
+            ""
+            ""
+            ""
             "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
         ),
         "build-cache replaces the manifest of a staged cache of another dataset",
@@ -1028,6 +1043,11 @@ EDITS: list[Edit] = [
         "        pass\n",
         (
             BI + "test_octstage_caches.py::"
+            ""
+            ""
+            ""
+            ""
+            ""
             ""
             ""
             "test_build_cache_over_a_staged_cache_of_another_dataset_is_refused_and_leaves_no_stale_table",
@@ -2459,5 +2479,356 @@ EDITS: list[Edit] = [
         (OT + "test_retrieval.py",),
         "distinctiveness negatives are pooled across plates again instead of restricted to the "
         "same plate",
+    ),
+    # issue 54's list of guards no test noticed: written by a helper from the code alone (it read
+    # no test and no earlier edit)
+    Edit(
+        "blind-embed-identity-split",
+        "octtrain/embed/run.py",
+        '        "manifest_sha256": _file_sha256(cfg.manifest),\n        "split": cfg.split,\n',
+        '        "manifest_sha256": _file_sha256(cfg.manifest),\n',
+        (
+            OT + "test_embed_parts.py",
+            OT + "test_embed_cellpainting.py",
+            OT + "test_embed_oct.py",
+        ),
+        "a resumed export under another --split with the same item count keeps the other split's "
+        "parts",
+    ),
+    Edit(
+        "blind-embed-identity-encoder",
+        "octtrain/embed/run.py",
+        '        "encoder": encoder.name,\n',
+        "",
+        (
+            OT + "test_embed_parts.py",
+            OT + "test_embed_cellpainting.py",
+            OT + "test_embed_oct.py",
+        ),
+        "resuming with another --encoder (target vs context) keeps the other encoder's parts",
+    ),
+    Edit(
+        "blind-export-own-hidden",
+        "octtrain/embed/export.py",
+        '    return name in {HEADER, PARTS, *GROUP_TABLES} or name.startswith(".")\n',
+        "    return name in {HEADER, PARTS, *GROUP_TABLES}\n",
+        (
+            OT + "test_embed_parts.py",
+            OT + "test_embed_cellpainting.py",
+            OT + "test_embed_oct.py",
+        ),
+        "an interrupted export's hidden temp files (.wells.parquet.<pid>.tmp) make the folder "
+        "refused on resume",
+    ),
+    Edit(
+        "blind-export-header-format",
+        "octtrain/embed/export.py",
+        '    if not isinstance(header, dict) or header.get("format") != FORMAT:\n',
+        "    if not isinstance(header, dict):\n",
+        (
+            OT + "test_embed_parts.py",
+            OT + "test_embed_cellpainting.py",
+            OT + "test_embed_oct.py",
+        ),
+        "a header of another (or no) format is read as if it were this format",
+    ),
+    Edit(
+        "blind-export-header-sha",
+        "octtrain/embed/export.py",
+        '            if rows != entry["rows"] or sha != entry["sha256"]:\n',
+        '            if rows != entry["rows"]:\n',
+        (
+            OT + "test_embed_parts.py",
+            OT + "test_embed_cellpainting.py",
+            OT + "test_embed_oct.py",
+        ),
+        "a part or group table whose bytes changed (same row count) passes the header check and "
+        "a resume calls the export complete",
+    ),
+    Edit(
+        "blind-items-channel-count",
+        "octtrain/embed/items.py",
+        "        wrong = np.flatnonzero(shapes[:, 0] != encoder.in_chans)\n        if "
+        'len(wrong):\n            raise DataError(\n                f"{manifest}: item'
+        ' {int(wrong[0])} has {int(shapes[wrong[0], 0])} channels, the "\n               '
+        ' f"checkpoint\'s encoder reads {encoder.in_chans}: embed fields of the channels "\n    '
+        '            "the run trained on"\n            )\n',
+        "",
+        (OT + "test_embed_refusals.py",),
+        "fields with another channel count than the encoder reads are not refused before embedding",
+    ),
+    Edit(
+        "blind-items-field-smaller-than-tile",
+        "octtrain/embed/items.py",
+        "        small = np.flatnonzero(shapes[:, 1:].min(axis=1) < encoder.tile)\n        if "
+        "len(small):\n            _, h, w = shapes[small[0]]\n            raise DataError(\n    "
+        '            f"{manifest}: item {int(small[0])} is a {h}x{w} field, smaller than the "\n'
+        '                f"encoder\'s {encoder.tile}-pixel tile"\n            )\n',
+        "",
+        (OT + "test_embed_refusals.py",),
+        "a field smaller than one tile is not refused up front (fails later in a loader worker)",
+    ),
+    Edit(
+        "blind-encode-views-spread",
+        "octtrain/embed/encode.py",
+        "        centres = centres[order[np.rint(np.linspace(0, len(order) - 1, "
+        "cap)).astype(int)]]\n",
+        "        centres = centres[order[:cap]]\n",
+        (OT + "test_embed_refusals.py",),
+        "a field with more nuclei than the cap is described by the cells nearest its centre "
+        "only, not spread to its edge",
+    ),
+    Edit(
+        "blind-encoders-dino-refuses-encoder",
+        "octtrain/embed/encoders.py",
+        '        if which not in ("teacher", "auto"):\n            raise ConfigError(\n          '
+        '      f"--encoder {which}: a DINO checkpoint has one encoder to embed with, its EMA "\n'
+        '                "teacher (--encoder teacher, the default)"\n            )\n',
+        "",
+        (OT + "test_embed_refusals.py",),
+        "--encoder target/context on a DINO checkpoint is silently accepted (embeds the teacher)",
+    ),
+    Edit(
+        "blind-resample-no-treated",
+        "octtrain/eval/cellpainting/resample.py",
+        '    if not perts:\n        raise ValueError("no treated wells of the perturbations '
+        'asked for to draw")\n',
+        "",
+        (
+            OT + "test_resample.py",
+            OT + "test_profiles.py",
+        ),
+        "asking for draws over no treated wells gives empty draws instead of a refusal",
+    ),
+    Edit(
+        "blind-resample-controls-own-plate",
+        "octtrain/eval/cellpainting/resample.py",
+        "        for k in range(len(plates)):\n            own = "
+        "np.flatnonzero(plate_of[control_rows] == k)\n            if len(own):\n               "
+        " np.add.at(controls[r], own[rng.integers(0, len(own), size=len(own))], 1.0)\n",
+        "        if len(control_rows):\n            n_ctrl = len(control_rows)\n            "
+        "np.add.at(controls[r], rng.integers(0, n_ctrl, size=n_ctrl), 1.0)\n",
+        (
+            OT + "test_resample.py",
+            OT + "test_profiles.py",
+        ),
+        "control wells are resampled from every plate's pool, so a plate's drawn control count "
+        "varies (intervals wrong)",
+    ),
+    Edit(
+        "blind-resample-no-ap-left-out",
+        "octtrain/eval/cellpainting/resample.py",
+        "        means = [np.nanmean(v) for v in (ap_rows[r, q] for q in picked) if "
+        "np.isfinite(v).any()]\n",
+        "        means = [\n            np.nanmean(v) if np.isfinite(v).any() else 0.0\n         "
+        "   for v in (ap_rows[r, q] for q in picked)\n        ]\n",
+        (
+            OT + "test_resample.py",
+            OT + "test_profiles.py",
+        ),
+        "a drawn perturbation whose wells have no AP counts as 0 in the draw's mAP, biasing "
+        "intervals low",
+    ),
+    Edit(
+        "blind-resample-nan-interval",
+        "octtrain/eval/cellpainting/resample.py",
+        "    if finite.size == 0 or math.isnan(value):\n",
+        "    if finite.size == 0:\n",
+        (
+            OT + "test_resample.py",
+            OT + "test_profiles.py",
+        ),
+        "a nan mAP gets a finite interval from the draws instead of nan bounds",
+    ),
+    Edit(
+        "blind-scores-unseen-intersect",
+        "octtrain/eval/cellpainting/scores.py",
+        "        only = sorted(set(ids) & set(present))\n",
+        "        only = sorted(set(ids))\n",
+        (
+            OT + "test_resample.py",
+            OT + "test_learned_part.py",
+        ),
+        "unseen (and family) subsets include perturbations not screened, so subsets with none "
+        "present are scored/refused wrongly",
+    ),
+    Edit(
+        "blind-recipe-corr-min-wells",
+        "octtrain/eval/cellpainting/recipe.py",
+        "    if d < 2 or x.shape[0] < 3:\n",
+        "    if d < 2:\n",
+        (
+            OT + "test_recipe.py",
+            OT + "test_profiles.py",
+        ),
+        "the correlation filter runs on 2 wells, where every pair correlates at |r|=1, and drops "
+        "half the features",
+    ),
+    Edit(
+        "blind-packread-tile-size",
+        "octstage/cellpainting/packread.py",
+        "            if len(raw) != tile_bytes:\n                return None\n",
+        "",
+        (
+            OS + "test_packs.py",
+            OS + "test_cellpainting_guards.py",
+        ),
+        "a tile decoding to another size is not handed to zarr but crashes (or misreads) the "
+        "fast path",
+    ),
+    Edit(
+        "blind-packread-index-past-pack",
+        "octstage/cellpainting/packread.py",
+        "not 0 <= index < shape[0] or size[0] != shape[1]",
+        "not 0 <= index or size[0] != shape[1]",
+        (
+            OS + "test_packs.py",
+            OS + "test_cellpainting_guards.py",
+        ),
+        "a manifest pack_index past the pack's end is not refused by the fast reader",
+    ),
+    Edit(
+        "blind-packstore-member-larger",
+        "octstage/cellpainting/packstore.py",
+        '    if shape[1] > y or shape[2] > x:\n        return f"field {index} of shape '
+        '{list(shape)} does not fit a pack of shape {list(shape4)}"\n',
+        "",
+        (
+            OS + "test_packs.py",
+            OS + "test_cellpainting_guards.py",
+        ),
+        "a member larger than its pack is read clipped instead of being named as not fitting",
+    ),
+    Edit(
+        "blind-hosts-batch-divisible",
+        "octtrain/runtime/hosts.py",
+        "    if global_batch % backend.process_count:\n        raise ConfigError(\n            "
+        'f"data.batch_size {global_batch} is not divisible by the "\n           '
+        ' f"{backend.process_count} processes"\n        )\n',
+        "",
+        (
+            OT + "test_hosts_agree.py",
+            OT + "test_pod.py",
+            OT + "test_distributed.py",
+        ),
+        "a global batch not divisible by the processes silently trains on a smaller batch than "
+        "configured",
+    ),
+    Edit(
+        "blind-interrupt-context-chain",
+        "octtrain/runtime/interrupt.py",
+        "        cause = cause.__cause__ or cause.__context__\n",
+        "        cause = cause.__cause__\n",
+        (
+            OT + "test_interrupt.py",
+            OT + "test_validation.py",
+            BI + "test_octtrain_ctrl_c.py",
+        ),
+        "an error raised while handling a Ctrl-C (implicit __context__) exits as a failure with "
+        "a traceback, not 130",
+    ),
+    Edit(
+        "blind-interrupt-agreed-keeps-remembered",
+        "octtrain/runtime/interrupt.py",
+        "    if fresh:\n        _PENDING.clear()\n",
+        "    _PENDING.clear()\n",
+        (
+            OT + "test_interrupt.py",
+            OT + "test_validation.py",
+            BI + "test_octtrain_ctrl_c.py",
+        ),
+        "a Ctrl-C remembered before agreed_ctrl_c is entered is forgotten, so the run goes on",
+    ),
+    Edit(
+        "blind-outputs-export-no-plan",
+        "octstage/outputs.py",
+        "    if not plan_path.exists():\n        if entries:\n            raise refuse(\n        "
+        '        f"{what} {folder}: holds export files but no {plan_name} saying whose they are;'
+        ' "\n                "name an empty or new folder (or move this one away)"\n           '
+        " )\n        return None\n",
+        "    if not plan_path.exists():\n        return None\n",
+        (
+            OS + "test_outputs.py",
+            BI + "test_octtrain_outputs.py",
+            BI + "test_octstage_outputs.py",
+        ),
+        "a folder with export files but no plan is taken as new and its unknown parts reused",
+    ),
+    Edit(
+        "blind-outputs-plan-not-object",
+        "octstage/outputs.py",
+        '    if not isinstance(earlier, dict):\n        raise refuse(f"{plan_path}: not an '
+        'export plan; name an empty or new {what}")\n',
+        "",
+        (
+            OS + "test_outputs.py",
+            BI + "test_octtrain_outputs.py",
+            BI + "test_octstage_outputs.py",
+        ),
+        "a plan file holding a JSON list/number crashes with AttributeError instead of a worded "
+        "refusal",
+    ),
+    Edit(
+        "blind-cluster-repr-names-only",
+        "octstage/cachebuild/cluster.py",
+        '        return f"WorkerAccess({sorted(self._env)})"  # names only\n',
+        '        return f"WorkerAccess({self._env})"\n',
+        (
+            OS + "test_build_cluster.py",
+            BI + "test_octstage_machine.py",
+        ),
+        "the plugin's repr (logged by dask) shows credential values",
+    ),
+    Edit(
+        "blind-cluster-teardown-restores",
+        "octstage/cachebuild/cluster.py",
+        "            if value is None:\n                os.environ.pop(key, None)\n            "
+        "else:\n                os.environ[key] = value\n",
+        "            if value is not None:\n                os.environ[key] = value\n",
+        (
+            OS + "test_build_cluster.py",
+            OS + "test_cellpainting_cluster.py",
+            BI + "test_octstage_machine.py",
+        ),
+        "variables the run added (credentials) stay in long-lived workers' environments after "
+        "the run",
+    ),
+    Edit(
+        "blind-dino-resume-dino-section",
+        "octtrain/train/dino.py",
+        '        for section in ("model", "dino"):\n',
+        '        for section in ("model",):\n',
+        (
+            OT + "test_dino_job.py",
+            OT + "test_dino_recipe.py",
+            OT + "test_dino_loss.py",
+        ),
+        "resuming with changed dino loss settings (prototypes, temps) is not refused",
+    ),
+    Edit(
+        "blind-dino-mixed-channels",
+        "octtrain/train/dino.py",
+        '        if len(channels) != 1:\n            raise DataError(f"fields with different '
+        'channel counts: {sorted(channels)}")\n',
+        "",
+        (
+            OT + "test_dino_job.py",
+            OT + "test_dino_recipe.py",
+            BI + "test_octtrain_inputs.py",
+        ),
+        "a train split mixing channel counts is not refused up front",
+    ),
+    Edit(
+        "blind-dino-ibot-center-no-mask",
+        "octtrain/train/dino.py",
+        "        self.ibot_center = torch.where(\n            total[-1] > 0, "
+        "update_center(self.ibot_center, ibot_mean, m), self.ibot_center\n        )\n",
+        "        self.ibot_center = update_center(self.ibot_center, ibot_mean, m)\n",
+        (
+            OT + "test_dino_job.py",
+            OT + "test_dino_recipe.py",
+            OT + "test_dino_loss.py",
+        ),
+        "a step with no masked token pulls the iBOT centre towards zero",
     ),
 ]

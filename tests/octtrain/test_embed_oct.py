@@ -5,6 +5,7 @@ reproduced from the exported table, scikit-learn reading it unchanged, and the k
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,12 @@ import pytest
 import torch
 
 from octstage import manifest as mf
+from octstage.outputs import claim_export_folder
 from octtrain.cli import main as octtrain
+from octtrain.embed import export
 from octtrain.embed.encoders import load_encoder
 from octtrain.embed.export import read_groups, read_header, read_items
+from octtrain.errors import ConfigError, DataError
 from octtrain.eval.common.metrics import balanced_accuracy, confusion_matrix
 from octtrain.eval.oct.probe_train import ProbeSettings, fit_probe, predict_probs
 from octtrain.eval.oct.tokens import split_features
@@ -177,3 +181,57 @@ def test_a_full_disk_names_the_part_and_the_resume_finishes_the_export(
     assert str(out / "parts") in proc.stderr and "run the same command again" in proc.stderr
     assert embed(tiny_pretrained, tiny_cache[0], out) == 0
     assert read_header(out)["items"] == 48
+
+
+def test_a_resume_under_another_split_or_encoder_of_the_same_item_count_is_refused(
+    tiny_pretrained: str, tiny_cache: tuple[Path, Path], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The same number of items is not the same items: the identity names the split and the
+    encoder, so another's parts are never reused under their names."""
+    out = tmp_path / "export"
+    first = ("--split", "test", "--limit", "4")
+    assert embed(tiny_pretrained, tiny_cache[0], out, *first) == 0
+    parts = sorted(p.name for p in (out / "parts").iterdir())
+    assert embed(tiny_pretrained, tiny_cache[0], out, "--split", "val", "--limit", "4") == 2
+    assert "split: 'test' there, 'val' now" in caplog.text
+    assert embed(tiny_pretrained, tiny_cache[0], out, *first, "--encoder", "context") == 2
+    assert "encoder: 'target' there, 'context' now" in caplog.text
+    assert sorted(p.name for p in (out / "parts").iterdir()) == parts  # nothing touched
+
+
+def test_a_changed_data_page_or_header_format_fails_the_check(
+    exported: Path, tmp_path: Path
+) -> None:
+    """The header's SHA-256 is compared, not only the row count a footer gives (a byte changed in
+    a data page keeps the footer); a header of another format is not read as this one."""
+    copy = tmp_path / "export"
+    shutil.copytree(exported, copy)
+    header = read_header(copy)
+    part = copy / header["parts"][0]["name"]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 4] ^= 0xFF  # inside the column chunks, far from the footer at the end
+    part.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="differs from the header"):
+        read_header(copy)
+    shutil.copy(exported / header["parts"][0]["name"], part)
+    (copy / export.HEADER).write_text(json.dumps({**header, "format": export.FORMAT + 1}))
+    with pytest.raises(DataError, match=f"not an export header of format {export.FORMAT}"):
+        read_header(copy)
+
+
+def test_a_hidden_temp_a_killed_export_left_does_not_make_the_folder_foreign(
+    exported: Path, tmp_path: Path
+) -> None:
+    """A SIGKILL while a table is written leaves ``.<name>.<pid>.tmp``: the resume still sees the
+    folder as the export's own (and finishes it) instead of refusing it as someone else's."""
+    copy = tmp_path / "export"
+    shutil.copytree(exported, copy)
+    (copy / ".participants.parquet.4242.tmp").write_bytes(b"half a table")
+    plan = json.loads((copy / export.PLAN).read_text())
+    identity = {k: plan[k] for k in ("kind", "checkpoint_sha256", "encoder", "split", "items")}
+    earlier = claim_export_folder(copy, export.PLAN, export.own, identity, ConfigError)
+    assert earlier is not None and earlier["items"] == plan["items"]
+    (copy / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"notes\.txt"):  # a name of someone else's: refused
+        claim_export_folder(copy, export.PLAN, export.own, identity, ConfigError)

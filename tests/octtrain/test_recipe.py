@@ -209,3 +209,9 @@ def test_jumps_var_step_drops_a_feature_without_spread_on_any_plates_controls() 
     assert any(note.startswith("var: 4 of 5 features dropped") for note in result.notes)
     # every feature varies: nothing dropped, no note
     assert variant(rng.normal(5.0, 1.0, (16, 3)), plates, controls).all()
+
+
+def test_the_correlation_filter_keeps_everything_below_three_wells() -> None:
+    # two wells make every pair of features correlated +-1: nothing can be judged, nothing drops
+    x = np.array([[0.0, 1.0, 5.0], [1.0, 3.0, 2.0]])
+    assert not correlated(x, 0.9).any()

@@ -3,6 +3,8 @@ its APs are copairs' on the controls as drawn, and its draws move with plates an
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -184,3 +186,26 @@ def test_a_draw_that_leaves_a_plate_out_scores_the_other_plate_alone() -> None:
     rows = np.array([[1.0 if w.plate == "P0" else 0.0 for w in wells]])
     maps = resampled_maps(np.repeat(rows, 400, axis=0), plan_draws(wells, 400, seed=5))
     assert 0.3 < np.mean((maps == 0.0) | (maps == 1.0)) < 0.7
+
+
+def test_draws_refuse_a_subset_without_treated_wells_and_keep_each_plates_control_count() -> None:
+    _, wells = _screen(0, plates=3)
+    with pytest.raises(ValueError, match="no treated wells"):
+        plan_draws(wells, 10, perturbations=["not screened"])
+    draws = plan_draws(wells, 30)
+    plate_of = np.array([wells[i].plate for i in draws.control_rows])
+    for plate in sorted(set(plate_of)):
+        own = plate_of == plate
+        # each plate's controls drawn from its own: as many draws as it has control wells
+        assert (draws.controls[:, own].sum(axis=1) == own.sum()).all(), plate
+
+
+def test_a_perturbation_without_an_ap_in_a_draw_is_left_out_not_counted_as_zero() -> None:
+    ap_rows = np.array([[0.8, 0.6, np.nan, np.nan]])
+    draws = Draws(np.array([], np.int64), np.zeros((1, 0)), [[np.array([0, 1]), np.array([2, 3])]])
+    assert resampled_maps(ap_rows, draws)[0] == pytest.approx(0.7)
+
+
+def test_a_nan_map_has_no_interval() -> None:
+    interval = percentile_interval(math.nan, np.array([0.4, 0.5, 0.6]))
+    assert math.isnan(interval.low) and math.isnan(interval.high)
