@@ -2706,11 +2706,7 @@ EDITS: list[Edit] = [
         'f"data.batch_size {global_batch} is not divisible by the "\n           '
         ' f"{backend.process_count} processes"\n        )\n',
         "",
-        (
-            OT + "test_hosts_agree.py",
-            OT + "test_pod.py",
-            OT + "test_distributed.py",
-        ),
+        (OT + "test_hosts_batch.py",),
         "a global batch not divisible by the processes silently trains on a smaller batch than "
         "configured",
     ),
@@ -2747,11 +2743,7 @@ EDITS: list[Edit] = [
         ' "\n                "name an empty or new folder (or move this one away)"\n           '
         " )\n        return None\n",
         "    if not plan_path.exists():\n        return None\n",
-        (
-            OS + "test_outputs.py",
-            BI + "test_octtrain_outputs.py",
-            BI + "test_octstage_outputs.py",
-        ),
+        (OS + "test_outputs.py",),
         "a folder with export files but no plan is taken as new and its unknown parts reused",
     ),
     Edit(
@@ -2760,11 +2752,7 @@ EDITS: list[Edit] = [
         '    if not isinstance(earlier, dict):\n        raise refuse(f"{plan_path}: not an '
         'export plan; name an empty or new {what}")\n',
         "",
-        (
-            OS + "test_outputs.py",
-            BI + "test_octtrain_outputs.py",
-            BI + "test_octstage_outputs.py",
-        ),
+        (OS + "test_outputs.py",),
         "a plan file holding a JSON list/number crashes with AttributeError instead of a worded "
         "refusal",
     ),
@@ -2773,10 +2761,7 @@ EDITS: list[Edit] = [
         "octstage/cachebuild/cluster.py",
         '        return f"WorkerAccess({sorted(self._env)})"  # names only\n',
         '        return f"WorkerAccess({self._env})"\n',
-        (
-            OS + "test_build_cluster.py",
-            BI + "test_octstage_machine.py",
-        ),
+        (OS + "test_worker_access.py",),
         "the plugin's repr (logged by dask) shows credential values",
     ),
     Edit(
@@ -2785,11 +2770,7 @@ EDITS: list[Edit] = [
         "            if value is None:\n                os.environ.pop(key, None)\n            "
         "else:\n                os.environ[key] = value\n",
         "            if value is not None:\n                os.environ[key] = value\n",
-        (
-            OS + "test_build_cluster.py",
-            OS + "test_cellpainting_cluster.py",
-            BI + "test_octstage_machine.py",
-        ),
+        (OS + "test_worker_access.py",),
         "variables the run added (credentials) stay in long-lived workers' environments after "
         "the run",
     ),

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from octstage.outputs import check_cache_folder, claim_run_folder, replace_report
+from octstage.errors import ConfigError
+from octstage.outputs import (
+    check_cache_folder,
+    claim_export_folder,
+    claim_run_folder,
+    replace_report,
+)
 from octstage.stage.destination import sweep_replaced
 
 
@@ -205,3 +211,19 @@ def test_stage_replace_removes_only_what_the_replaced_cache_listed(tmp_path: Pat
     assert (kept / "zarr.json").read_text() == "{}" and (dst / "manifest.json").exists()
     assert (elsewhere / "yours.txt").read_text() == "mine"
     assert (dst / "export" / "part.parquet").read_bytes() == b"x"
+
+
+def test_an_export_folder_without_its_plan_or_with_a_plan_that_is_no_object_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Files of an export with no plan saying whose they are, or a plan that is not a JSON
+    object, are refused naming the folder or the plan, not taken as a new export or a crash."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "embed.json").write_text("{}")
+    own = {"embed.json", "parts"}.__contains__
+    with pytest.raises(ConfigError, match=r"holds export files but no embed-plan\.json"):
+        claim_export_folder(folder, "embed-plan.json", own, {"items": 1}, ConfigError)
+    (folder / "embed-plan.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"embed-plan\.json: not an export plan"):
+        claim_export_folder(folder, "embed-plan.json", own, {"items": 1}, ConfigError)

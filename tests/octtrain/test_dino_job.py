@@ -3,6 +3,7 @@ per part, data wait logged, pictures at the first step, checkpoints and resume."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -99,6 +100,9 @@ def test_resume_continues_from_the_checkpoint_with_teacher_and_centres(
     assert not torch.equal(state["center"], saved_center)
     with pytest.raises(CheckpointError, match="model config differs"):
         _run(root, fields, [*base, "checkpoint.resume=auto", "model.depth=3"])
+    # another teacher temperature would go on under the checkpoint's targets: refused too
+    with pytest.raises(CheckpointError, match=r"dino config differs.*teacher_temp"):
+        _run(root, fields, [*base, "checkpoint.resume=auto", "dino.teacher_temp=0.06"])
     del resumed
 
 
@@ -287,3 +291,33 @@ def test_dino_on_xla_with_several_processes_is_refused_before_anything_is_built(
         assert supported in str(e.value)
     backend.process_count = 1  # one XLA process (one host's devices) is supported
     refuse_multihost_xla(backend)  # no refusal
+
+
+def test_training_fields_of_different_channel_counts_are_refused(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    """One field of four stains among fields of five: one model cannot read both, so the job
+    refuses before it builds one (instead of an error deep in the first batch)."""
+    root, fields = cell_cache
+    train = [f for f in fields if f.split == "train"]
+    odd = dataclasses.replace(train[0], shape=(4, *train[0].shape[1:]))
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path / 'run'}"])
+    with pytest.raises(DataError, match=r"different channel counts: \[4, 5\]"):
+        DinoJob(cfg, [odd, *train[1:]], root, make_backend("cpu"))
+
+
+def test_a_step_without_a_masked_token_leaves_the_ibot_centre(
+    cell_cache: tuple[Path, list[CellField]], tmp_path: Path
+) -> None:
+    """The iBOT centre is the EMA of the teacher's logits over masked tokens: a step with none
+    (a batch whose crops drew no mask) has nothing to average and must not pull it to zero."""
+    root, fields = cell_cache
+    cfg = load_config(DinoConfig, DINO_TINY, [f"train.run_dir={tmp_path / 'run'}"])
+    job = DinoJob(cfg, [f for f in fields if f.split == "train"], root, make_backend("cpu"))
+    job.ibot_center = torch.full_like(job.ibot_center, 0.5)
+    prototypes = job.ibot_center.shape[-1]
+    job._update_centers(torch.zeros_like(job.center), torch.zeros(prototypes + 1))
+    assert torch.equal(job.ibot_center, torch.full_like(job.ibot_center, 0.5))
+    seen = torch.cat([torch.full((prototypes,), 2.0), torch.tensor([1.0])])  # one masked token
+    job._update_centers(torch.zeros_like(job.center), seen)
+    assert (job.ibot_center > 0.5).all()  # moved toward that token's logits

@@ -194,3 +194,27 @@ def test_an_import_a_ctrl_c_cut_short_is_the_interrupt(
     assert cli.main(["doctor", "--manifest", "m.json"]) == 130
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert errors == ["interrupted; checkpoints written before it stay"]
+
+
+def test_a_ctrl_c_remembered_before_the_hosts_agree_stays_pending(python_sigint: None) -> None:
+    """A Ctrl-C that came before the run's agreement began (in its setup) is not forgotten by
+    entering ``agreed_ctrl_c``: the first agreement carries it to every host."""
+    with remembered_ctrl_c():
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c()  # not agreed yet: Python's behaviour, and remembered
+        with agreed_ctrl_c(2):
+            assert interrupt_pending()
+
+
+def test_an_error_raised_while_handling_a_ctrl_c_is_the_interrupt() -> None:
+    """An exception raised inside ``except KeyboardInterrupt`` (a cleanup that fails) carries the
+    Ctrl-C only as its implicit ``__context__``: still the interrupt (exit 130), not a failure."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("the cleanup failed")  # noqa: B904 (the point: an implicit context)
+    except RuntimeError as exc:
+        failed = exc
+    assert failed.__cause__ is None and isinstance(failed.__context__, KeyboardInterrupt)
+    assert caused_by_ctrl_c(failed)
