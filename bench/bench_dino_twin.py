@@ -3,10 +3,11 @@ twin, scored as JUMP scores profiles, on plates and compounds DINO never trained
 intervals.
 
 For each twin seed of ``--twin-seeds`` it builds a Cell Painting cache: octstage's JUMP-layout
-twin with its compound library (``octstage synth --kind cellpainting --plates 5 --compounds 30
---sites 2``, then ``octstage build-cache --kind cellpainting``): 384-well plates, DMSO in 16
-wells, one strong and four subtle named phenotypes and 30 library compounds (one or two features
-changed, from inside the nuisance to clear) in 4 wells each, with the twin's nuisance (per-well
+twin with its compound library and the learned family (``octstage synth --kind cellpainting
+--plates 5 --compounds 30 --sites 2 --learned``, then ``octstage build-cache --kind
+cellpainting``): 384-well plates, DMSO in 16 wells, one strong and four subtle named phenotypes,
+30 library compounds (one or two features changed, from inside the nuisance to clear) and six
+changes of arrangement at DMSO's amount (``families.LEARNED``) in 4 wells each, with the twin's nuisance (per-well
 stain and density, per-field focus and background, per-plate gain and residual illumination:
 ``octstage/cellpainting/cells.py``). DINO (the tiny 2D ViT, DINO + iBOT + KoLeo,
 ``configs/pretrain/dino-tiny.yaml``: crops standardised per channel, at native scale) trains for
@@ -20,14 +21,17 @@ distinctiveness mAP, 95% intervals resampling plates, control wells, perturbatio
 (``eval/cellpainting/resample.py``), over every perturbation and over the held-out compounds, and
 DINO minus each rival with a paired interval.
 
-It prints, per twin, DINO seed and recipe, the table, the paired differences, the per-perturbation
-activity AP and a verdict line (``docs/cellpainting-evaluation.md``, section 6): DINO above random
+Beside each full embedding it scores its tokens alone, the restored statistics alone and a noise
+floor (``profile_run.py``). It prints, per twin, DINO seed and recipe, the floor, the table, the
+paired differences (DINO's and DINO's tokens'), the per-perturbation activity AP and a verdict
+line (``docs/cellpainting-evaluation.md``, section 6): DINO's tokens above random init's tokens
+(over every perturbation and the learned family), DINO above random
 init, above the handcrafted set (paired activity interval above 0), within 0.05 of cp-measure,
 and how many intensity-only and size-only perturbations DINO ranks above every random seed;
 then whether each held over every run; and writes the reports to ``--json``. The recipe was
-chosen on twin seed 7 with DINO seed 0; the defaults, twin seeds 11 and 12 and DINO seed 3, were
-used to choose nothing. Their run is in ``docs/benchmarks.md`` (log and JSON:
-``bench/results/dino-twin-jump.*``). ``--work`` keeps the twins and the runs: a second run with the
+chosen on twin seed 7 with DINO seed 0; of the defaults, twin 12 and DINO seed 3 chose nothing,
+twin 11 is the library an earlier round's per-compound APs were tuned against. Their run is in
+``docs/benchmarks.md`` (log and JSON: ``bench/results/dino-twin-learned.*``). ``--work`` keeps the twins and the runs: a second run with the
 same flags rescores the finished checkpoints without training them again.
 
 ``--device cuda`` trains and embeds on a GPU (give the sizes a GPU run wants as overrides, with
