@@ -8,7 +8,8 @@ twin with its compound library and the learned family (``octstage synth --kind c
 cellpainting``): 384-well plates, DMSO in 16 wells, one strong and four subtle named phenotypes,
 30 library compounds (one or two features changed, from inside the nuisance to clear) and six
 changes of arrangement at DMSO's amount (``families.LEARNED``) in 4 wells each, with the
-twin's nuisance (per-well stain and density, per-field focus and background, per-plate gain and residual illumination:
+twin's nuisance (per-well stain and density, per-field focus and background, per-plate gain
+and residual illumination:
 ``octstage/cellpainting/cells.py``). DINO (the tiny 2D ViT, DINO + iBOT + KoLeo,
 ``configs/pretrain/dino-tiny.yaml``: crops standardised per channel, at native scale) trains for
 ``--steps`` on the first ``--train-plates`` plates only, without the wells of every
@@ -32,7 +33,8 @@ then whether each held over every run; and writes the reports to ``--json``. The
 chosen on twin seed 7 with DINO seed 0; of the defaults, twin 12 and DINO seed 3 chose nothing,
 twin 11 is the library an earlier round's per-compound APs were tuned against. Their run is in
 ``docs/benchmarks.md`` (log and JSON: ``bench/results/dino-twin-learned.*``). ``--work`` keeps
-the twins and the runs: a second run with the same flags rescores the finished checkpoints without training them again.
+the twins and the runs: a second run with the same flags rescores the finished checkpoints
+without training them again.
 
 ``--device cuda`` trains and embeds on a GPU (give the sizes a GPU run wants as overrides, with
 ``data.num_workers``).
