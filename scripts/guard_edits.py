@@ -2812,4 +2812,12 @@ EDITS: list[Edit] = [
         ),
         "a step with no masked token pulls the iBOT centre towards zero",
     ),
+    Edit(
+        "blind-interrupt-main-thread-not-echo",
+        "octtrain/runtime/interrupt.py",
+        "    if not issubclass(exc_type, _ECHOES) or thread is threading.main_thread():\n",
+        "    if not issubclass(exc_type, _ECHOES):\n",
+        (OT + "test_interrupt.py",),
+        "a main-thread ConnectionError after a Ctrl-C is hidden in the debug log as an echo",
+    ),
 ]

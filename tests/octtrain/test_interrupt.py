@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from octtrain.data.loaders import Prefetcher
+from octtrain.runtime import interrupt as interrupt_module
 from octtrain.runtime.interrupt import (
     agreed_ctrl_c,
     caused_by_ctrl_c,
@@ -218,3 +220,13 @@ def test_an_error_raised_while_handling_a_ctrl_c_is_the_interrupt() -> None:
         failed = exc
     assert failed.__cause__ is None and isinstance(failed.__context__, KeyboardInterrupt)
     assert caused_by_ctrl_c(failed)
+
+
+def test_only_a_broken_connection_off_the_main_thread_is_an_echo() -> None:
+    """After a Ctrl-C a worker's resource-sharer thread losing its peer is the interrupt's echo
+    (logged at debug); the main thread's ConnectionError is a real error and is printed."""
+    other = threading.Thread(target=lambda: None, name="sharer")
+    broken = ConnectionResetError("peer gone")
+    assert interrupt_module._echo(ConnectionResetError, broken, other)
+    assert not interrupt_module._echo(ConnectionResetError, broken, threading.main_thread())
+    assert not interrupt_module._echo(ValueError, ValueError("x"), other)
