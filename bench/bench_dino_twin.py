@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from octstage.cellpainting.cells import changes
+from octstage.cellpainting.families import twin_families
 from octstage.cellpainting.metadata import DMSO
 from octstage.cellpainting.synth import library
 from octstage.cli import main as octstage
@@ -285,6 +286,7 @@ def run_twin(twin_seed: int, args: argparse.Namespace, tmp: Path) -> list[dict[s
             only_held_out=False,
             fixed=fixed,
             unseen=unseen,
+            families=twin_families({f.perturbation for f in scored if not f.is_control}),
         )
         took = time.perf_counter() - t0
         how = "an earlier run's checkpoint reused" if reused else f"trained in {trained:.0f} s"

@@ -2371,15 +2371,6 @@ EDITS: list[Edit] = [
         "dino_tokens_minus no longer compares DINO's tokens against the statistics alone",
     ),
     Edit(
-        "measure-families-default-none",
-        "octtrain/eval/cellpainting/profile_run.py",
-        "        families = twin_families({f.perturbation for f in fields if not f.is_control})\n",
-        "        families = {}\n",
-        (OT + "test_profiles.py",),
-        "profile_fields no longer defaults families to twin_families: a learned twin gets no "
-        "per-family scores",
-    ),
-    Edit(
         "measure-family-subset-scores-all",
         "octtrain/eval/cellpainting/scores.py",
         '*((f"{n}_", i) for n, i in (families or {}).items())',

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from octstage.cellpainting.families import LEARNED
+from octstage.cellpainting.families import LEARNED, twin_families
 from octtrain.config.dino import DinoConfig
 from octtrain.config.loader import load_config
 from octtrain.data.cellpainting import scale
@@ -253,12 +253,14 @@ def test_profile_report_for_a_dino_checkpoint_and_its_baselines(tmp_path: Path) 
     for rival in ("random_init_1_tokens", "statistics"):
         gap = enc["dino_tokens"]["activity_map"] - enc[rival]["activity_map"]
         assert tokens_minus[rival]["activity"]["value"] == pytest.approx(gap)
-    # a twin's learned ids make their family a subset of its own, without being told
+    # the twin's families, as the bench passes them (twin_families of the treated ids), are
+    # each scored apart
     twin = [
         dataclasses.replace(f, perturbation=LEARNED_ID) if f.perturbation == "cmpd1" else f
         for f in fields
     ]
-    learned = profile_fields(ckpt, twin, root, resamples=20, random_seeds=1)
+    families = twin_families({f.perturbation for f in twin if not f.is_control})
+    learned = profile_fields(ckpt, twin, root, resamples=20, random_seeds=1, families=families)
     assert learned["families"] == {"learned": [LEARNED_ID]}
     assert "learned_activity_map" in learned["encoders"]["dino_tokens"]
     assert len(set(report["random_seeds"])) == 3

@@ -19,10 +19,10 @@ random-init encoder is embedded the same way. The profiles' normalisation
 perturbation classes (``eval/common/knn.py``) on well profiles and on field embeddings
 (``eval/cellpainting/scores.py``). Each encoder is scored under JUMP's deep-learning recipe
 (no sphering; the primary one) and the sphered one, over every perturbation and over those the
-checkpoint never trained on and, on a twin with phenotype families
-(``octstage.cellpainting.families``), over each family; beside each mAP and its interval
-(``resample.py``: plates, control wells, perturbations and wells resampled), DINO minus each
-rival with a paired interval (the same draws for both). The report goes to
+checkpoint never trained on and, given the twin's phenotype families (the bench passes
+``octstage.cellpainting.families.twin_families``), over each family; beside each mAP and its
+interval (``resample.py``: plates, control wells, perturbations and wells resampled), DINO
+minus each rival with a paired interval (the same draws for both). The report goes to
 ``<out>/profile.json``.
 
 What the network adds is scored apart (``network_parts``): an encoder that standardises each
@@ -48,7 +48,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from octstage.cellpainting.families import twin_families
 from octstage.manifest import atomic_write_text, check_output_folder, replace_report
 from octtrain.config.dino import DinoConfig
 from octtrain.data.cellpainting import CellPaintingDataset
@@ -190,7 +189,8 @@ def profile_fields(
     those absent from the training split's fields). ``fixed``: a cache of the features that do
     not depend on the checkpoint (handcrafted, cp_measure), filled by the first call and reused
     by the next ones on the same fields. ``families``: family -> its perturbations, each scored
-    apart (default: ``twin_families``, the twin's when it has the learned family, else none)."""
+    apart (a twin's, which the bench passes from ``octstage.cellpainting.families``; a screen has
+    none, and octtrain knows nothing of the twin but what the manifest says)."""
     fields = profiled(fields)
     if not fields:
         raise DataError("no Cell Painting fields with perturbation metadata to profile")
@@ -226,8 +226,7 @@ def profile_fields(
         raise ValueError("fixed features of other fields: a cache is for one set of fields")
     features.update(fixed)
     classes = sorted({f.perturbation for f in fields})
-    if families is None:  # the twin's families, of the treated perturbations (not the controls)
-        families = twin_families({f.perturbation for f in fields if not f.is_control})
+    families = families or {}
     report: dict[str, Any] = {
         "fields": len(fields),
         "plates": sorted({f.plate for f in fields}),
