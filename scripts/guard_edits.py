@@ -306,9 +306,9 @@ EDITS: list[Edit] = [
     Edit(
         "recipe-z-pooled",
         "octtrain/eval/cellpainting/recipe.py",
-        "z, notes = robust_z_by_plate(np.asarray(x, np.float64), plates, controls, cfg.epsilon)",
-        "z, notes = robust_z(np.asarray(x, np.float64), controls, cfg.epsilon), []",
-        (OT + "test_recipe.py::test_each_step_of_the_recipe_is_pinned_on_a_small_plate",),
+        "z, plate_notes = robust_z_by_plate(x[:, variants], plates, controls, cfg.epsilon)",
+        "z, plate_notes = robust_z(x[:, variants], controls, cfg.epsilon), []",
+        ("tests/octtrain/test_recipe.py::test_each_step_of_the_recipe_is_pinned_on_a_small_plate",),
         "the recipe's robust z pools the plates' controls",
     ),
     Edit(
@@ -608,9 +608,9 @@ EDITS: list[Edit] = [
     Edit(
         "recipe-min-controls",
         "octtrain/eval/cellpainting/recipe.py",
-        "if int(ref.sum()) < MIN_CONTROLS:",
-        "if int(ref.sum()) < 1:",
-        (OT + "test_recipe.py",),
+        "        out.append((plate, rows, ref if int(ref.sum()) >= MIN_CONTROLS else rows))\n",
+        "        out.append((plate, rows, ref if int(ref.sum()) >= 1 else rows))\n",
+        ("tests/octtrain/test_recipe.py",),
         "a plate with too few controls is scaled against them anyway",
     ),
     Edit(
@@ -2414,11 +2414,9 @@ EDITS: list[Edit] = [
     Edit(
         "measure-variant-skips-last-plate",
         "octtrain/eval/cellpainting/recipe.py",
-        "    for plate in sorted(set(plates)):\n        rows = plate_of == plate\n        ref = "
-        "rows & controls if",
-        "    for plate in sorted(set(plates))[:-1]:\n        rows = plate_of == plate\n        "
-        "ref = rows & controls if",
-        (OT + "test_recipe.py",),
+        "    for _, _, ref in plate_references(plates, controls):\n",
+        "    for _, _, ref in plate_references(plates, controls)[:-1]:\n",
+        ("tests/octtrain/test_recipe.py",),
         "variant ignores the last plate: a feature constant on that plate's controls is kept",
     ),
     Edit(
@@ -2449,9 +2447,9 @@ EDITS: list[Edit] = [
     Edit(
         "measure-variant-all-wells",
         "octtrain/eval/cellpainting/recipe.py",
-        "        ref = rows & controls if int((rows & controls).sum()) >= MIN_CONTROLS else rows\n",
-        "        ref = rows\n",
-        (OT + "test_recipe.py",),
+        "    for _, _, ref in plate_references(plates, controls):\n",
+        "    for _, ref, _ in plate_references(plates, controls):\n",
+        ("tests/octtrain/test_recipe.py",),
         "variant judges a plate's MAD on all its wells, not its control wells",
     ),
     Edit(

@@ -85,18 +85,31 @@ class RecipeResult:
     notes: list[str] = field(default_factory=list)
 
 
-def variant(x: Array, plates: Sequence[str], controls: Mask) -> Mask:
-    """JUMP's ``var`` step: True for a feature to keep (module docstring). A plate with fewer
-    than ``MIN_CONTROLS`` control wells is judged on all its wells, as ``robust_z_by_plate``
-    scales it."""
-    keep: Mask = np.asarray(np.isfinite(x).all(axis=0), dtype=bool)
+def plate_references(plates: Sequence[str], controls: Mask) -> list[tuple[str, Mask, Mask]]:
+    """Per plate (sorted): its rows and the rows it is judged on, its control wells, or all its
+    wells where it has fewer than ``MIN_CONTROLS`` (the var step and the z-score alike)."""
     plate_of = np.asarray(plates)
+    out = []
     for plate in sorted(set(plates)):
         rows = plate_of == plate
-        ref = rows & controls if int((rows & controls).sum()) >= MIN_CONTROLS else rows
-        values = np.where(np.isfinite(x[ref]), x[ref], 0.0)
-        centre = np.median(values, axis=0)
-        mad = np.median(np.abs(values - centre), axis=0)
+        ref = rows & controls
+        out.append((plate, rows, ref if int(ref.sum()) >= MIN_CONTROLS else rows))
+    return out
+
+
+def median_mad(ref: Array) -> tuple[Array, Array]:
+    """Per feature, the median of ``ref``'s rows and their median absolute deviation (unscaled)."""
+    centre = np.median(ref, axis=0)
+    mad: Array = np.median(np.abs(ref - centre), axis=0)
+    return centre, mad
+
+
+def variant(x: Array, plates: Sequence[str], controls: Mask) -> Mask:
+    """JUMP's ``var`` step: True for a feature to keep (module docstring), each plate judged on
+    ``plate_references``' wells."""
+    keep: Mask = np.asarray(np.isfinite(x).all(axis=0), dtype=bool)
+    for _, _, ref in plate_references(plates, controls):
+        centre, mad = median_mad(np.where(np.isfinite(x[ref]), x[ref], 0.0))
         with np.errstate(divide="ignore", invalid="ignore"):
             cv = np.abs(mad / centre)
         cv = np.where(np.isfinite(cv), cv, 0.0)  # JUMP's: 0/0 and x/0 count as 0
@@ -106,9 +119,7 @@ def variant(x: Array, plates: Sequence[str], controls: Mask) -> Mask:
 
 def robust_z(x: Array, controls: Mask, epsilon: float = 1e-6) -> Array:
     """``(x - median(x[controls])) / (1.4826 * MAD(x[controls]) + epsilon)``, per feature."""
-    ref = x[controls]
-    centre = np.median(ref, axis=0)
-    mad = np.median(np.abs(ref - centre), axis=0)
+    centre, mad = median_mad(x[controls])
     out: Array = (x - centre) / (MAD_SCALE * mad + epsilon)
     return out
 
@@ -120,15 +131,10 @@ def robust_z_by_plate(
     fewer than ``MIN_CONTROLS``), and the notes naming such plates."""
     out = np.empty_like(x, dtype=np.float64)
     notes = []
-    plate_of = np.asarray(plates)
-    for plate in sorted(set(plates)):
-        rows = plate_of == plate
-        ref = rows & controls
-        if int(ref.sum()) < MIN_CONTROLS:
-            notes.append(
-                f"plate {plate}: {int(ref.sum())} control well(s), scaled against all its wells"
-            )
-            ref = rows
+    for plate, rows, ref in plate_references(plates, controls):
+        if ref is rows:
+            held = int((rows & controls).sum())
+            notes.append(f"plate {plate}: {held} control well(s), scaled against all its wells")
         out[rows] = robust_z(x[rows], ref[rows], epsilon)
     return out, notes
 
