@@ -43,6 +43,11 @@ class BackendError(OcttrainError):
     """The requested device backend is unavailable or misconfigured."""
 
 
+class PeerLostError(BackendError):
+    """Another process of a multi-process run ended (a closed connection) or stopped answering
+    (a collective's timeout); the message names its address. This process stops (exit 6)."""
+
+
 class CheckpointError(OcttrainError):
     """A checkpoint cannot be written, found or read."""
 

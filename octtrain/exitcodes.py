@@ -50,14 +50,38 @@ STALLED = ExitCode(
     "or a read that never returns)",
     ("watchdog", "stall", "stuck", "hang"),
 )
+PEER_LOST = ExitCode(
+    6,
+    "peer lost",
+    "another process of the run ended or stopped answering (its address named; its own log "
+    "says why): this one stops too; what was finished stays, the same command resumes",
+    ("lost contact", "peer lost"),
+)
 INTERRUPTED = ExitCode(
     130,
     "interrupted",
-    "interrupted (Ctrl-C); checkpoints written before it stay",
+    "interrupted (Ctrl-C); what was finished stays (checkpoints, an export's parts)",
     ("interrupt", "ctrl-c", "sigint"),
 )
 
-TABLE: tuple[ExitCode, ...] = (OK, REFUSED, NONFINITE, DATA, STALLED, INTERRUPTED)
+TERMINATED = ExitCode(
+    143,
+    "terminated",
+    "stopped by SIGTERM (torchrun stopping the others when one process fails, Slurm, "
+    "Kubernetes), as by Ctrl-C: what was finished stays (checkpoints, an export's parts)",
+    ("sigterm", "terminat"),
+)
+
+TABLE: tuple[ExitCode, ...] = (
+    OK,
+    REFUSED,
+    NONFINITE,
+    DATA,
+    STALLED,
+    PEER_LOST,
+    INTERRUPTED,
+    TERMINATED,
+)
 
 
 def help_text() -> str:

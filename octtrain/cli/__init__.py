@@ -16,8 +16,13 @@ from collections.abc import Sequence
 
 from octtrain import exitcodes
 from octtrain.cli.parser import EXIT_CODES, build_parser
-from octtrain.errors import DataError, NonFiniteLossError, OcttrainError
-from octtrain.runtime.interrupt import caused_by_ctrl_c, remembered_ctrl_c
+from octtrain.errors import DataError, NonFiniteLossError, OcttrainError, PeerLostError
+from octtrain.runtime.interrupt import (
+    caused_by_ctrl_c,
+    remembered_ctrl_c,
+    terminated,
+    terminated_as_interrupt,
+)
 
 __all__ = ["EXIT_CODES", "build_parser", "main", "parse", "setup_logging"]
 
@@ -25,10 +30,13 @@ log = logging.getLogger("octtrain")
 
 EXIT_OK, EXIT_REFUSED = exitcodes.OK.code, exitcodes.REFUSED.code
 EXIT_NONFINITE, EXIT_DATA = exitcodes.NONFINITE.code, exitcodes.DATA.code
-EXIT_INTERRUPTED = exitcodes.INTERRUPTED.code
+EXIT_INTERRUPTED, EXIT_TERMINATED = exitcodes.INTERRUPTED.code, exitcodes.TERMINATED.code
+# What an interrupted command keeps, by command (the trainers': their checkpoints).
+KEPT = {"embed": "every finished part stays: the same command resumes"}
 # A write the disk has no room for (full, over quota, over the file-size limit) or cannot take.
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 EXIT_STALLED = exitcodes.STALLED.code  # runtime/watchdog.py's exit (os._exit)
+EXIT_PEER_LOST = exitcodes.PEER_LOST.code
 
 
 def setup_logging(verbose: bool) -> None:
@@ -56,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     setup_logging(args.verbose)
     try:
-        with remembered_ctrl_c():  # a Ctrl-C dropped in a __del__ or fork hook is raised again
+        # A Ctrl-C dropped in a __del__ or fork hook is raised again; SIGTERM unwinds as it.
+        with remembered_ctrl_c(), terminated_as_interrupt():
             code: int = args.func(args)
     except NonFiniteLossError as exc:
         log.error("%s", exc)
@@ -64,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataError as exc:
         log.error("data error: %s", exc)
         return EXIT_DATA
+    except PeerLostError as exc:
+        log.error("%s", exc)
+        return EXIT_PEER_LOST
     except OcttrainError as exc:
         log.error("%s", exc)
         return EXIT_REFUSED
@@ -81,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Exception) as exc:
         if not caused_by_ctrl_c(exc):  # a KeyboardInterrupt, or what one cut short (an import)
             raise
-        log.error("interrupted; checkpoints written before it stay")
+        kept = KEPT.get(getattr(args, "command", ""), "checkpoints written before it stay")
+        if terminated(exc):
+            log.error("stopped by SIGTERM (exit %d); %s", EXIT_TERMINATED, kept)
+            return EXIT_TERMINATED
+        log.error("interrupted; %s", kept)
         return EXIT_INTERRUPTED
     return code

@@ -42,6 +42,18 @@ def own(name: str) -> bool:
     return name in {HEADER, PARTS, *GROUP_TABLES} or name.startswith(".")
 
 
+def remove_stale(folder: Path) -> list[str]:
+    """Delete the temporary files an earlier run left (``.<name>.<pid>.tmp``: a part or a group
+    table it was writing when a SIGKILL or a power cut ended it); their names, for the log.
+    Called on process 0 at setup, before any process writes: one export folder, one run."""
+    removed = []
+    for place in (folder, folder / PARTS):
+        for path in sorted(place.glob(".*.tmp")) if place.is_dir() else []:
+            path.unlink(missing_ok=True)
+            removed.append(str(path.relative_to(folder)))
+    return removed
+
+
 def _expected(folder: Path, parts: Sequence[Part], keys: Sequence[str]) -> dict[Any, int]:
     """Items per group key, from the parts' key columns alone."""
     tables = [pq.read_table(folder / p.name, columns=list(keys)) for p in parts]

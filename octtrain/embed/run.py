@@ -21,7 +21,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,11 +97,20 @@ def _file_sha256(path: str) -> str:
         raise DataError(f"{path}: cannot read the manifest ({exc.strerror})") from None
 
 
-def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
-    """The encoder, the items and the export's identity; on process 0 the folder is claimed
-    (one output-folder rule) and the plan written. Refusals name the file and the way out."""
-    refuse_inside_cache(Path(cfg.out), ConfigError, "--out")  # before minutes of loading
-    url = resolve_checkpoint(cfg.checkpoint)
+def _locate(cfg: EmbedConfig, backend: Backend) -> str:
+    """On process 0: ``--out`` checked (before minutes of loading) and the checkpoint file
+    resolved (best, else latest) once for every process, so a folder that training moves on
+    cannot give two processes two checkpoints. The others: ""."""
+    if not backend.is_main:
+        return ""
+    refuse_inside_cache(Path(cfg.out), ConfigError, "--out")
+    return resolve_checkpoint(cfg.checkpoint)
+
+
+def setup(cfg: EmbedConfig, backend: Backend, url: str) -> Setup:
+    """The encoder (of checkpoint file ``url``), the items and the export's identity; on process
+    0 the folder is claimed (one output-folder rule), the plan written and an earlier run's
+    temporary files removed. Refusals name the file and the way out."""
     state = load_checkpoint(url)
     encoder = checkpoint_encoder(state, url, cfg.encoder)
     manifest = read_manifest(cfg.manifest, "embed", None)
@@ -130,7 +140,9 @@ def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
         if earlier is None:
             started = {**identity, "processes": backend.process_count, "started": _now()}
             atomic_write_text(folder / export.PLAN, json.dumps(started, indent=2))
-        elif earlier.get("processes") != backend.process_count:
+        for name in export.remove_stale(folder):
+            log.warning("%s: a temporary file an earlier run left; removed", folder / name)
+        if earlier is not None and earlier.get("processes") != backend.process_count:
             log.info(
                 "resuming an export started on %s process(es), now on %d: its parts do not depend "
                 "on the number of processes",
@@ -144,6 +156,27 @@ def setup(cfg: EmbedConfig, backend: Backend) -> Setup:
     described |= {"kind": manifest.kind, "items": len(manifest.items)}
     root = Path(cfg.cache) if cfg.cache else Path(cfg.manifest).parent
     return Setup(encoder, items, root, identity, checkpoint, described, complete)
+
+
+def agree_identity(backend: Backend, s: Setup) -> None:
+    """Every process embeds what process 0 does: the same manifest, selection and checkpoint
+    bytes, the same encoder and embedding version (process 0's alone names the folder and goes
+    into the header). A process that read another manifest of the same length, or another
+    checkpoint, is refused here on every process, both values named."""
+    if backend.process_count == 1:
+        return
+    mine = {**s.identity, "config": json.dumps(s.encoder.config, sort_keys=True, default=str)}
+    main: dict[str, Any] = backend.broadcast_object(mine)
+    failure = None
+    for key, value in mine.items():
+        if value != main.get(key):
+            failure = ConfigError(
+                f"process {backend.process_index} read {key} {value!r}, process 0 read "
+                f"{main.get(key)!r}: every process must embed the same items with the same "
+                "checkpoint (the same --manifest and --checkpoint files on every host)"
+            )
+            break
+    hosts.agree(backend, failure, "agreeing on what to embed")
 
 
 def _now() -> str:
@@ -205,7 +238,13 @@ class PartSink:
 
 
 def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, int]:
-    """This process's parts: complete ones kept, the others embedded."""
+    """This process's parts: complete ones kept, the others embedded.
+
+    The processes agree after every batch (``hosts.agree``, one host sum): a process waits in a
+    collective for at most one batch of the slowest, never for its whole share (a share one
+    part shorter, a host 20x slower), and a failure on one process (a field it cannot read)
+    stops every process at the next batch with its message. A process whose share is done goes
+    on agreeing, with nothing to do, until every process is done."""
     parts = mine(plan(len(s.items), cfg.part_size), backend.process_index, backend.process_count)
     todo = []
     for part in parts:
@@ -228,11 +267,18 @@ def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, int]:
     views = [s.items[p.start : p.stop] for p in todo]
     sink = PartSink(s, cfg, todo)
     workers = cfg.num_workers or 0  # resolved by run_embed (loader_workers)
+    batches = iter(parts_loader(views, s.root, s.encoder, cfg.batch_size, workers))
+    going = True
     try:
-        for batch in parts_loader(views, s.root, s.encoder, cfg.batch_size, workers):
-            x = embed_batch(s.encoder, batch, backend)
-            sink.write(x)
-            progress.advance(len(x))
+        while True:
+            failure: OcttrainError | None = None
+            if going:
+                try:
+                    failure = _one_batch(s, batches, sink, progress, backend)
+                except StopIteration:
+                    going = False
+            if hosts.agree(backend, failure, "embedding its parts", going=going) == 0:
+                break
     except BaseException:
         sink.abort()
         raise
@@ -241,6 +287,28 @@ def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, int]:
         "parts_kept": len(parts) - len(todo),
         "items_embedded": progress.done,
     }
+
+
+def _one_batch(
+    s: Setup, batches: Iterator[dict[str, Any]], sink: PartSink, progress: Progress, b: Backend
+) -> OcttrainError | None:
+    """The next batch embedded and written (StopIteration: none left); the failure, if any, to
+    agree on. With peers, a failure of any class is theirs to learn too (its traceback logged
+    here), not a crash that leaves them waiting."""
+    try:
+        x = embed_batch(s.encoder, next(batches), b)
+        sink.write(x)
+        progress.advance(len(x))
+    except OcttrainError as exc:
+        return exc
+    except StopIteration:
+        raise
+    except Exception as exc:
+        if b.process_count == 1:
+            raise  # no peer to tell: the bug keeps its class and traceback
+        log.error("embedding its parts failed:\n%s", traceback.format_exc())
+        return OcttrainError(f"embedding its parts: {type(exc).__name__}: {exc}")
+    return None
 
 
 def finish(s: Setup, cfg: EmbedConfig) -> dict[str, Any]:
@@ -304,7 +372,10 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     if backend.kind == "cpu":  # the cores left beside the loader workers (runtime/backend.py)
         torch.set_num_threads(cpu_threads(0, workers))
     try:
-        s = hosts.agreed(backend, "setting up the export", lambda: setup(cfg, backend))
+        url = hosts.agreed(backend, "finding the checkpoint", lambda: _locate(cfg, backend))
+        url = backend.broadcast_object(url)
+        s = hosts.agreed(backend, "setting up the export", lambda: setup(cfg, backend, url))
+        agree_identity(backend, s)
         complete = bool(backend.broadcast_object(s.complete))
         summary: dict[str, Any] = {"out": cfg.out, "items": len(s.items)}
         if complete:
@@ -312,18 +383,11 @@ def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
             kept = len(plan(len(s.items), cfg.part_size))
             summary |= {"parts_embedded": 0, "items_embedded": 0, "parts_kept": kept}
         else:
-            failure: OcttrainError | None = None
             mine_started = time.monotonic()
-            try:
-                summary |= embed_mine(s, cfg, backend)
-            except OcttrainError as exc:
-                failure = exc
-            hosts.agree(backend, failure, "embedding its parts")
+            summary |= embed_mine(s, cfg, backend)
             summary |= totals(backend, summary, time.monotonic() - mine_started)
-            hosts.agreed(
-                backend,
-                "writing the per-group table and the header",
-                lambda: finish(s, cfg) if backend.is_main else {},
+            hosts.beating(
+                backend, "writing the per-group table and the header", lambda: finish(s, cfg)
             )
         header = export.read_header(Path(cfg.out), check=False) if backend.is_main else {}
         summary |= {

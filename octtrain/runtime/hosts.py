@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -67,6 +68,7 @@ AGREED_KINDS: tuple[type[OcttrainError], ...] = (
     NonFiniteLossError,
 )
 MESSAGE_BYTES = 1000  # of the failing host's message sent to the others
+BEAT_S = 30.0  # the longest ``beating`` keeps a process in one collective
 T = TypeVar("T")
 
 
@@ -75,7 +77,8 @@ def agree(
     failure: OcttrainError | None,
     where: str,
     kind: type[OcttrainError] | None = None,
-) -> None:
+    going: bool = False,
+) -> int:
     """Every process learns whether any failed at this point and all raise together.
 
     Call on every process at the same point, with this process's failure or None. The failing
@@ -83,15 +86,19 @@ def agree(
     among ``AGREED_KINDS``) with ``host i failed <where>: <its message>``. Two host sums, the
     second only when something failed: cheap enough for every step. A Ctrl-C on any host
     (``interrupt_pending``) makes every process raise KeyboardInterrupt here instead.
+
+    Returns how many processes said ``going`` (work left): a loop whose processes hold unequal
+    shares agrees once a round until none is going (``beating``, the export's parts).
     """
     if backend.process_count == 1:
         if failure is not None:
             raise failure
-        return
-    me, flags = backend.process_index, torch.zeros(2, backend.process_count, dtype=torch.int64)
+        return int(going)
+    me, flags = backend.process_index, torch.zeros(3, backend.process_count, dtype=torch.int64)
     if failure is not None:
         flags[0, me] = 1 + max(i for i, k in enumerate(AGREED_KINDS) if isinstance(failure, k))
     flags[1, me] = int(interrupt_pending())
+    flags[2, me] = int(going)
     flags = backend.reduce_host_sum(flags)
     interrupted = [i for i, flag in enumerate(flags[1].tolist()) if flag]
     if interrupted:
@@ -101,7 +108,7 @@ def agree(
         raise KeyboardInterrupt
     failed = [i for i, flag in enumerate(flags[0].tolist()) if flag]
     if not failed:
-        return
+        return int(flags[2].sum())
     first = failed[0]
     text = torch.zeros(MESSAGE_BYTES, dtype=torch.int64)
     if me == first:
@@ -133,6 +140,38 @@ def agreed(backend: Backend, where: str, build: Callable[[], T]) -> T:
     agree(backend, failure, where)
     assert result is not None
     return result
+
+
+def beating(backend: Backend, where: str, work: Callable[[], T], beat_s: float = BEAT_S) -> T:
+    """``work()`` on process 0 alone (the export's group table and header) while every process
+    agrees once every ``beat_s`` seconds that it still runs: no process waits longer than that
+    in one collective, however long the work takes (the backend's collective timeout is 10
+    minutes), and its failure, of any class, is raised on every process (as ``agreed``). The
+    others return None."""
+    if backend.process_count == 1:
+        return work()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work()
+        except OcttrainError as exc:
+            box["failure"] = exc
+        except Exception as exc:  # noqa: BLE001 - a bug too, with its traceback, on every host
+            log.error("%s failed:\n%s", where, traceback.format_exc())
+            box["failure"] = OcttrainError(f"{where}: {type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=run, name=where, daemon=True) if backend.is_main else None
+    if thread is not None:
+        thread.start()
+    going = True
+    while going:
+        if thread is not None:
+            thread.join(beat_s)
+        alive = thread is not None and thread.is_alive()
+        failure = None if alive else box.get("failure")
+        going = agree(backend, failure, where, going=alive) > 0
+    return box.get("result")  # type: ignore[return-value]  # the others': None
 
 
 def local_batch(global_batch: int, backend: Backend) -> int:

@@ -148,6 +148,40 @@ def remembered_ctrl_c() -> Iterator[None]:
         _PENDING.clear()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as a Ctrl-C is (``terminated_as_interrupt``): what torchrun sends the
+    other processes of a failed one, and what Slurm and Kubernetes send before they kill."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    _install_quiet_hooks()  # the loader workers end with it: their broken pipes are its echo
+    raise Terminated
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM raises ``Terminated``, so it unwinds as a Ctrl-C does (the part
+    or the write in progress dropped, what was finished kept) instead of ending the process
+    where it stands with nothing said. Off the main thread, or with SIGTERM not at its
+    default (ignored, or a handler of the caller's), it changes nothing."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def terminated(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or was caused by) a SIGTERM rather than a Ctrl-C."""
+    return any(isinstance(cause, Terminated) for cause in _causes(exc))
+
+
 def check_interrupted() -> None:
     """On the main thread, raise KeyboardInterrupt if a Ctrl-C arrived in the block (even one
     Python dropped); elsewhere nothing (a thread's KeyboardInterrupt would end only it), and
@@ -160,19 +194,22 @@ def check_interrupted() -> None:
         raise KeyboardInterrupt
 
 
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its causes, explicit or implicit (an error raised while handling another)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        yield cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+
+
 def caused_by_ctrl_c(exc: BaseException) -> bool:
     """Whether a Ctrl-C is among the causes of ``exc``: a KeyboardInterrupt raised while a C
     extension initialises comes out as ``ImportError: initialization failed`` raised from it
     (matplotlib's, imported at the first validation: a finetune run printed a traceback and
     exit 1 for a Ctrl-C, 1 run in many). Such an exception is the interrupt, not a failure."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
+    return any(isinstance(cause, KeyboardInterrupt) for cause in _causes(exc))
 
 
 def interrupt_pending() -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -17,9 +18,37 @@ import torch.distributed as dist
 from torch import nn
 
 from octstage.manifest import ctrl_c_deferred
-from octtrain.errors import BackendError
+from octtrain.errors import BackendError, PeerLostError
 
 CLOSE_BARRIER = datetime.timedelta(seconds=10)  # what close waits for the other hosts, at most
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+# What gloo and NCCL say when the peer of a collective is gone: its socket closed or reset, or
+# no answer within the timeout. Anything else a collective raises (a bug) keeps its class.
+_LOST = re.compile(
+    r"closed by peer|reset by peer|broken pipe|timed out|timeout|communicator was aborted",
+    re.IGNORECASE,
+)
+_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:(\d+)")
+
+
+@contextlib.contextmanager
+def collective(what: str) -> Iterator[None]:
+    """A collective whose peer is gone raises ``PeerLostError`` naming the peer's address (as
+    gloo reports it), not gloo's RuntimeError traceback."""
+    try:
+        yield
+    except RuntimeError as exc:
+        text = str(exc)
+        if not _LOST.search(text):
+            raise
+        found = _ADDRESS.search(text)
+        peer = f"the process at {found[1]}:{found[2]}" if found else "another process"
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        raise PeerLostError(
+            f"lost contact with {peer} of this run in {what} ({first[:300]}): it ended or "
+            "stopped answering, and its own log says why; what was finished stays, and the "
+            "same command run again on every host resumes"
+        ) from None
 
 
 class TorchBackend:
@@ -42,7 +71,7 @@ class TorchBackend:
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(
                 backend="nccl" if kind == "cuda" else "gloo",
-                timeout=datetime.timedelta(minutes=10),
+                timeout=COLLECTIVE_TIMEOUT,
             )
         self._bf16 = precision == "bf16" or (
             precision == "auto" and kind == "cuda" and torch.cuda.is_bf16_supported()
@@ -89,7 +118,8 @@ class TorchBackend:
     def reduce_step_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
         if self.world_size > 1:
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            with collective("a sum over the processes"):
+                dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out
 
     def reduce_host_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -99,12 +129,14 @@ class TorchBackend:
         if self.world_size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        with collective("a broadcast from process 0"):
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            dist.barrier()
+            with collective("a barrier"):
+                dist.barrier()
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if not self._bf16:

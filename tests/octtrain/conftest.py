@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.octtrain.embed_fixtures import embed_twin  # noqa: F401
 from tests.octtrain.finetune_fixtures import tiny_finetuned, tiny_pretrained  # noqa: F401
 from tests.octtrain.tiny_cache import write_tiny_cache
 

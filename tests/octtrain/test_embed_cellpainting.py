@@ -2,8 +2,8 @@
 read unchanged (pycytominer and copairs, really installed), agreement with ``octtrain profile``,
 resuming after Ctrl-C or a damaged part, more processes on resume, and the refusals.
 
-One twin (2 plates x 24 wells x 3 sites, 128 px), one 20-step DINO run and one export are shared
-by the module (~30 s); each test copies the export before it changes anything.
+One twin, one 20-step DINO run and one export are shared by the session
+(``embed_fixtures.py``); each test copies the export before it changes anything.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import pytest
 import torch
 
 from octstage import manifest as mf
-from octstage.cli import main as octstage
 from octtrain.cli import main as octtrain
 from octtrain.data.cellpainting import CellPaintingDataset
 from octtrain.embed.encode import VERSIONS, embed_fields, field_tiles, field_views
@@ -37,90 +36,13 @@ from octtrain.eval.cellpainting.profile_run import profile_scores
 from octtrain.eval.cellpainting.recipe import RecipeConfig, rank_inverse_normal
 from octtrain.runtime.checkpoint import load_checkpoint, resolve_checkpoint
 from tests.badinput.conftest import start_as_at_a_terminal
-
-ROOT = Path(__file__).resolve().parents[2]
-DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
-PART = "8"  # items per part: 18 parts for the twin's 144 fields
+from tests.octtrain.embed_fixtures import ROOT, embed, embed_args
 
 
-@pytest.fixture(scope="module")
-def twin(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """The twin's cache, a 20-step DINO checkpoint and its export (``--part-size 8``)."""
-    tmp = tmp_path_factory.mktemp("embed-cp")
-    source, cache, run = tmp / "twin", tmp / "cache", tmp / "run"
-    assert (
-        octstage(
-            [
-                "synth",
-                "--kind",
-                "cellpainting",
-                str(source),
-                "--plates",
-                "2",
-                "--sites",
-                "3",
-                "--size",
-                "128",
-                "--no-traps",
-            ]
-        )
-        == 0
-    )
-    jump = source / "cpg0016-jump"
-    assert (
-        octstage(
-            [
-                "build-cache",
-                "--kind",
-                "cellpainting",
-                "--source",
-                str(jump),
-                "--map-prefix",
-                f"s3://cellpainting-gallery/cpg0016-jump/={jump}/",
-                "--metadata",
-                str(source / "datasets" / "metadata"),
-                "--out",
-                str(cache),
-            ]
-        )
-        == 0
-    )
-    assert (
-        octtrain(
-            [
-                "pretrain",
-                "--config",
-                str(DINO_TINY),
-                "--manifest",
-                str(cache / "manifest.json"),
-                f"train.run_dir={run}",
-                "train.max_steps=20",
-                "checkpoint.every=20",
-                "data.batch_size=16",
-                "schedule.warmup_steps=5",
-                "logging.wandb_mode=disabled",
-            ]
-        )
-        == 0
-    )
-    ns = SimpleNamespace(
-        tmp=tmp,
-        manifest=cache / "manifest.json",
-        checkpoint=run / "checkpoints",
-        export=tmp / "export",
-    )
-    assert embed(ns, ns.export) == 0
-    return ns
-
-
-def embed_args(ns: SimpleNamespace, out: Path, *extra: str) -> list[str]:
-    """``octtrain embed``'s arguments for the module's checkpoint and manifest."""
-    args = ["embed", "--checkpoint", str(ns.checkpoint), "--manifest", str(ns.manifest)]
-    return [*args, "--out", str(out), "--part-size", PART, "--device", "cpu", *extra]
-
-
-def embed(ns: SimpleNamespace, out: Path, *extra: str) -> int:
-    return octtrain(embed_args(ns, out, *extra))
+@pytest.fixture
+def twin(embed_twin: SimpleNamespace) -> SimpleNamespace:
+    """The session's twin, checkpoint and export (``tests/octtrain/embed_fixtures.py``)."""
+    return embed_twin
 
 
 def summary_of(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
