@@ -30,6 +30,7 @@ OS = "tests/octstage/"
 CP_CLUSTER = "test_cellpainting_cluster.py::"
 BI = "tests/badinput/"
 EMBED_CP = OT + "test_embed_cellpainting.py::"
+EP = OT + "test_embed_processes.py"
 RECIPE = "test_dino_recipe.py::"
 CKPT_KINDS = "test_a_checkpoint_of_another_job_is_refused_naming_file_kind_and_what_to_pass"
 STOPPED_AT_0 = (
@@ -1398,8 +1399,8 @@ EDITS: list[Edit] = [
     Edit(
         "dino-validation-not-agreed",
         "octtrain/eval/cellpainting/profile_run.py",
-        "    if backend is not None and backend.process_count > 1:\n",
-        "    if False:\n",
+        "    if backend is None or backend.process_count == 1:\n",
+        "    if True:\n",
         (
             OT + "test_dino_distributed.py::"
             "test_a_validation_field_one_host_cannot_read_stops_both_with_its_message",
@@ -2808,5 +2809,266 @@ EDITS: list[Edit] = [
         "    if not issubclass(exc_type, _ECHOES):\n",
         (OT + "test_interrupt.py",),
         "a main-thread ConnectionError after a Ctrl-C is hidden in the debug log as an echo",
+    ),
+    Edit(
+        "blind52-embed-agree-per-share",
+        "octtrain/embed/run.py",
+        (
+            '            if hosts.agree(backend, failure, "embe'
+            'dding its parts", going=going) == 0:\n'
+            "                break"
+        ),
+        (
+            "            if going and failure is None:\n"
+            "                continue  # agree once, when this "
+            "share is finished (or failed)\n"
+            '            if hosts.agree(backend, failure, "embe'
+            'dding its parts", going=going) == 0:\n'
+            "                break"
+        ),
+        (
+            EP + "::test_a_process_20x_slower_than_its_peer_finishes_without_a_timeout",
+            (
+                EP + "::test_a_field_read_failing_on_one_process_stops_every_proce"
+                "ss_with_its_message"
+            ),
+        ),
+        (
+            "processes agree only when their share is done: a p"
+            "rocess waits in one collective for a slower peer's"
+            " whole share, and a peer's failure is learnt only "
+            "at the end"
+        ),
+    ),
+    Edit(
+        "blind52-embed-leave-when-own-done",
+        "octtrain/embed/run.py",
+        (
+            '            if hosts.agree(backend, failure, "embe'
+            'dding its parts", going=going) == 0:\n'
+            "                break"
+        ),
+        (
+            '            hosts.agree(backend, failure, "embeddi'
+            'ng its parts", going=going)\n'
+            "            if not going:\n"
+            "                break"
+        ),
+        (EP,),
+        (
+            "a process whose share is done leaves the agreement"
+            " loop while others still agree: the remaining proc"
+            "esses hang / lose their peer on unequal shares"
+        ),
+    ),
+    Edit(
+        "blind52-one-batch-bug-reraised-with-peers",
+        "octtrain/embed/run.py",
+        (
+            "        if b.process_count == 1:\n"
+            "            raise  # no peer to tell: the bug keep"
+            "s its class and traceback"
+        ),
+        (
+            "        if b.process_count >= 1:\n"
+            "            raise  # no peer to tell: the bug keep"
+            "s its class and traceback"
+        ),
+        (EP,),
+        (
+            "on a multi-process run a non-OcttrainError in a ba"
+            "tch crashes that process instead of being agreed: "
+            "the peers wait / lose contact instead of all stopp"
+            "ing with its message"
+        ),
+    ),
+    Edit(
+        "blind52-one-batch-bug-wrapped-single",
+        "octtrain/embed/run.py",
+        (
+            "        if b.process_count == 1:\n"
+            "            raise  # no peer to tell: the bug keep"
+            "s its class and traceback"
+        ),
+        (
+            "        if b.process_count == 0:\n"
+            "            raise  # no peer to tell: the bug keep"
+            "s its class and traceback"
+        ),
+        (
+            OT + "test_embed_cellpainting.py",
+            OT + "test_embed_refusals.py",
+        ),
+        (
+            "on a single process a bug in a batch is turned int"
+            "o an OcttrainError (exit 2, class and traceback lo"
+            "st) instead of propagating"
+        ),
+    ),
+    Edit(
+        "blind52-identity-compare-self",
+        "octtrain/embed/run.py",
+        ("        if value != main.get(key):"),
+        ("        if value != mine.get(key):"),
+        ((EP + "::test_a_process_that_read_another_manifest_is_refused_at_setup_both_named"),),
+        (
+            "each process compares its identity with itself, no"
+            "t process 0's: a host with another manifest or che"
+            "ckpoint embeds silently"
+        ),
+    ),
+    Edit(
+        "blind52-locate-resolve-everywhere",
+        "octtrain/embed/run.py",
+        ("        url = backend.broadcast_object(url)"),
+        ("        url = url or resolve_checkpoint(cfg.checkpoint)"),
+        (EP + "::test_every_process_embeds_the_checkpoint_process_0_resolved",),
+        (
+            "each non-main process resolves the checkpoint itse"
+            "lf instead of receiving process 0's: two processes"
+            " can embed with two checkpoints, and a host that c"
+            "annot see the folder fails"
+        ),
+    ),
+    Edit(
+        "blind52-locate-nonmain-resolves",
+        "octtrain/embed/run.py",
+        ('    if not backend.is_main:\n        return ""'),
+        ("    if not backend.is_main:\n        return resolve_checkpoint(cfg.checkpoint)"),
+        (EP + "::test_every_process_embeds_the_checkpoint_process_0_resolved",),
+        (
+            "every process resolves the checkpoint folder in _l"
+            "ocate (not only process 0): a host that cannot see"
+            " the folder refuses the whole run"
+        ),
+    ),
+    Edit(
+        "blind52-stale-folder-only",
+        "octtrain/embed/export.py",
+        ("    for place in (folder, folder / PARTS):"),
+        ("    for place in (folder,):"),
+        (EP + "::test_a_resume_removes_the_temporary_files_an_earlier_run_left",),
+        (
+            "stale temporary part files under parts/ are no lon"
+            "ger removed at resume (only the export folder's ow"
+            "n)"
+        ),
+    ),
+    Edit(
+        "blind52-stale-only-fresh",
+        "octtrain/embed/run.py",
+        ("        for name in export.remove_stale(folder):"),
+        ("        for name in export.remove_stale(folder) if earlier is None else []:"),
+        (EP + "::test_a_resume_removes_the_temporary_files_an_earlier_run_left",),
+        (
+            "stale temporary files are removed only when an exp"
+            "ort starts fresh, never when it resumes"
+        ),
+    ),
+    Edit(
+        "blind52-terminated-systemexit",
+        "octtrain/runtime/interrupt.py",
+        ("class Terminated(KeyboardInterrupt):"),
+        ("class Terminated(SystemExit):"),
+        (EP + "::test_sigterm_mid_part_keeps_the_finished_parts_and_leaves_no_half_part",),
+        (
+            "SIGTERM raises a SystemExit, not a KeyboardInterru"
+            "pt: the CLI does not map it (no 'stopped by SIGTER"
+            "M', exit 0 instead of 143)"
+        ),
+    ),
+    Edit(
+        "blind52-sigterm-handler-not-installed",
+        "octtrain/runtime/interrupt.py",
+        ("        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL"),
+        ("        or signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN"),
+        (EP + "::test_sigterm_mid_part_keeps_the_finished_parts_and_leaves_no_half_part",),
+        (
+            "terminated_as_interrupt installs its handler only "
+            "when SIGTERM was ignored: at the default SIGTERM k"
+            "ills the process where it stands (no unwinding, no"
+            " message, no 143)"
+        ),
+    ),
+    Edit(
+        "blind52-cli-sigterm-exit-130",
+        "octtrain/cli/__init__.py",
+        ("            return EXIT_TERMINATED"),
+        ("            return EXIT_INTERRUPTED"),
+        (EP + "::test_sigterm_mid_part_keeps_the_finished_parts_and_leaves_no_half_part",),
+        ("a SIGTERM exits 130 (as a Ctrl-C) instead of 143"),
+    ),
+    Edit(
+        "blind52-peer-address-dropped",
+        "octtrain/runtime/torch_backend.py",
+        ('        peer = f"the process at {found[1]}:{found[2]}" if found else "another process"'),
+        ('        peer = "another process"'),
+        ((EP + "::test_a_peer_sigkilled_mid_export_ends_the_survivor_named_not_a_traceback"),),
+        ("PeerLostError no longer names the lost peer's address"),
+    ),
+    Edit(
+        "blind52-cli-peer-lost-exit-2",
+        "octtrain/cli/__init__.py",
+        (
+            "    except PeerLostError as exc:\n"
+            '        log.error("%s", exc)\n'
+            "        return EXIT_PEER_LOST"
+        ),
+        (
+            "    except PeerLostError as exc:\n"
+            '        log.error("%s", exc)\n'
+            "        return EXIT_REFUSED"
+        ),
+        ((EP + "::test_a_peer_sigkilled_mid_export_ends_the_survivor_named_not_a_traceback"),),
+        ("a lost peer exits 2 (refused) instead of 6"),
+    ),
+    Edit(
+        "blind52-beating-bug-lost",
+        "octtrain/runtime/hosts.py",
+        (
+            "        except Exception as exc:  # noqa: BLE001 -"
+            " a bug too, with its traceback, on every host\n"
+            '            log.error("%s failed:\\n%s", where, tra'
+            "ceback.format_exc())\n"
+            '            box["failure"] = OcttrainError(f"{wher'
+            'e}: {type(exc).__name__}: {exc}")\n'
+        ),
+        "",
+        (EP + "::test_process_0_s_group_table_failing_after_minutes_stops_both_named",),
+        (
+            "a non-OcttrainError in beating's work dies with it"
+            "s thread: no process raises, the run reports succe"
+            "ss without the header"
+        ),
+    ),
+    Edit(
+        "blind52-beating-join-no-timeout",
+        "octtrain/runtime/hosts.py",
+        ("            thread.join(beat_s)"),
+        ("            thread.join()"),
+        (EP + "::test_process_0_s_group_table_failing_after_minutes_stops_both_named",),
+        (
+            "process 0 waits for the whole work before agreeing"
+            ": the others sit in one collective for as long as "
+            "it takes (no beat every beat_s)"
+        ),
+    ),
+    Edit(
+        "blind52-cli-kept-wrong-attr",
+        "octtrain/cli/__init__.py",
+        (
+            '        kept = KEPT.get(getattr(args, "command", "'
+            '"), "checkpoints written before it stay")'
+        ),
+        (
+            '        kept = KEPT.get(getattr(args, "subcommand"'
+            ', ""), "checkpoints written before it stay")'
+        ),
+        ((EMBED_CP + "test_ctrl_c_keeps_the_finished_parts_and_the_re_run_embeds_only_the_rest"),),
+        (
+            "an interrupted embed says 'checkpoints written bef"
+            "ore it stay' instead of that every finished part s"
+            "tays"
+        ),
     ),
 ]

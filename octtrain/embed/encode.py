@@ -167,7 +167,7 @@ def embed_fields(
     with torch.no_grad():
         per_tile = tile_embeddings(backbone, batch)
     rows = [field_embedding(part) for part in torch.split(per_tile, counts)]
-    return torch.stack(rows).cpu().numpy().astype(np.float32)
+    return torch.stack(rows).float().cpu().numpy()  # float32 under bf16 autocast too
 
 
 def volume_tokens(encoder: nn.Module, batch: dict[str, Any], backend: Backend) -> torch.Tensor:

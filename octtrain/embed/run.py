@@ -58,7 +58,7 @@ from octtrain.embed.summary import Progress
 from octtrain.embed.tables import GROUPS, item_batch, item_schema, metadata_columns
 from octtrain.errors import ConfigError, DataError, OcttrainError
 from octtrain.runtime import hosts
-from octtrain.runtime.backend import Backend, cpu_threads, make_backend
+from octtrain.runtime.backend import Backend, cpu_threads, make_backend, resolve_kind
 from octtrain.runtime.checkpoint import checkpoint_sha256, load_checkpoint, resolve_checkpoint
 
 log = logging.getLogger("octtrain")
@@ -133,6 +133,8 @@ def setup(cfg: EmbedConfig, backend: Backend, url: str) -> Setup:
         "part_size": cfg.part_size,
         "prefix": cfg.prefix,
         "embedding_version": VERSIONS[manifest.kind],
+        # bf16 autocast on CUDA: a resume on another precision would mix parts of two
+        "precision": "bf16" if isinstance(backend.autocast(), torch.autocast) else "fp32",
     }
     folder, complete = Path(cfg.out), False
     if backend.is_main:
@@ -165,7 +167,7 @@ def agree_identity(backend: Backend, s: Setup) -> None:
     checkpoint, is refused here on every process, both values named."""
     if backend.process_count == 1:
         return
-    mine = {**s.identity, "config": json.dumps(s.encoder.config, sort_keys=True, default=str)}
+    mine = s.identity  # the encoder's config is the checkpoint's: its SHA-256 covers it
     main: dict[str, Any] = backend.broadcast_object(mine)
     failure = None
     for key, value in mine.items():
@@ -186,7 +188,8 @@ def _now() -> str:
 def embed_batch(encoder: Encoder, batch: dict[str, Any], backend: Backend) -> np.ndarray:
     """``[n, dim]`` float32 embeddings of one loader batch."""
     if encoder.data_kind == "cellpainting":
-        return embed_fields(encoder.module, batch["tiles"], backend.device)
+        with backend.autocast():  # bf16 on CUDA (the identity's precision), fp32 on CPU
+            return embed_fields(encoder.module, batch["tiles"], backend.device)
     tokens = volume_tokens(encoder.module, batch, backend)
     return pool_tokens(tokens).cpu().numpy().astype(np.float32)
 
@@ -366,7 +369,7 @@ def loader_workers(configured: int | None, kind: str) -> int:
 def run_embed(cfg: EmbedConfig) -> dict[str, Any]:
     """``octtrain embed``: the summary (what was embedded and kept, where the tables are)."""
     started = time.monotonic()
-    backend = make_backend(cfg.device)
+    backend = make_backend(resolve_kind(cfg.device, xla=False))
     workers = loader_workers(cfg.num_workers, backend.kind)
     cfg = dataclasses.replace(cfg, num_workers=workers)
     if backend.kind == "cpu":  # the cores left beside the loader workers (runtime/backend.py)

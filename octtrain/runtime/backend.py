@@ -94,13 +94,14 @@ class Backend(Protocol):
         ...
 
 
-def resolve_kind(kind: str) -> str:
-    """``auto``: CUDA if visible, XLA if PJRT_DEVICE is set, else CPU."""
+def resolve_kind(kind: str, xla: bool = True) -> str:
+    """``auto``: CUDA if visible, XLA if PJRT_DEVICE is set (and ``xla``: not for ``embed``,
+    which runs on CPU or CUDA only), else CPU."""
     if kind != "auto":
         return kind
     if torch.cuda.is_available():
         return "cuda"
-    if os.environ.get("PJRT_DEVICE"):
+    if xla and os.environ.get("PJRT_DEVICE"):
         return "xla"
     return "cpu"
 

@@ -68,7 +68,7 @@ AGREED_KINDS: tuple[type[OcttrainError], ...] = (
     NonFiniteLossError,
 )
 MESSAGE_BYTES = 1000  # of the failing host's message sent to the others
-BEAT_S = 30.0  # the longest ``beating`` keeps a process in one collective
+BEAT_S = 5.0  # the longest ``beating`` keeps a process in one collective (a tiny host sum)
 T = TypeVar("T")
 
 

@@ -40,6 +40,7 @@ from torch import nn
 from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla://" for gloo)
 
 from octtrain.runtime.handoff import carry_errors, raise_carried, run_within, within_or_exit
+from octtrain.runtime.torch_backend import CLOSE_BARRIER
 
 MESH_AXIS = "data"
 AUTO_COMPILE_CACHE = "~/.cache/octtrain/xla"  # train.xla_cache_dir=auto on a TPU
@@ -245,5 +246,10 @@ class XlaBackend:
         self._loaders.clear()
         within_or_exit(xm.wait_device_ops, DEVICE_WAIT_S, "the device's pending work at close")
         if self._gloo_ready and dist.is_initialized():
+            # As the torch backend's close: a bounded barrier first (gloo aborts a process whose
+            # group is torn down while a peer's last collective is in flight); one that fails or
+            # times out means nobody is left to wait for.
+            with contextlib.suppress(RuntimeError):
+                dist.monitored_barrier(timeout=CLOSE_BARRIER)
             dist.destroy_process_group()
             self._gloo_ready = False

@@ -52,7 +52,7 @@ from octtrain.eval.common.collapse import (
     representation_alarm,
 )
 from octtrain.eval.common.selection import EarlyStopping
-from octtrain.eval.common.validation import ValidationError
+from octtrain.eval.common.validation import ValidationError, local_failure
 from octtrain.eval.oct.report import print_collapse
 from octtrain.runtime import checkpoint as ckpt
 from octtrain.runtime import hosts
@@ -112,6 +112,11 @@ class Trainer:
                 )
             except OcttrainError as exc:
                 refused = exc
+            except Exception as exc:  # a storage client's HttpError: every host must learn it
+                if backend.process_count == 1:
+                    raise
+                log.error("setting up the run folder failed:\n%s", traceback.format_exc())
+                refused = OcttrainError(f"setting up the run folder: {type(exc).__name__}: {exc}")
         # A refusal here is process 0's alone: the others would wait for it in their first
         # collective until the stall exit; agreeing now stops every host with its message.
         hosts.agree(backend, refused, "setting up the run folder")
@@ -354,12 +359,30 @@ class Trainer:
             return True
         return False
 
+    def _job_validate(self, unit: int) -> Any:
+        """The job's validation, its outcome agreed once more by every process: a failure of one
+        process after the pass's last agreement (in its metrics, say) makes every process raise
+        the same ValidationError, so none trains on while another stops, and none decides on a
+        best checkpoint the others do not."""
+        b = self.backend
+        if b.process_count == 1:
+            return self.job.validate(unit)
+        ev, failure = None, None
+        try:
+            ev = self.job.validate(unit)
+        except Exception as exc:
+            if caused_by_ctrl_c(exc):
+                raise
+            failure = local_failure(b, exc)
+        hosts.agree(b, failure, f"validating unit {unit}", kind=ValidationError)
+        return ev
+
     def _validate(self, unit: int) -> tuple[float | None, bool, dict[str, float]]:
         """The score, whether it is the new best (early stopping's rule, which also picks the
         best checkpoint: one rule, one step) and the metrics."""
         start = self.clock()
         try:
-            ev = self.job.validate(unit)
+            ev = self._job_validate(unit)
         except ValidationError as exc:
             self.result.validation_failures += 1
             self.tracker.log({"val/failures": self.result.validation_failures}, unit)

@@ -7,6 +7,8 @@ on the rank the environment names (the code under test is unchanged):
 * ``EMBED_FAIL_RANK``: that rank's read of its first field raises the DataError of a field
   that cannot be read.
 * ``EMBED_KILL_RANK`` / ``EMBED_KILL_PART``: that rank SIGKILLs itself as it starts its part N.
+* ``EMBED_FINISH_RANK`` / ``EMBED_FINISH_S``: on that rank (process 0: it writes the group
+  table) the table's writing takes that long, then fails with a storage client's error.
 * ``EMBED_TIMEOUT_S``: the collectives' timeout (the backend's 10 minutes, shortened so that a
   wait longer than it shows in seconds).
 """
@@ -56,6 +58,13 @@ def install() -> None:
         return read(self, index)
 
     items.PartsItems.__getitem__ = getitem  # type: ignore[method-assign]
+    if _on("EMBED_FINISH_RANK"):
+
+        def finish(*args: Any) -> Any:
+            time.sleep(float(os.environ["EMBED_FINISH_S"]))
+            raise ConnectionResetError("gs://bucket/export/wells.parquet: connection reset")
+
+        run.finish = finish  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

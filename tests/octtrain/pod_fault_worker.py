@@ -14,7 +14,10 @@ raises a ``PermissionError`` as a storage client's HTTP 401 would: give ``checkp
 ``slow-setup`` (its manifest read, V-JEPA's or DINO's, touches the file ``POD_MARK``, then
 takes 3 s: a test's moment to Ctrl-C while the job is set up), ``slow-save`` (the same in its
 checkpoint write: a Ctrl-C mid-save), ``dino-validation`` (DINO's validation cannot read that host's
-first validation field: run with a DINO config).
+first validation field: run with a DINO config), ``dino-forward`` (its validation forward runs
+out of memory), ``dino-metrics`` (its validation metrics fail, after the last batch),
+``setup-any`` (setting up the run folder raises a storage client's error, not an octtrain one:
+give rank 0).
 ``{rank}`` in an argument becomes this process's rank. Writes ``<out>/rank<r>.json`` with the
 CLI's exit code, the first line of each error it logged, when the first was and when it ended,
 then exits with that code (after a pause, so torchrun, which stops the other workers once one
@@ -38,7 +41,7 @@ from octtrain.errors import CheckpointError, DataError
 from octtrain.eval.cellpainting import profile_run
 from octtrain.runtime import checkpoint
 from octtrain.runtime.checkpoint import CheckpointManager
-from octtrain.train import dino, finetune, pretrain
+from octtrain.train import dino, finetune, loop, pretrain
 
 
 def _slow(read_now: Any) -> Any:
@@ -73,6 +76,27 @@ def inject(point: str, rank: int) -> None:
             raise DataError(f"field 0: unreadable chunk in host {rank}'s copy of the plate")
 
         profile_run.field_views = unreadable_field  # type: ignore[assignment]
+        return
+    if point == "dino-forward":
+
+        def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"CUDA out of memory: tried to allocate 2.00 GiB (host {rank})")
+
+        profile_run.embed_fields = out_of_memory  # type: ignore[assignment]
+        return
+    if point == "dino-metrics":
+
+        def broken_metrics(*args: Any, **kwargs: Any) -> Any:
+            raise FloatingPointError(f"the k-NN probe's distances overflowed (host {rank})")
+
+        dino.profile_metrics = broken_metrics  # type: ignore[assignment]
+        return
+    if point == "setup-any":
+
+        def unavailable(*args: Any, **kwargs: Any) -> Any:
+            raise ConnectionError(f"gs://bucket/runs: HttpError 503: unavailable (host {rank})")
+
+        loop.new_run_dir = unavailable  # type: ignore[assignment]
         return
     if point in ("resume-list", "resume-read"):
 

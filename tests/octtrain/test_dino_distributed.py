@@ -122,8 +122,37 @@ def test_a_validation_field_one_host_cannot_read_stops_both_with_its_message(
     assert [f["code"] for f in found] == [2, 2]  # validation failed: exit 2 on both
     own, other = found[1]["errors"][-1], found[0]["errors"][-1]
     assert own.startswith("validation failed on process 1: ") and "unreadable chunk" in own, own
-    assert other.startswith("host 1 failed loading validation batch 1: "), other
+    assert other.startswith("host 1 failed at validation batch 1: "), other
     assert other.endswith(own), other
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("point", "cause"),
+    [("dino-forward", "CUDA out of memory"), ("dino-metrics", "distances overflowed")],
+)
+def test_dino_s_validation_failing_on_one_host_alone_stops_both_with_its_message(
+    tmp_path: Path, point: str, cause: str
+) -> None:
+    """Host 1's validation forward runs out of memory (carried into the next batch's
+    agreement), or its metrics fail after the last batch (agreed once more after the pass):
+    both exit 2 with its message. Unagreed, host 1's checkpoint agreement pairs with host 0's
+    next batch agreement, and host 0 trains on into a hang."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cache.mkdir()
+    out.mkdir()
+    write_cell_cache(cache, splits=("train",) * 8 + ("val",) * 8)
+    args = [str(FAULT_WORKER), str(out), "--config", str(DINO_TINY)]
+    args += ["--manifest", str(cache / "manifest.json"), f"train.run_dir={tmp_path}/run"]
+    args += ["train.max_steps=4", "validation.every=2", "validation.continue_on_failure=false"]
+    args += ["logging.image_every=0", "checkpoint.every=2", "data.batch_size=4"]
+    args += ["train.stall_exit_s=120"]
+    torchrun([*args], timeout=300, POD_FAIL=f"{point}:1")
+    found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [f["code"] for f in found] == [2, 2]
+    own, other = found[1]["errors"][-1], found[0]["errors"][-1]
+    assert own.startswith("validation failed on process 1: ") and cause in own, own
+    assert other.startswith("host 1 failed ") and other.endswith(own), other
 
 
 @pytest.mark.slow

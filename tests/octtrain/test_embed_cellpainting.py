@@ -316,6 +316,7 @@ def test_ctrl_c_keeps_the_finished_parts_and_the_re_run_embeds_only_the_rest(
             proc.wait()
     assert proc.returncode == 130, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+    assert "interrupted; every finished part stays" in text, text[-3000:]
     kept = len(list((out / "parts").glob("part-*.json")))
     assert 2 <= kept < 18 and not (out / "embed.json").exists()
     assert not [p for p in (out / "parts").iterdir() if p.name.startswith(".")]  # no half part
@@ -426,3 +427,38 @@ def test_a_checkpoint_with_non_finite_weights_exports_nothing(
     assert embed(ns, twin.tmp / "nan-out") == 4
     assert "a non-finite embedding" in caplog.text
     assert not list((twin.tmp / "nan-out" / "parts").glob("*.parquet"))
+
+
+def test_device_auto_embeds_on_cpu_where_pjrt_device_is_set(
+    twin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TPU host's environment names PJRT_DEVICE for training; ``embed`` runs on CPU or CUDA
+    only, so ``--device auto`` there must not pick XLA (a refusal, or a TPU held by an export)."""
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    out = copy_export(twin, "auto-device")
+    capsys.readouterr()
+    args = embed_args(twin, out, "--json")
+    args[args.index("--device") + 1] = "auto"
+    assert octtrain(args) == 0
+    assert summary_of(capsys)["items_embedded"] == 0  # the CPU export it finds is complete
+
+
+def test_bf16_autocast_gives_float32_rows_near_the_fp32_ones(twin: SimpleNamespace) -> None:
+    """On CUDA the export's forward runs under bf16 autocast (the identity says which); its rows
+    come out float32 and within bf16's rounding of fp32's. Checked here with CPU autocast."""
+    from octtrain.embed.run import embed_batch
+    from octtrain.runtime.torch_backend import TorchBackend
+
+    url = resolve_checkpoint(str(twin.checkpoint))
+    encoder = checkpoint_encoder(load_checkpoint(url), url, "teacher")
+    assert encoder.crops is not None
+    fields = mf.load(twin.manifest).fields[:2]
+    data = CellPaintingDataset(fields, twin.manifest.parent, encoder.crops, 1)
+    encoder.module.eval()
+    tiles = [torch.from_numpy(field_views(data.open(i).read(), encoder.tile)) for i in range(2)]
+    rows = {
+        p: embed_batch(encoder, {"tiles": tiles}, TorchBackend("cpu", p)) for p in ("fp32", "bf16")
+    }
+    assert rows["bf16"].dtype == np.float32
+    assert not np.array_equal(rows["bf16"], rows["fp32"])  # autocast did run
+    np.testing.assert_allclose(rows["bf16"], rows["fp32"], rtol=0.1, atol=0.05)

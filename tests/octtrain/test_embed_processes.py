@@ -95,6 +95,34 @@ def test_a_process_20x_slower_than_its_peer_finishes_without_a_timeout(
     assert read_groups(out).equals(read_groups(twin.export))
 
 
+def test_every_process_embeds_the_checkpoint_process_0_resolved(twin: SimpleNamespace) -> None:
+    """The checkpoint folder is resolved (best, else latest) once, on process 0: a folder that
+    training moves on cannot give two processes two checkpoints. Here process 1's own
+    ``--checkpoint`` names nothing at all; it embeds process 0's file."""
+    (twin.tmp / "checkpoints-0").symlink_to(twin.checkpoint, target_is_directory=True)
+    out = twin.tmp / "resolved-once"
+    args = embed_args(twin, out, "--limit", "40")
+    args[args.index(str(twin.checkpoint))] = str(twin.tmp / "checkpoints-{rank}")
+    ran = hosts(args, {})
+    for code, text in ran:
+        assert code == 0, text[-3000:]
+
+
+def test_process_0_s_group_table_failing_after_minutes_stops_both_named(
+    twin: SimpleNamespace,
+) -> None:
+    """Process 0 writes the group table alone, for 15 s (longer than the 12 s timeout), then a
+    storage client's error: process 1 waits beside it agreeing every few seconds, and both end
+    with its message (exit 2), no timeout, no traceback on process 1."""
+    out = twin.tmp / "finish-fails"
+    ran = hosts(embed_args(twin, out), {"EMBED_FINISH_RANK": "0", "EMBED_FINISH_S": "15"})
+    for code, text in ran:
+        assert code == 2, text[-3000:]
+        assert "ConnectionResetError: gs://bucket/export/wells.parquet" in text, text[-3000:]
+    assert "host 0 failed writing the per-group table" in ran[1][1]
+    assert "Traceback" not in ran[1][1]
+
+
 def test_a_field_read_failing_on_one_process_stops_every_process_with_its_message(
     twin: SimpleNamespace,
 ) -> None:

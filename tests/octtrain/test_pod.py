@@ -237,6 +237,7 @@ FAILURES = {  # point -> what the failing host's own message says
     "resume-read": "PermissionError: gs://bucket/ckpt: HTTP 401",
     "setup": "truncated JSON",
     "finetune-setup": "truncated JSON",
+    "setup-any": "ConnectionError: gs://bucket/runs: HttpError 503",
 }
 
 
@@ -245,7 +246,7 @@ FAILURES = {  # point -> what the failing host's own message says
     [
         ("data", 1, "loading the batch of step 3", 4),  # a data error, on every host
         # validation failed (continue_on_failure=false), agreed at the batch that failed
-        ("validation", 1, "loading validation batch 1", 2),
+        ("validation", 1, "at validation batch 1", 2),
         ("checkpoint", 0, "writing the checkpoint of step 2", 2),
         ("checkpoint-any", 0, "writing the checkpoint of step 2", 2),  # not a CheckpointError
         ("setup", 1, "setting up the job", 4),  # one host's manifest, before any step
@@ -253,6 +254,8 @@ FAILURES = {  # point -> what the failing host's own message says
         ("resume-list", 0, "finding the checkpoint to resume from", 2),
         ("resume-read", 0, "reading {tmp}/ckpt/step_00000002.pt", 2),
         ("finetune-setup", 1, "reading the manifest", 4),  # the same in finetune
+        # Process 0's run folder: a storage client's error, not an octtrain one.
+        ("setup-any", 0, "setting up the run folder", 2),
     ],
 )
 def test_a_failure_on_one_host_stops_both_with_its_message(

@@ -133,6 +133,14 @@ WORKER = textwrap.dedent(
 
         model = GlobalStep()
     broken = broken_item if backend.rank == broken_rank else None  # only this one fails to read
+    if sys.argv[5] == "ddp-forward":  # the broken rank's first forward fails, not its read
+
+        class OutOfMemory(nn.Module):
+            def forward(self, x):
+                raise RuntimeError("CUDA out of memory: tried to allocate 2.00 GiB")
+
+        model = OutOfMemory() if backend.rank == broken_rank else model
+        broken = None
     data = Items(n, broken=broken)
     if ctrl_c:
         import signal
@@ -201,7 +209,23 @@ def test_torchrun_failure_on_one_process_is_seen_by_all(tmp_path: Path) -> None:
     assert own.startswith("validation failed on process 1: ")
     # Its message, agreed at the batch it could not load (every multi-process validation
     # agrees per batch: a pod's Ctrl-C travels the same way).
-    assert results[0]["error"] == f"host 1 failed loading validation batch 1: {own}"
+    assert results[0]["error"] == f"host 1 failed at validation batch 1: {own}"
+
+
+@pytest.mark.slow
+def test_torchrun_a_forward_failing_on_one_process_is_agreed_at_the_next_batch(
+    tmp_path: Path,
+) -> None:
+    """Process 1's forward fails (a CUDA OOM) after both loaded batch 1: it carries the failure
+    into batch 2's agreement, where process 0 waits. Joining the table's reduction instead, it
+    would pair a float sum with the others' flag sum (gloo aborts: SIGABRT)."""
+    results = _torchrun(tmp_path, procs=2, n=9, broken_rank=1, mode="ddp-forward")
+    own = results[1]["error"]
+    assert (
+        own == "validation failed on process 1: RuntimeError: CUDA out of memory: tried to "
+        "allocate 2.00 GiB"
+    )
+    assert results[0]["error"] == f"host 1 failed at validation batch 2: {own}"
 
 
 @pytest.mark.slow
@@ -213,7 +237,7 @@ def test_spmd_a_host_failing_mid_validation_stops_every_host_at_that_batch(
     results = _torchrun(tmp_path, procs=2, n=9, broken_rank=1, broken_item=7, mode="spmd")
     own = results[1]["error"]
     assert own == "validation failed on process 1: cannot read sample 7"
-    assert results[0]["error"] == f"host 1 failed loading validation batch 2: {own}"
+    assert results[0]["error"] == f"host 1 failed at validation batch 2: {own}"
 
 
 @pytest.mark.slow

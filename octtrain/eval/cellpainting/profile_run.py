@@ -67,9 +67,10 @@ from octtrain.eval.cellpainting.scores import (
     per_perturbation,
     profile_scores,
 )
-from octtrain.eval.common.validation import agreed_batches
+from octtrain.eval.common.validation import ValidationError, agreed_batches, local_failure
 from octtrain.models.dino import build_student
 from octtrain.models.vit2d import ViT2D
+from octtrain.runtime import hosts
 from octtrain.runtime.backend import Backend
 from octtrain.runtime.checkpoint import load_checkpoint
 
@@ -116,9 +117,20 @@ def field_embeddings(
     message, as a ``ValidationError``."""
     backbone.to(device)
     batches = _field_batches(dataset, tile)
-    if backend is not None and backend.process_count > 1:
-        batches = agreed_batches(batches, backend)
-    rows = [embed_fields(backbone, tiles, device) for tiles in batches]
+    if backend is None or backend.process_count == 1:
+        rows = [embed_fields(backbone, tiles, device) for tiles in batches]
+        return np.concatenate(rows).astype(np.float64)
+    failed: list[ValidationError] = []  # this host's failure, for the next agreement
+    rows = []
+    for tiles in agreed_batches(batches, backend, lambda: failed[0] if failed else None):
+        if failed:
+            continue  # failed here: the next batch's agreement stops every process
+        try:
+            rows.append(embed_fields(backbone, tiles, device))
+        except Exception as exc:  # noqa: BLE001 - a forward failing on this host alone (an OOM)
+            failed.append(local_failure(backend, exc))
+    # The last batch's failure: every process agrees once more after the pass.
+    hosts.agree(backend, failed[0] if failed else None, "in validation", kind=ValidationError)
     return np.concatenate(rows).astype(np.float64)
 
 

@@ -103,17 +103,26 @@ def collect(
         m.eval()
     iterator: Iterator[dict[str, Any]] = iter(batches)
     if backend.process_count > 1:
-        iterator = agreed_batches(iterator, backend)
+        iterator = agreed_batches(iterator, backend, lambda: failure)
     try:
         with torch.no_grad():
             for batch in iterator:
                 check_interrupted()  # a Ctrl-C dropped while the loader started its workers
-                with backend.autocast():
-                    rows = rows_fn(batch)
-                valid = batch["valid"].float()[:, None]
-                counted = torch.cat([rows.float(), torch.ones_like(valid)], dim=1) * valid
-                table.index_add_(0, batch["index"].long(), counted)
-                backend.sync()
+                if failure is not None:
+                    continue  # failed here: the next batch's agreement stops every process
+                try:
+                    with backend.autocast():
+                        rows = rows_fn(batch)
+                    valid = batch["valid"].float()[:, None]
+                    counted = torch.cat([rows.float(), torch.ones_like(valid)], dim=1) * valid
+                    table.index_add_(0, batch["index"].long(), counted)
+                    backend.sync()
+                except Exception as exc:
+                    if backend.process_count == 1:
+                        raise
+                    # Not the reductions now: the others are in the next batch's agreement.
+                    failure = local_failure(backend, exc)
+                    table.zero_()
     except _Agreed:
         raise  # every process raises here, at the same batch: no reduction left to join
     except Exception as exc:  # noqa: BLE001 - any local failure must still reach the reductions
@@ -141,21 +150,47 @@ def collect(
     return np.asarray(reduced[:, :-1], dtype=np.float64)
 
 
-def agreed_batches(batches: Iterable[T], backend: Backend) -> Iterator[T]:
+def local_failure(backend: Backend, exc: Exception) -> ValidationError:
+    """A failure of this process alone (a CUDA OOM in its forward, a bug in its metrics) as the
+    ``ValidationError`` it carries into the next agreement, its traceback logged here."""
+    log.error(
+        "validation failed on process %d; the next agreement stops every process:\n%s",
+        backend.process_index,
+        traceback.format_exc(),
+    )
+    if isinstance(exc, ValidationError):
+        return exc
+    return ValidationError(
+        f"validation failed on process {backend.process_index}: {type(exc).__name__}: {exc}"
+    )
+
+
+def agreed_batches(
+    batches: Iterable[T],
+    backend: Backend,
+    pending: Callable[[], ValidationError | None] = lambda: None,
+) -> Iterator[T]:
     """``batches``, each yielded only once every process has loaded its own share of it; a
-    process that failed to load makes every process raise its message (``_Agreed``, a
-    ``ValidationError``). Every process must have as many batches (padded shards; the same
-    fields on every host)."""
+    process that failed to load it, or whose work on an earlier batch failed (``pending``: its
+    forward, say), makes every process raise its message (``_Agreed``, a ``ValidationError``)
+    at that agreement (the last batch's: the caller agrees once more after the pass). Every
+    process must have as many batches (padded shards; the same fields
+    on every host)."""
     iterator = iter(batches)
     number = 0
     try:
         while True:
             number += 1
             failure: _Agreed | None = None
+            earlier = pending()
+            if earlier is not None:
+                failure = _Agreed(str(earlier))
             try:
                 batch = next(iterator)
             except StopIteration:
-                return  # padded shards: every process runs out after the same batch
+                # Padded shards: every process runs out after the same batch. A failure in the
+                # last batch's work is the caller's final agreement's (``collect``'s).
+                return
             except Exception as exc:  # noqa: BLE001 - any loader failure must reach the others
                 log.error(
                     "validation batch %d failed to load on process %d:\n%s",
@@ -164,7 +199,7 @@ def agreed_batches(batches: Iterable[T], backend: Backend) -> Iterator[T]:
                     traceback.format_exc(),
                 )
                 failure = _Agreed(f"validation failed on process {backend.process_index}: {exc}")
-            hosts.agree(backend, failure, f"loading validation batch {number}", kind=_Agreed)
+            hosts.agree(backend, failure, f"at validation batch {number}", kind=_Agreed)
             yield batch
     finally:
         release(iterator)
