@@ -162,10 +162,13 @@ class PartWriter:
         return record
 
     def abort(self) -> None:
-        """Drop the temporary file (an interrupted part leaves nothing that looks finished)."""
-        with contextlib.suppress(Exception):
-            self.writer.close()
-        self.tmp.unlink(missing_ok=True)
+        """Drop the temporary file (an interrupted part leaves nothing that looks finished),
+        also when a second Ctrl-C lands while the writer closes (then raised after it)."""
+        try:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 def read_part_batches(folder: Path, name: str) -> Iterator[pa.RecordBatch]:

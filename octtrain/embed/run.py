@@ -234,10 +234,12 @@ class PartSink:
     def abort(self) -> None:
         """The part in progress leaves no file (finished parts stay); also when the interrupt
         came while its writer was being made, before it was ours to abort."""
-        if self.writer is not None:
-            self.writer.abort()
-        if 0 <= self.current < len(self.parts):
-            temporary(Path(self.cfg.out), self.parts[self.current]).unlink(missing_ok=True)
+        try:
+            if self.writer is not None:
+                self.writer.abort()
+        finally:  # a second Ctrl-C in the writer's abort: this file still goes
+            if 0 <= self.current < len(self.parts):
+                temporary(Path(self.cfg.out), self.parts[self.current]).unlink(missing_ok=True)
 
 
 def embed_mine(s: Setup, cfg: EmbedConfig, backend: Backend) -> dict[str, int]:

@@ -103,6 +103,25 @@ def test_a_part_with_other_rows_than_its_items_is_not_finished(tmp_path: Path) -
     assert not list((tmp_path / "parts").iterdir())
 
 
+def test_a_second_ctrl_c_while_a_part_is_aborted_still_removes_its_temporary_file(
+    tmp_path: Path,
+) -> None:
+    schema = pa.schema([("v", pa.int64())])
+    writer = PartWriter(tmp_path, Part(0, 0, 5), schema)
+    writer.write(pa.RecordBatch.from_arrays([pa.array(range(2000))], schema=schema))
+    assert writer.tmp.exists()
+    close = writer.writer.close
+
+    def interrupted_close() -> None:
+        close()
+        raise KeyboardInterrupt  # the operator's second Ctrl-C, as the file closes
+
+    writer.writer.close = interrupted_close  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        writer.abort()
+    assert not list((tmp_path / "parts").iterdir())
+
+
 def test_the_eta_reads_past_a_day() -> None:
     from octtrain.embed.summary import clock
 
