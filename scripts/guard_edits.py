@@ -3071,4 +3071,262 @@ EDITS: list[Edit] = [
             "tays"
         ),
     ),
+    Edit(
+        "blind52v-collect-forward-failure-raises",
+        "octtrain/eval/common/validation.py",
+        ("                    if backend.process_count == 1:\n                        raise\n"),
+        ("                    raise\n"),
+        (
+            (
+                OT + "test_validation.py::test_torchrun_a_forward_failing_on_one_p"
+                "rocess_is_agreed_at_the_next_batch"
+            ),
+        ),
+        (
+            "collect: a forward (rows_fn) failure on several pr"
+            "ocesses is no longer kept as `failure` for the nex"
+            "t batch's agreement; it goes straight to the outer"
+            " handler and the table's reduction while the other"
+            " processes wait in the next agreement"
+        ),
+    ),
+    Edit(
+        "blind52v-collect-no-pending",
+        "octtrain/eval/common/validation.py",
+        ("iterator = agreed_batches(iterator, backend, lambda: failure)"),
+        ("iterator = agreed_batches(iterator, backend)"),
+        (
+            (
+                OT + "test_validation.py::test_torchrun_a_forward_failing_on_one_p"
+                "rocess_is_agreed_at_the_next_batch"
+            ),
+        ),
+        (
+            "collect: the kept forward failure is not passed to"
+            " agreed_batches as `pending`, so the next batch's "
+            "agreement does not stop every process at the faile"
+            "d batch"
+        ),
+    ),
+    Edit(
+        "blind52v-collect-keeps-running-after-failure",
+        "octtrain/eval/common/validation.py",
+        (
+            "                if failure is not None:\n"
+            "                    continue  # failed here: the n"
+            "ext batch's agreement stops every process\n"
+        ),
+        "",
+        (
+            (
+                OT + "test_validation.py::test_torchrun_a_forward_failing_on_one_p"
+                "rocess_is_agreed_at_the_next_batch"
+            ),
+        ),
+        (
+            "collect: after a local forward failure the process"
+            " keeps running rows_fn on the following batches (a"
+            "nd adding them to the zeroed table) instead of ski"
+            "pping them"
+        ),
+    ),
+    Edit(
+        "blind52v-local-failure-no-process-index",
+        "octtrain/eval/common/validation.py",
+        (
+            '        f"validation failed on process {backend.pr'
+            'ocess_index}: {type(exc).__name__}: {exc}"\n'
+        ),
+        ('        f"validation failed: {type(exc).__name__}: {exc}"\n'),
+        (
+            (
+                OT + "test_validation.py::test_torchrun_a_forward_failing_on_one_p"
+                "rocess_is_agreed_at_the_next_batch"
+            ),
+        ),
+        ("local_failure: the ValidationError no longer names the failing process's index"),
+    ),
+    Edit(
+        "blind52v-agreed-batches-ignores-pending",
+        "octtrain/eval/common/validation.py",
+        (
+            "            earlier = pending()\n"
+            "            if earlier is not None:\n"
+            "                failure = _Agreed(str(earlier))\n"
+        ),
+        ("            earlier = pending()\n"),
+        (
+            (
+                OT + "test_validation.py::test_torchrun_a_forward_failing_on_one_p"
+                "rocess_is_agreed_at_the_next_batch"
+            ),
+        ),
+        (
+            "agreed_batches: the pending() failure (an earlier "
+            "batch's forward) is read but not sent in the agree"
+            "ment, so the other processes go on to the next bat"
+            "ch"
+        ),
+    ),
+    Edit(
+        "blind52v-field-embeddings-no-pending",
+        "octtrain/eval/cellpainting/profile_run.py",
+        ("agreed_batches(batches, backend, lambda: failed[0] if failed else None)"),
+        ("agreed_batches(batches, backend)"),
+        (
+            (
+                OT + "test_dino_distributed.py::test_dino_s_validation_failing_on_"
+                "one_host_alone_stops_both_with_its_message"
+            ),
+        ),
+        (
+            "field_embeddings: a DINO validation forward failur"
+            "e on one host is not carried into the next batch's"
+            " agreement (the others keep embedding fields)"
+        ),
+    ),
+    Edit(
+        "blind52v-field-embeddings-no-final-agree",
+        "octtrain/eval/cellpainting/profile_run.py",
+        (
+            "    hosts.agree(backend, failed[0] if failed else "
+            'None, "in validation", kind=ValidationError)\n'
+        ),
+        "",
+        (
+            (
+                OT + "test_dino_distributed.py::test_dino_s_validation_failing_on_"
+                "one_host_alone_stops_both_with_its_message"
+            ),
+        ),
+        (
+            "field_embeddings: no final hosts.agree after the p"
+            "ass, so a failure in the last batch's forward is n"
+            "ever agreed (the failing host returns short rows o"
+            "r the others go on)"
+        ),
+    ),
+    Edit(
+        "blind52v-job-validate-raises-locally",
+        "octtrain/train/loop.py",
+        ('        hosts.agree(b, failure, f"validating unit {unit}", kind=ValidationError)\n'),
+        ("        if failure is not None:\n            raise failure\n"),
+        (
+            (
+                OT + "test_dino_distributed.py::test_dino_s_validation_failing_on_"
+                "one_host_alone_stops_both_with_its_message"
+            ),
+        ),
+        (
+            "Trainer._job_validate: a validation (metrics) fail"
+            "ure on one process only is raised locally instead "
+            "of agreed, so the other processes train on / never"
+            " learn of it"
+        ),
+    ),
+    Edit(
+        "blind52v-rundir-storage-error-not-agreed",
+        "octtrain/train/loop.py",
+        (
+            "            except Exception as exc:  # a storage "
+            "client's HttpError: every host must learn it\n"
+            "                if backend.process_count == 1:\n"
+            "                    raise\n"
+            '                log.error("setting up the run fold'
+            'er failed:\\n%s", traceback.format_exc())\n'
+            '                refused = OcttrainError(f"setting '
+            'up the run folder: {type(exc).__name__}: {exc}")\n'
+        ),
+        "",
+        (
+            (
+                OT + "test_pod.py::test_a_failure_on_one_host_stops_both_with_its_"
+                "message[setup-any-0-setting up the run folder-2]"
+            ),
+        ),
+        (
+            "Trainer.__init__: a non-OcttrainError (storage cli"
+            "ent error) in process 0's run-folder setup escapes"
+            " as a traceback instead of being converted to an O"
+            "cttrainError and agreed"
+        ),
+    ),
+    Edit(
+        "blind52v-resolve-kind-ignores-xla-flag",
+        "octtrain/runtime/backend.py",
+        ('    if xla and os.environ.get("PJRT_DEVICE"):\n'),
+        ('    if os.environ.get("PJRT_DEVICE"):\n'),
+        (EMBED_CP + "test_device_auto_embeds_on_cpu_where_pjrt_device_is_set",),
+        (
+            "resolve_kind: 'auto' picks XLA when PJRT_DEVICE is"
+            " set even with xla=False (embed --device auto woul"
+            "d pick XLA)"
+        ),
+    ),
+    Edit(
+        "blind52v-embed-auto-allows-xla",
+        "octtrain/embed/run.py",
+        ("backend = make_backend(resolve_kind(cfg.device, xla=False))"),
+        ("backend = make_backend(resolve_kind(cfg.device))"),
+        (EMBED_CP + "test_device_auto_embeds_on_cpu_where_pjrt_device_is_set",),
+        ("run_embed: `embed --device auto` resolves to XLA where PJRT_DEVICE is set"),
+    ),
+    Edit(
+        "blind52v-embed-batch-no-autocast",
+        "octtrain/embed/run.py",
+        (
+            "        with backend.autocast():  # bf16 on CUDA ("
+            "the identity's precision), fp32 on CPU\n"
+            "            return embed_fields(encoder.module, ba"
+            'tch["tiles"], backend.device)\n'
+        ),
+        ('        return embed_fields(encoder.module, batch["tiles"], backend.device)\n'),
+        (EMBED_CP + "test_bf16_autocast_gives_float32_rows_near_the_fp32_ones",),
+        (
+            "embed_batch: Cell Painting fields are embedded out"
+            "side the backend's autocast, so the export's preci"
+            "sion (identity 'bf16' on CUDA) no longer matches w"
+            "hat was computed"
+        ),
+    ),
+    Edit(
+        "blind52v-identity-no-precision",
+        "octtrain/embed/run.py",
+        (
+            "        # bf16 autocast on CUDA: a resume on anoth"
+            "er precision would mix parts of two\n"
+            '        "precision": "bf16" if isinstance(backend.'
+            'autocast(), torch.autocast) else "fp32",\n'
+        ),
+        "",
+        (EMBED_CP + "test_the_export_is_complete_named_in_its_header_and_typed",),
+        (
+            "run_embed: the export's identity has no 'precision"
+            "' key, so a resume on another precision mixes part"
+            "s of two exports"
+        ),
+    ),
+    Edit(
+        "embed-abort-second-ctrl-c",
+        "octtrain/embed/parts.py",
+        (
+            "        try:\n"
+            "            with contextlib.suppress(Exception):\n"
+            "                self.writer.close()\n"
+            "        finally:\n"
+            "            self.tmp.unlink(missing_ok=True)"
+        ),
+        (
+            "        with contextlib.suppress(Exception):\n"
+            "            self.writer.close()\n"
+            "        self.tmp.unlink(missing_ok=True)"
+        ),
+        (
+            (
+                OT + "test_embed_parts.py::test_a_second_ctrl_c_while_a_part_is_ab"
+                "orted_still_removes_its_temporary_file"
+            ),
+        ),
+        ("a second Ctrl-C while a part's writer closes leaves its temporary file"),
+    ),
 ]

@@ -62,6 +62,7 @@ def test_the_export_is_complete_named_in_its_header_and_typed(twin: SimpleNamesp
     assert header["items"] == len(fields) == 144 and len(header["parts"]) == 18
     assert header["checkpoint"]["step"] == 20 and header["checkpoint"]["encoder"] == "teacher"
     assert header["checkpoint"]["sha256"].startswith("sha256:")
+    assert header["identity"]["precision"] == "fp32"  # bf16 on CUDA: never one export of both
     assert header["manifest"]["kind"] == "cellpainting" and header["groups"]["rows"] == 48
     names = set(fields.columns)
     assert {
