@@ -5,13 +5,17 @@ One process, or several under ``torchrun`` (gloo on CPU, NCCL on GPUs), on one h
 parts (``parts.plan``), each process embeds its share (``parts.mine``) with the checkpoint's
 encoder (``encoders``; ``encode``: the one definition of an item's embedding that ``profile``
 and ``probe`` use too), its loader workers reading and tiling ahead (``items``), and writes each
-part a row group at a time. Every process then agrees on the outcome (``runtime.hosts.agree``:
-a failure on one host stops every host with its message), and process 0 writes the per-well
-(per-participant) table and, last, the header (``export``).
+part a row group at a time. Process 0 resolves the checkpoint once and every process's identity
+is compared with its own at setup (``agree_identity``); the processes then agree after every
+batch (``runtime.hosts.agree``: no process waits for more than a batch of the slowest, and a
+failure on one host stops every host with its message), and process 0 writes the per-well
+(per-participant) table and, last, the header (``export``), the others agreeing with it every
+few seconds (``hosts.beating``).
 
 Resuming is the same command: a part whose record and checksum match is kept, a missing or
 damaged one is embedded again, and a finished export re-run embeds nothing. Ctrl-C (exit 130)
-keeps every finished part; the part in progress leaves no file that looks finished.
+and SIGTERM (143) keep every finished part; the part in progress leaves no file that looks
+finished, and the temporary files a SIGKILL leaves are removed by the next run.
 """
 
 from __future__ import annotations
