@@ -6,6 +6,8 @@ on the rank the environment names (the code under test is unchanged):
 * ``EMBED_SLOW_RANK`` / ``EMBED_SLOW_S``: that rank sleeps before each part it starts.
 * ``EMBED_FAIL_RANK``: that rank's read of its first field raises the DataError of a field
   that cannot be read.
+* ``EMBED_BUG_RANK``: that rank's read of its first field raises a RuntimeError (a loader
+  worker killed by a bus error: not an octtrain error).
 * ``EMBED_KILL_RANK`` / ``EMBED_KILL_PART``: that rank SIGKILLs itself as it starts its part N.
 * ``EMBED_FINISH_RANK`` / ``EMBED_FINISH_S``: on that rank (process 0: it writes the group
   table) the table's writing takes that long, then fails with a storage client's error.
@@ -55,6 +57,8 @@ def install() -> None:
     def getitem(self: items.PartsItems, index: int) -> dict[str, Any]:
         if _on("EMBED_FAIL_RANK") and index == 0:
             raise DataError(f"field {index} of rank {RANK}: cannot read its pack (injected)")
+        if _on("EMBED_BUG_RANK") and index == 0:
+            raise RuntimeError(f"DataLoader worker of rank {RANK} is killed by signal: Bus error")
         return read(self, index)
 
     items.PartsItems.__getitem__ = getitem  # type: ignore[method-assign]

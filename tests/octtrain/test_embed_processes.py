@@ -123,19 +123,28 @@ def test_process_0_s_group_table_failing_after_minutes_stops_both_named(
     assert "Traceback" not in ran[1][1]
 
 
+@pytest.mark.parametrize(
+    ("fault", "code", "message"),
+    [
+        ("EMBED_FAIL_RANK", 4, "field 0 of rank 1: cannot read its pack"),
+        # not an octtrain error: rank 1's traceback is logged there, and both still agree
+        ("EMBED_BUG_RANK", 2, "RuntimeError: DataLoader worker of rank 1 is killed by signal"),
+    ],
+)
 def test_a_field_read_failing_on_one_process_stops_every_process_with_its_message(
-    twin: SimpleNamespace,
+    twin: SimpleNamespace, fault: str, code: int, message: str
 ) -> None:
-    """Process 1 cannot read its first field while process 0 is slow (2 s a part): both exit 4
-    at the next batch, each log with the field's message, no timeout, no traceback."""
-    out = twin.tmp / "unreadable"
-    faults = {"EMBED_FAIL_RANK": "1", "EMBED_SLOW_RANK": "0", "EMBED_SLOW_S": "2"}
+    """Process 1 cannot read its first field while process 0 is slow (2 s a part): both exit
+    with the failure's code at the next batch, each log with its message, no timeout."""
+    out = twin.tmp / f"unreadable-{code}"
+    faults = {fault: "1", "EMBED_SLOW_RANK": "0", "EMBED_SLOW_S": "2"}
     ran = hosts(embed_args(twin, out), faults)
-    for code, text in ran:
-        assert code == 4, text[-3000:]
-        assert "field 0 of rank 1: cannot read its pack" in text, text[-3000:]
-        assert "Traceback" not in text, text[-3000:]
+    for code_, text in ran:
+        assert code_ == code, text[-3000:]
+        assert message in text, text[-3000:]
+        assert code == 2 or "Traceback" not in text, text[-3000:]
     assert "host 1 failed embedding its parts" in ran[0][1]
+    assert "Traceback" not in ran[0][1]
 
 
 def test_a_process_that_read_another_manifest_is_refused_at_setup_both_named(
