@@ -463,3 +463,20 @@ def test_bf16_autocast_gives_float32_rows_near_the_fp32_ones(twin: SimpleNamespa
     assert rows["bf16"].dtype == np.float32
     assert not np.array_equal(rows["bf16"], rows["fp32"])  # autocast did run
     np.testing.assert_allclose(rows["bf16"], rows["fp32"], rtol=0.1, atol=0.05)
+
+
+def test_a_bug_in_a_one_process_export_keeps_its_class_and_traceback(
+    twin: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no peer to tell, a bug is not dressed as a refusal (exit 2): it keeps its class,
+    for its traceback to be reported; the part in progress still leaves no file."""
+    from octtrain.embed import run
+
+    def bug(*args: Any) -> Any:
+        raise ZeroDivisionError("a bug in the forward")
+
+    monkeypatch.setattr(run, "embed_batch", bug)
+    out = twin.tmp / "bug"
+    with pytest.raises(ZeroDivisionError, match="a bug in the forward"):
+        embed(twin, out)
+    assert not [p for p in (out / "parts").glob(".*")] if (out / "parts").exists() else True
