@@ -3109,28 +3109,6 @@ EDITS: list[Edit] = [
         ),
     ),
     Edit(
-        "blind52v-collect-keeps-running-after-failure",
-        "octtrain/eval/common/validation.py",
-        (
-            "                if failure is not None:\n"
-            "                    continue  # failed here: the n"
-            "ext batch's agreement stops every process\n"
-        ),
-        "",
-        (
-            (
-                OT + "test_validation.py::test_torchrun_a_forward_failing_on_one_p"
-                "rocess_is_agreed_at_the_next_batch"
-            ),
-        ),
-        (
-            "collect: after a local forward failure the process"
-            " keeps running rows_fn on the following batches (a"
-            "nd adding them to the zeroed table) instead of ski"
-            "pping them"
-        ),
-    ),
-    Edit(
         "blind52v-local-failure-no-process-index",
         "octtrain/eval/common/validation.py",
         (

@@ -403,7 +403,7 @@ def test_every_exit_code_used_is_listed_in_every_help() -> None:
     source = "".join(p.read_text() for p in sorted((ROOT / "octtrain" / "cli").glob("*.py")))
     table = {row.code for row in exitcodes.TABLE}
     constants = {cli.EXIT_OK, cli.EXIT_REFUSED, cli.EXIT_NONFINITE, cli.EXIT_DATA}
-    constants |= {cli.EXIT_STALLED, cli.EXIT_INTERRUPTED}
+    constants |= {cli.EXIT_STALLED, cli.EXIT_INTERRUPTED, cli.EXIT_PEER_LOST, cli.EXIT_TERMINATED}
     assert cli.EXIT_STALLED == STALL_EXIT_CODE  # the watchdog exits by itself with this code
     literals = {int(n) for n in re.findall(r"(?:return|SystemExit\(|exit\()\s*(\d+)", source)}
     used = constants | literals | {2}  # 2: argparse's own refusal of a bad flag

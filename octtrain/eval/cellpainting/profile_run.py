@@ -120,11 +120,9 @@ def field_embeddings(
     if backend is None or backend.process_count == 1:
         rows = [embed_fields(backbone, tiles, device) for tiles in batches]
         return np.concatenate(rows).astype(np.float64)
-    failed: list[ValidationError] = []  # this host's failure, for the next agreement
+    failed: list[ValidationError] = []  # this host's failure: the next agreement stops all
     rows = []
     for tiles in agreed_batches(batches, backend, lambda: failed[0] if failed else None):
-        if failed:
-            continue  # failed here: the next batch's agreement stops every process
         try:
             rows.append(embed_fields(backbone, tiles, device))
         except Exception as exc:  # noqa: BLE001 - a forward failing on this host alone (an OOM)

@@ -108,8 +108,6 @@ def collect(
         with torch.no_grad():
             for batch in iterator:
                 check_interrupted()  # a Ctrl-C dropped while the loader started its workers
-                if failure is not None:
-                    continue  # failed here: the next batch's agreement stops every process
                 try:
                     with backend.autocast():
                         rows = rows_fn(batch)
@@ -120,7 +118,8 @@ def collect(
                 except Exception as exc:
                     if backend.process_count == 1:
                         raise
-                    # Not the reductions now: the others are in the next batch's agreement.
+                    # Not the reductions now: the others are in the next batch's agreement,
+                    # which this failure stops (``pending``) before any other forward here.
                     failure = local_failure(backend, exc)
                     table.zero_()
     except _Agreed:
