@@ -15,8 +15,8 @@ raises a ``PermissionError`` as a storage client's HTTP 401 would: give ``checkp
 takes 3 s: a test's moment to Ctrl-C while the job is set up), ``slow-save`` (the same in its
 checkpoint write: a Ctrl-C mid-save), ``dino-validation`` (DINO's validation cannot read that host's
 first validation field: run with a DINO config), ``dino-forward`` (its validation forward runs
-out of memory), ``dino-metrics`` (its validation metrics fail, after the last batch),
-``setup-any`` (setting up the run folder raises a storage client's error, not an octtrain one:
+out of memory; ``dino-forward-last``: in its last batch, of two), ``dino-metrics`` (its
+validation metrics fail, after the last batch), ``setup-any`` (setting up the run folder raises a storage client's error, not an octtrain one:
 give rank 0).
 ``{rank}`` in an argument becomes this process's rank. Writes ``<out>/rank<r>.json`` with the
 CLI's exit code, the first line of each error it logged, when the first was and when it ended,
@@ -77,9 +77,13 @@ def inject(point: str, rank: int) -> None:
 
         profile_run.field_views = unreadable_field  # type: ignore[assignment]
         return
-    if point == "dino-forward":
+    if point in ("dino-forward", "dino-forward-last"):
+        embed_now, calls = profile_run.embed_fields, [0]
 
         def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if point == "dino-forward-last" and calls[0] == 1:
+                return embed_now(*args, **kwargs)  # the first of two batches embeds
             raise RuntimeError(f"CUDA out of memory: tried to allocate 2.00 GiB (host {rank})")
 
         profile_run.embed_fields = out_of_memory  # type: ignore[assignment]

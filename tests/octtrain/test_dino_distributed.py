@@ -128,11 +128,15 @@ def test_a_validation_field_one_host_cannot_read_stops_both_with_its_message(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("point", "cause"),
-    [("dino-forward", "CUDA out of memory"), ("dino-metrics", "distances overflowed")],
+    ("point", "cause", "where"),
+    [
+        ("dino-forward", "CUDA out of memory", "at validation batch 2"),
+        ("dino-forward-last", "CUDA out of memory", "in validation"),  # after the last batch
+        ("dino-metrics", "distances overflowed", "validating unit 2"),
+    ],
 )
 def test_dino_s_validation_failing_on_one_host_alone_stops_both_with_its_message(
-    tmp_path: Path, point: str, cause: str
+    tmp_path: Path, point: str, cause: str, where: str
 ) -> None:
     """Host 1's validation forward runs out of memory (carried into the next batch's
     agreement), or its metrics fail after the last batch (agreed once more after the pass):
@@ -152,8 +156,8 @@ def test_dino_s_validation_failing_on_one_host_alone_stops_both_with_its_message
     assert [f["code"] for f in found] == [2, 2]
     own, other = found[1]["errors"][-1], found[0]["errors"][-1]
     assert own.startswith("validation failed on process 1: ") and cause in own, own
-    # The forward's failure stops host 0 at the next batch, the metrics' after the pass.
-    where = "at validation batch 2" if point == "dino-forward" else "validating unit 2"
+    # The forward's failure stops host 0 at the next batch (the last one's: after the pass),
+    # the metrics' at the trainer's agreement on the validation.
     assert other == f"host 1 failed {where}: {own}", other
 
 
