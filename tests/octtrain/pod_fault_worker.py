@@ -16,8 +16,8 @@ takes 3 s: a test's moment to Ctrl-C while the job is set up), ``slow-save`` (th
 checkpoint write: a Ctrl-C mid-save), ``dino-validation`` (DINO's validation cannot read that host's
 first validation field: run with a DINO config), ``dino-forward`` (its validation forward runs
 out of memory; ``dino-forward-last``: in its last batch, of two), ``dino-metrics`` (its
-validation metrics fail, after the last batch), ``setup-any`` (setting up the run folder raises a storage client's error, not an octtrain one:
-give rank 0).
+validation metrics fail, after the last batch), ``setup-any`` (setting up the run folder
+raises a storage client's error, not an octtrain one: give rank 0).
 ``{rank}`` in an argument becomes this process's rank. Writes ``<out>/rank<r>.json`` with the
 CLI's exit code, the first line of each error it logged, when the first was and when it ended,
 then exits with that code (after a pause, so torchrun, which stops the other workers once one
