@@ -4,6 +4,11 @@ once a session (~30 s). Treat it as read-only: copy the export before changing a
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,6 +16,7 @@ import pytest
 
 from octstage.cli import main as octstage
 from octtrain.cli import main as octtrain
+from tests.badinput.conftest import start_as_at_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 DINO_TINY = ROOT / "configs" / "pretrain" / "dino-tiny.yaml"
@@ -95,3 +101,31 @@ def embed_args(ns: SimpleNamespace, out: Path, *extra: str) -> list[str]:
 
 def embed(ns: SimpleNamespace, out: Path, *extra: str) -> int:
     return octtrain(embed_args(ns, out, *extra))
+
+
+def _begun(out: Path, index: int) -> bool:
+    """Whether part ``index`` is being written (its temporary file exists)."""
+    parts = out / "parts"
+    return parts.is_dir() and any(parts.glob(f".part-{index:05d}.parquet.*.tmp"))
+
+
+def stopped_mid_part(
+    ns: SimpleNamespace, out: Path, stop: Callable[[subprocess.Popen[bytes]], None]
+) -> tuple[int, str]:
+    """``octtrain embed`` into ``out`` (one item a batch) run as at a terminal and stopped by
+    ``stop(process)`` once two parts are finished and the third begun (so the signal lands
+    inside a part); its exit code and output."""
+    proc = start_as_at_a_terminal("octtrain.cli", embed_args(ns, out, "--batch-size", "1"), ROOT)
+    try:
+        started = time.monotonic()
+        while not _begun(out, 2):
+            assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
+            assert time.monotonic() - started < 120, "no part begun"
+            time.sleep(0.01)
+        stop(proc)
+        text = proc.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, text

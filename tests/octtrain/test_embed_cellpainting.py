@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,8 +34,7 @@ from octtrain.embed.export import read_groups, read_header, read_items
 from octtrain.eval.cellpainting.profile_run import profile_scores
 from octtrain.eval.cellpainting.recipe import RecipeConfig, rank_inverse_normal
 from octtrain.runtime.checkpoint import load_checkpoint, resolve_checkpoint
-from tests.badinput.conftest import start_as_at_a_terminal
-from tests.octtrain.embed_fixtures import ROOT, embed, embed_args
+from tests.octtrain.embed_fixtures import ROOT, embed, embed_args, stopped_mid_part
 
 
 @pytest.fixture
@@ -290,32 +288,12 @@ def test_a_finished_export_re_run_embeds_nothing_and_a_damaged_part_is_embedded_
     assert read_groups(out).equals(read_groups(twin.export))
 
 
-def _begun(out: Path, index: int) -> bool:
-    """Whether part ``index`` is being written (its temporary file exists)."""
-    parts = out / "parts"
-    return parts.is_dir() and any(parts.glob(f".part-{index:05d}.parquet.*.tmp"))
-
-
 def test_ctrl_c_keeps_the_finished_parts_and_the_re_run_embeds_only_the_rest(
     twin: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = twin.tmp / "interrupted"
-    args = embed_args(twin, out, "--batch-size", "1")
-    proc = start_as_at_a_terminal("octtrain.cli", args, ROOT)
-    try:
-        started = time.monotonic()
-        # Two parts finished and the third begun: the Ctrl-C lands inside a part.
-        while not _begun(out, 2):
-            assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
-            assert time.monotonic() - started < 120, "no part begun"
-            time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGINT)
-        text = proc.communicate(timeout=120)[0].decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 130, text[-3000:]
+    code, text = stopped_mid_part(twin, out, lambda proc: os.killpg(proc.pid, signal.SIGINT))
+    assert code == 130, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert "interrupted; every finished part stays" in text, text[-3000:]
     kept = len(list((out / "parts").glob("part-*.json")))

@@ -18,15 +18,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from octtrain.embed.export import read_groups
-from tests.badinput.conftest import start_as_at_a_terminal
-from tests.octtrain.embed_fixtures import ROOT, embed, embed_args
+from tests.octtrain.embed_fixtures import ROOT, embed, embed_args, stopped_mid_part
 
 WORKER = ROOT / "tests" / "octtrain" / "embed_fault_cli.py"
 TIMEOUT_S = "12"
@@ -182,11 +180,6 @@ def test_a_peer_sigkilled_mid_export_ends_the_survivor_named_not_a_traceback(
     assert "Traceback" not in text, text[-3000:]
 
 
-def _begun(out: Path, index: int) -> bool:
-    parts = out / "parts"
-    return parts.is_dir() and any(parts.glob(f".part-{index:05d}.parquet.*.tmp"))
-
-
 def test_sigterm_mid_part_keeps_the_finished_parts_and_leaves_no_half_part(
     twin: SimpleNamespace, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -194,20 +187,8 @@ def test_sigterm_mid_part_keeps_the_finished_parts_and_leaves_no_half_part(
     the finished parts kept, no temporary file; the resume's tables equal an uninterrupted
     export's."""
     out = twin.tmp / "terminated"
-    proc = start_as_at_a_terminal("octtrain.cli", embed_args(twin, out, "--batch-size", "1"), ROOT)
-    try:
-        started = time.monotonic()
-        while not _begun(out, 2):
-            assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
-            assert time.monotonic() - started < 120, "no part begun"
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
-        text = proc.communicate(timeout=120)[0].decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 143, text[-3000:]
+    code, text = stopped_mid_part(twin, out, lambda proc: proc.send_signal(signal.SIGTERM))
+    assert code == 143, text[-3000:]
     assert "stopped by SIGTERM" in text and "Traceback" not in text, text[-3000:]
     assert 2 <= len(list((out / "parts").glob("part-*.json"))) < 18
     assert not _hidden(out)
